@@ -1,0 +1,99 @@
+"""`reins gateway | demo`: the command line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    help="reins: train an LLM with RL through the agent harness it is deployed in.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console(stderr=True)
+
+
+@app.command()
+def gateway(
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            help="SQLite file path or URL, or postgresql://... [env: REINS_DATABASE_URL; "
+            "default: .reins/gateway.db]"
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(help="Admin key [env: REINS_API_KEY; default: a random key, printed]"),
+    ] = None,
+    max_body_bytes: Annotated[
+        int | None, typer.Option(help="Larger bodies get 413 [env: REINS_MAX_BODY_BYTES]")
+    ] = None,
+    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+) -> None:
+    """Serve the API Gateway: rollouts, events, models (and the LLM proxy)."""
+    import uvicorn
+
+    from reins.gateway import GatewaySettings, create_app
+
+    overrides: dict[str, object] = {}
+    if db is not None:
+        overrides["database_url"] = db
+    if api_key is not None:
+        overrides["api_key"] = api_key
+    if max_body_bytes is not None:
+        overrides["max_body_bytes"] = max_body_bytes
+    settings = GatewaySettings(**overrides)  # type: ignore[arg-type]
+    if api_key is None and "REINS_API_KEY" not in os.environ:
+        console.print(
+            f"[bold]admin key[/bold] (set REINS_API_KEY to choose one): {settings.api_key}"
+        )
+    console.print(f"store: {settings.database_url}")
+    uvicorn.run(create_app(settings), host=host, port=port, access_log=access_log, log_level="info")
+
+
+@app.command()
+def demo(
+    port: Annotated[int, typer.Option(help="Gateway port.")] = 8080,
+    workdir: Annotated[Path, typer.Option(help="Where the demo keeps its files.")] = Path(
+        ".reins/demo"
+    ),
+) -> None:
+    """The main job on the embedded defaults.
+
+    Today it starts the gateway on SQLite and shows how to drive it: the proxy, the embedded
+    engine and the trainer are not built yet, and this command says so instead of pretending.
+    """
+    import uvicorn
+
+    from reins.gateway import GatewaySettings, create_app
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    settings = GatewaySettings(database_url=str(workdir / "gateway.db"), api_key="reins-demo-key")
+    url = f"http://127.0.0.1:{port}"
+    console.print(
+        "[bold yellow]reins demo:[/bold yellow] the training loop is not built yet; this demo "
+        "serves the gateway alone (SQLite at "
+        f"{workdir / 'gateway.db'}).\n"
+        "Try, from another terminal:\n"
+        f"  curl -s -H 'Authorization: Bearer reins-demo-key' -X POST {url}/api/rollouts \\\n"
+        "       -H 'content-type: application/json' "
+        '-d \'[{"rollout_id": "r1", "input": {"q": "2+2"}}]\'\n'
+        f"  curl -s -H 'Authorization: Bearer reins-demo-key' {url}/api/rollouts/r1\n"
+        f"  open {url}/docs for the whole API.  Ctrl-C stops it."
+    )
+    uvicorn.run(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

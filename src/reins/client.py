@@ -1,0 +1,275 @@
+"""`GatewayClient`: the typed async client of the gateway.
+
+Every call is retried with exponential backoff on transport errors and 5xx answers. That is safe
+because every write is idempotent: rollout ids and event idempotency keys are chosen here, before
+the first try, so a retry of a post whose reply was lost cannot create a second object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Self
+
+import httpx
+from pydantic import JsonValue, TypeAdapter
+
+from reins.schemas import (
+    Attempt,
+    AttemptCreate,
+    Event,
+    EventIn,
+    Mode,
+    Model,
+    ModelEndpointIn,
+    Rollout,
+    RolloutDetail,
+    RolloutPage,
+    RolloutSpec,
+    RolloutState,
+    RolloutStatus,
+    RolloutUpdate,
+)
+
+_rollouts = TypeAdapter(list[Rollout])
+_events = TypeAdapter(list[Event])
+_models = TypeAdapter(list[Model])
+
+
+class GatewayError(Exception):
+    """The gateway refused a call (4xx), or kept failing after every retry."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(f"gateway answered {status_code}: {message}")
+        self.status_code = status_code
+        self.message = message
+
+
+class GatewayClient:
+    """Async client; use as `async with GatewayClient(url, api_key) as gateway: ...`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout_s: float = 30.0,
+        max_retries: int = 8,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout_s,
+            transport=transport,
+            limits=httpx.Limits(max_connections=100, max_keepalive_connections=100),
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One call with retries; returns the decoded JSON body."""
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = await self._http.request(method, path, **kwargs)
+            except httpx.TransportError as error:
+                if attempt == self.max_retries:
+                    raise GatewayError(0, f"{method} {path}: {error!r}") from error
+            else:
+                if response.status_code < 500:
+                    if response.status_code >= 400:
+                        raise GatewayError(response.status_code, _message(response))
+                    return response.json()
+                if attempt == self.max_retries:
+                    raise GatewayError(response.status_code, _message(response))
+            delay = min(self.max_backoff_s, self.backoff_s * 2**attempt)
+            await asyncio.sleep(delay * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    # -- rollouts -------------------------------------------------------------------------
+
+    async def create_rollouts(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
+        """Declares rollouts; ids are chosen here when absent so that a retry is harmless."""
+        body = [
+            (
+                spec if spec.rollout_id else spec.model_copy(update={"rollout_id": _new_id()})
+            ).model_dump(mode="json")
+            for spec in specs
+        ]
+        return _rollouts.validate_python(await self.request("POST", "/api/rollouts", json=body))
+
+    async def list_rollouts(
+        self,
+        *,
+        states: Sequence[RolloutState] = (),
+        mode: Mode | None = None,
+        group_id: str | None = None,
+        cursor: int = 0,
+        limit: int = 100,
+    ) -> RolloutPage:
+        params: dict[str, Any] = {"cursor": cursor, "limit": limit}
+        if states:
+            params["status"] = list(states)
+        if mode:
+            params["mode"] = mode
+        if group_id:
+            params["group_id"] = group_id
+        return RolloutPage.model_validate(await self.request("GET", "/api/rollouts", params=params))
+
+    async def follow_rollouts(
+        self,
+        *,
+        states: Sequence[RolloutState] = (),
+        mode: Mode | None = None,
+        group_id: str | None = None,
+        cursor: int = 0,
+        poll_s: float = 0.2,
+    ) -> AsyncIterator[Rollout]:
+        """Yields rollouts as they change (or reach `states`), in order, forever."""
+        while True:
+            page = await self.list_rollouts(
+                states=states, mode=mode, group_id=group_id, cursor=cursor, limit=1000
+            )
+            for rollout in page.items:
+                yield rollout
+            cursor = page.next_cursor
+            if not page.items:
+                await asyncio.sleep(poll_s)
+
+    async def get_rollout(self, rollout_id: str) -> RolloutDetail:
+        return RolloutDetail.model_validate(
+            await self.request("GET", f"/api/rollouts/{rollout_id}")
+        )
+
+    async def update_rollout(self, rollout_id: str, update: RolloutUpdate) -> Rollout:
+        return Rollout.model_validate(
+            await self.request(
+                "PATCH",
+                f"/api/rollouts/{rollout_id}",
+                json=update.model_dump(mode="json", exclude_none=True),
+            )
+        )
+
+    async def set_status(
+        self, rollout_id: str, state: RolloutState, reason: str | None = None
+    ) -> Rollout:
+        return await self.update_rollout(
+            rollout_id, RolloutUpdate(status=RolloutStatus(state=state, reason=reason))
+        )
+
+    async def open_attempt(
+        self, rollout_id: str, attempt_id: int | None = None, reason: str | None = None
+    ) -> Attempt:
+        """Opens the next attempt. Pass `attempt_id` (latest + 1) to make a retry harmless."""
+        body = AttemptCreate(attempt_id=attempt_id, reason=reason).model_dump(exclude_none=True)
+        return Attempt.model_validate(
+            await self.request("POST", f"/api/rollouts/{rollout_id}/attempts", json=body)
+        )
+
+    # -- events ---------------------------------------------------------------------------
+
+    async def post_events(
+        self, rollout_id: str, attempt_id: int, events: Sequence[EventIn]
+    ) -> list[Event]:
+        body = [
+            (
+                event
+                if event.idempotency_key
+                else event.model_copy(update={"idempotency_key": _new_id()})
+            ).model_dump(mode="json")
+            for event in events
+        ]
+        return _events.validate_python(
+            await self.request(
+                "POST", f"/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", json=body
+            )
+        )
+
+    async def post_event(
+        self,
+        rollout_id: str,
+        attempt_id: int,
+        type: str,
+        data: dict[str, JsonValue],
+        idempotency_key: str | None = None,
+    ) -> Event:
+        event = EventIn(type=type, data=data, idempotency_key=idempotency_key)
+        (stored,) = await self.post_events(rollout_id, attempt_id, [event])
+        return stored
+
+    async def get_events(
+        self,
+        rollout_id: str,
+        *,
+        attempt_id: int | None = None,
+        all_attempts: bool = False,
+        types: Sequence[str] = (),
+    ) -> list[Event]:
+        """Every matching event, paging through the gateway's limit."""
+        out: list[Event] = []
+        after = 0
+        while True:
+            params: dict[str, Any] = {"after": after, "limit": 10_000}
+            if attempt_id is not None:
+                params["attempt_id"] = attempt_id
+            if all_attempts:
+                params["all_attempts"] = True
+            if types:
+                params["type"] = list(types)
+            page = _events.validate_python(
+                await self.request("GET", f"/api/rollouts/{rollout_id}/events", params=params)
+            )
+            out.extend(page)
+            if len(page) < 10_000:
+                return out
+            after = page[-1].seq
+
+    # -- models ---------------------------------------------------------------------------
+
+    async def register_models(self, endpoints: Sequence[ModelEndpointIn]) -> list[Model]:
+        body = [endpoint.model_dump(mode="json") for endpoint in endpoints]
+        return _models.validate_python(await self.request("POST", "/api/models", json=body))
+
+    async def list_models(self) -> list[Model]:
+        return _models.validate_python(await self.request("GET", "/api/models"))
+
+    async def delete_models(self, model: str | None = None) -> int:
+        params = {"model": model} if model else {}
+        answer = await self.request("DELETE", "/api/models", params=params)
+        return int(answer["deleted"])
+
+    async def healthz(self) -> bool:
+        try:
+            response = await self._http.get("/healthz")
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict) and "error" in body:
+        return str(body["error"])
+    return str(body)[:500]

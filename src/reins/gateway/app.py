@@ -1,0 +1,165 @@
+"""`create_app(settings)`: wires the store, auth, error handling and routes. Nothing else."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import reins
+from reins.gateway.auth import Authenticator
+from reins.gateway.routes import events, models, rollouts
+from reins.gateway.settings import GatewaySettings
+from reins.gateway.store import Conflict, NotFound, Store, StoreError
+from reins.gateway.store.sql import SqlStore
+
+
+def create_app(settings: GatewaySettings | None = None, store: Store | None = None) -> FastAPI:
+    settings = settings or GatewaySettings()
+    store = store or SqlStore(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await store.init()
+        app.state.auth = Authenticator(settings.api_key, await store.token_secret())
+        try:
+            yield
+        finally:
+            await store.close()
+
+    app = FastAPI(
+        title="reins gateway",
+        version=reins.__version__,
+        description="Durable rollouts, events and models; the LLM proxy for harnesses.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.store = store
+    # Our own limit rather than FastAPI's `max_body_size`: that one answers a plain-text 413
+    # that does not say what the limit is.
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    _install_error_handlers(app)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        """Liveness; needs no key."""
+        return {"status": "ok", "version": reins.__version__}
+
+    app.include_router(rollouts.router)
+    app.include_router(events.router)
+    app.include_router(models.router)
+    return app
+
+
+def _error(status_code: int, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, "detail": extra.pop("detail", message)}, status_code)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    location = ".".join(str(part) for part in error.get("loc", ()))
+    if error.get("type") == "json_invalid":
+        return f"malformed JSON in the request body: {error.get('ctx', {}).get('error', '')}"
+    return f"{location}: {error.get('msg', 'invalid')}"
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {key: value for key, value in error.items() if key in ("loc", "msg", "type")}
+            for error in exc.errors()
+        ]
+        message = "; ".join(_describe(error) for error in exc.errors()[:5])
+        return _error(422, message, detail=errors)
+
+    @app.exception_handler(StoreError)
+    async def on_store_error(_: Request, exc: StoreError) -> JSONResponse:
+        status_code = (
+            404 if isinstance(exc, NotFound) else 409 if isinstance(exc, Conflict) else 400
+        )
+        return _error(status_code, str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        response = _error(exc.status_code, str(exc.detail))
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+
+class BodySizeLimit:
+    """Answers 413 to bodies over the limit, declared or streamed, before they are parsed."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await _send_json(send, 400, "the Content-Length header is not a number")
+                return
+            if int(declared) > self.max_bytes:
+                await _send_json(send, 413, self._too_large())
+                return
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise _BodyTooLarge(self._too_large())
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await _send_json(send, 413, self._too_large())
+
+    def _too_large(self) -> str:
+        return (
+            f"the request body is larger than the limit of {self.max_bytes} bytes "
+            "(the gateway's REINS_MAX_BODY_BYTES)"
+        )
+
+
+class _BodyTooLarge(HTTPException):
+    """An HTTPException, so that FastAPI's body parsing re-raises it instead of answering 400."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(413, message)
+
+
+async def _send_json(send: Send, status_code: int, message: str) -> None:
+    body = json.dumps({"error": message, "detail": message}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status_code,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

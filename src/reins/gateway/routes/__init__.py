@@ -1,0 +1,1 @@
+"""Gateway routes, one module per resource."""

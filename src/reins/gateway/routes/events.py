@@ -1,0 +1,65 @@
+"""Events: append-only records attached to a rollout attempt."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Header, Query
+from pydantic import Field
+
+from reins.gateway.deps import Admin, AttemptCaller, AttemptIdPath, RolloutIdPath, StoreDep
+from reins.schemas import Event, EventIn
+
+router = APIRouter(prefix="/api/rollouts", tags=["events"])
+
+MAX_EVENTS_PER_POST = 10_000
+
+
+@router.post("/{rollout_id}/attempt/{attempt_id}/events")
+async def append_events(
+    rollout_id: RolloutIdPath,
+    attempt_id: AttemptIdPath,
+    body: Annotated[
+        EventIn | Annotated[list[EventIn], Field(max_length=MAX_EVENTS_PER_POST)], Body()
+    ],
+    store: StoreDep,
+    _: AttemptCaller,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Event | list[Event]:
+    """Append one event (answered with it) or a list (answered with the list).
+
+    A retried post with the same idempotency key (in the body or the `Idempotency-Key` header)
+    is stored once and answered with the stored event.
+    """
+    if isinstance(body, list):
+        return await store.append_events(rollout_id, attempt_id, body)
+    if body.idempotency_key is None and idempotency_key:
+        body = body.model_copy(update={"idempotency_key": idempotency_key})
+    (event,) = await store.append_events(rollout_id, attempt_id, [body])
+    return event
+
+
+@router.get("/{rollout_id}/events")
+async def read_events(
+    rollout_id: RolloutIdPath,
+    store: StoreDep,
+    _: Admin,
+    attempt_id: Annotated[
+        int | None, Query(ge=1, le=1_000_000, description="Default: the latest attempt")
+    ] = None,
+    all_attempts: Annotated[bool, Query(description="Events of every attempt")] = False,
+    type: Annotated[
+        list[str] | None, Query(max_length=100, description="Keep these event types")
+    ] = None,
+    after: Annotated[int, Query(ge=0, le=2**62, description="Events with seq above this")] = 0,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+) -> list[Event]:
+    """Events in seq order; page with `after` = the last seq read."""
+    return await store.get_events(
+        rollout_id,
+        attempt_id=attempt_id,
+        all_attempts=all_attempts,
+        types=type or (),
+        after=after,
+        limit=limit,
+    )

@@ -1,0 +1,43 @@
+"""Registered inference endpoints that the proxy forwards to."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Query
+from pydantic import Field
+
+from reins.gateway.deps import Admin, StoreDep
+from reins.schemas import Model, ModelEndpointIn
+
+router = APIRouter(prefix="/api/models", tags=["models"])
+
+
+@router.post("")
+async def register_models(
+    body: Annotated[
+        ModelEndpointIn | Annotated[list[ModelEndpointIn], Field(max_length=1000)], Body()
+    ],
+    store: StoreDep,
+    _: Admin,
+) -> list[Model]:
+    """Register (or update the weight version of) one endpoint or a list of them."""
+    endpoints = body if isinstance(body, list) else [body]
+    return await store.register_models(endpoints)
+
+
+@router.get("")
+async def list_models(store: StoreDep, _: Admin) -> list[Model]:
+    return await store.list_models()
+
+
+@router.delete("")
+async def delete_models(
+    store: StoreDep,
+    _: Admin,
+    model: Annotated[
+        str | None, Query(max_length=200, description="Only this model; all when absent")
+    ] = None,
+) -> dict[str, int]:
+    """Remove one model's endpoints, or every model (Agent Lightning semantics)."""
+    return {"deleted": await store.delete_models(model)}

@@ -1,0 +1,214 @@
+"""Wire types shared by the gateway, the controller, the trainer and the harness helpers.
+
+Shapes follow Agent Lightning v1.0 where it has one (paper appendix A.1), so its users can switch:
+a rollout's state lives at ``rollout["status"]["state"]``; ``GET /api/rollouts/{id}`` returns
+``{"rollout": ..., "attempts": [...]}``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
+
+RolloutState = Literal["queuing", "running", "succeeded", "failed"]
+AttemptState = Literal["running", "succeeded", "failed"]
+Mode = Literal["train", "val"]
+
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed"})
+
+# The rollout state machine (paper figure 11). The PATCH route checks this table and nothing else;
+# setting a rollout to the state it is already in is an idempotent no-op, not a transition.
+VALID_TRANSITIONS: dict[str, frozenset[str]] = {
+    "queuing": frozenset({"running", "failed"}),
+    "running": frozenset({"succeeded", "failed"}),
+    "succeeded": frozenset(),
+    "failed": frozenset(),
+}
+
+MODEL_REQUEST = "model_request"
+REWARD = "reward"
+
+Identifier = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:\-]*$"),
+]
+"""Rollout, group and model ids: URL-safe so they can sit in a proxy path unescaped."""
+
+EventType = Annotated[
+    str, StringConstraints(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:\-]+$")
+]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutConfig(BaseModel):
+    """How a rollout is executed. Unknown keys are kept for custom runners."""
+
+    model_config = ConfigDict(extra="allow")
+
+    timeout_s: float | None = Field(default=None, gt=0)
+    """Wall-clock limit of one attempt; the controller kills the agent past it."""
+    max_attempts: int | None = Field(default=None, ge=1, le=100)
+    """Attempts before the rollout fails; overrides the controller's default."""
+    agent: str | None = None
+    """`module:function` or a command line; overrides the controller's default agent."""
+
+
+class RolloutSpec(_Wire):
+    """One rollout to declare. A client-chosen ``rollout_id`` makes a retried declare harmless."""
+
+    rollout_id: Identifier | None = None
+    """Client-chosen id; generated when absent (then a retried declare creates a second one)."""
+    input: JsonValue = None
+    """The task, as the agent will receive it."""
+    group_id: Identifier | None = None
+    """Rollouts sampled from the same example share it (the GRPO group)."""
+    mode: Mode = "train"
+    """`train` or `val`: selects the proxy's sampling settings."""
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+    """Free-form labels (dataset, step, ...)."""
+    config: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Execution settings (timeout, attempts, agent)."""
+
+
+class RolloutStatus(_Wire):
+    state: RolloutState
+    reason: str | None = Field(default=None, max_length=10_000)
+    """Why the rollout is in this state (a failure's cause, say)."""
+
+
+class Rollout(_Wire):
+    rollout_id: str
+    input: JsonValue
+    group_id: str | None
+    mode: Mode
+    metadata: dict[str, JsonValue]
+    config: RolloutConfig
+    status: RolloutStatus
+    attempt_count: int
+    """Attempts opened so far; the latest one is ``attempt_count``."""
+    change_seq: int
+    """Gateway-wide sequence number of this rollout's last change: the list cursor."""
+    created_at: datetime
+    updated_at: datetime
+
+
+class RolloutUpdate(_Wire):
+    """``PATCH /api/rollouts/{id}``: a status change, a metadata merge, or both."""
+
+    status: RolloutStatus | None = None
+    metadata: dict[str, JsonValue] | None = None
+    """Keys to set in the rollout's metadata (merged, not replaced)."""
+
+
+class Attempt(_Wire):
+    rollout_id: str
+    attempt_id: int
+    """1-based; a retry after a crash or timeout opens ``attempt_id + 1``."""
+    state: AttemptState
+    reason: str | None = None
+    created_at: datetime
+    ended_at: datetime | None = None
+    token: str | None = None
+    """Scoped token for this attempt (proxy calls and event posts only); returned to admins."""
+
+
+class AttemptCreate(_Wire):
+    """``POST /api/rollouts/{id}/attempts``: open the next attempt.
+
+    Naming ``attempt_id`` makes the call idempotent: if that attempt exists it is returned as is.
+    """
+
+    attempt_id: int | None = Field(default=None, ge=1)
+    reason: str | None = Field(default=None, max_length=10_000)
+    """Why the previous attempt ended (crash, timeout), recorded on it."""
+
+
+class RolloutDetail(_Wire):
+    rollout: Rollout
+    attempts: list[Attempt]
+
+
+class RolloutPage(_Wire):
+    items: list[Rollout]
+    next_cursor: int
+    """Pass back as ``cursor`` to get the rollouts that changed after this page."""
+
+
+class EventIn(_Wire):
+    type: EventType
+    data: dict[str, JsonValue] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    """A retried post with the same key is stored once."""
+
+
+class Event(_Wire):
+    seq: int
+    """Server sequence number: events of a rollout read back in this order."""
+    rollout_id: str
+    attempt_id: int
+    type: str
+    data: dict[str, JsonValue]
+    idempotency_key: str
+    created_at: datetime
+
+
+class ModelRequest(BaseModel):
+    """Data of a ``model_request`` event: one LLM call as the engine saw it.
+
+    Token IDs are exactly what the engine consumed and sampled, never re-tokenized.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    response_token_ids: list[int] = Field(default_factory=list)
+    response_logprobs: list[float] | None = None
+    request: dict[str, Any] = Field(default_factory=dict)
+    """The request body as the harness sent it."""
+    response: dict[str, Any] = Field(default_factory=dict)
+    """The response body as the harness received it."""
+    model: str | None = None
+    endpoint: str | None = None
+    model_version: int | None = None
+    """Weight version of the engine that served this call."""
+    latency_s: float | None = None
+    status: int = 200
+    """HTTP status the engine answered with."""
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class Reward(BaseModel):
+    """Data of a ``reward`` event."""
+
+    model_config = ConfigDict(extra="allow")
+
+    value: float
+    source: str | None = None
+    reason: str | None = None
+
+
+class ModelEndpointIn(_Wire):
+    """``POST /api/models`` body (or a list of them), as in Agent Lightning v1.0."""
+
+    model: Identifier
+    endpoint: Annotated[str, StringConstraints(pattern=r"^https?://\S+$", max_length=2000)]
+    """Base URL of an OpenAI-compatible server, e.g. ``http://127.0.0.1:8000/v1``."""
+    engine: str = Field(default="openai", max_length=100)
+    """`embedded`, `vllm`, `sglang` or `openai` (any other compatible server)."""
+    weight_version: int = Field(default=0, ge=0)
+
+
+class Model(_Wire):
+    """A named inference target: one or more endpoints serving the same weights."""
+
+    model: str
+    endpoints: list[str]
+    engine: str
+    weight_version: int
+    updated_at: datetime

@@ -1,0 +1,138 @@
+"""Attempts and events: retries, per-attempt events, idempotent posts."""
+
+from __future__ import annotations
+
+from tests.conftest import Gateway
+
+
+def start(gateway: Gateway, rollout_id: str = "r") -> str:
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": rollout_id}])
+    response = gateway.http.post(f"/api/rollouts/{rollout_id}/attempts")
+    assert response.status_code == 200, response.text
+    return str(response.json()["token"])
+
+
+def post(gateway: Gateway, path: str, body: object) -> dict[str, object]:
+    response = gateway.http.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return dict(response.json()) if isinstance(response.json(), dict) else {"list": response.json()}
+
+
+def test_first_attempt_makes_the_rollout_running(gateway: Gateway) -> None:
+    start(gateway)
+    assert gateway.http.get("/api/rollouts/r").json()["rollout"]["status"]["state"] == "running"
+
+
+def test_retry_opens_the_next_attempt_and_fails_the_previous(gateway: Gateway) -> None:
+    start(gateway)
+    second = gateway.http.post("/api/rollouts/r/attempts", json={"reason": "agent crashed"}).json()
+    assert second["attempt_id"] == 2
+    attempts = gateway.http.get("/api/rollouts/r").json()["attempts"]
+    assert [(a["attempt_id"], a["state"], a["reason"]) for a in attempts] == [
+        (1, "failed", "agent crashed"),
+        (2, "running", None),
+    ]
+
+
+def test_naming_the_attempt_makes_opening_idempotent(gateway: Gateway) -> None:
+    start(gateway)
+    first = gateway.http.post("/api/rollouts/r/attempts", json={"attempt_id": 2}).json()
+    again = gateway.http.post("/api/rollouts/r/attempts", json={"attempt_id": 2}).json()
+    assert first == again
+    assert gateway.http.get("/api/rollouts/r").json()["rollout"]["attempt_count"] == 2
+
+
+def test_opening_a_later_attempt_out_of_order_is_409(gateway: Gateway) -> None:
+    start(gateway)
+    response = gateway.http.post("/api/rollouts/r/attempts", json={"attempt_id": 5})
+    assert response.status_code == 409
+    assert "next attempt of rollout r is 2" in response.json()["error"]
+
+
+def test_no_attempt_opens_on_a_terminal_rollout(gateway: Gateway) -> None:
+    start(gateway)
+    gateway.http.patch("/api/rollouts/r", json={"status": {"state": "succeeded"}})
+    response = gateway.http.post("/api/rollouts/r/attempts")
+    assert response.status_code == 409
+
+
+def test_events_read_back_in_order_from_the_latest_attempt(gateway: Gateway) -> None:
+    start(gateway)
+    post(gateway, "/api/rollouts/r/attempt/1/events", {"type": "note", "data": {"n": 1}})
+    gateway.http.post("/api/rollouts/r/attempts")
+    for n in (2, 3):
+        post(gateway, "/api/rollouts/r/attempt/2/events", {"type": "note", "data": {"n": n}})
+    latest = gateway.http.get("/api/rollouts/r/events").json()
+    assert [e["data"]["n"] for e in latest] == [2, 3]
+    assert all(e["attempt_id"] == 2 for e in latest)
+    first = gateway.http.get("/api/rollouts/r/events", params={"attempt_id": 1}).json()
+    assert [e["data"]["n"] for e in first] == [1]
+    every = gateway.http.get("/api/rollouts/r/events", params={"all_attempts": True}).json()
+    assert [e["data"]["n"] for e in every] == [1, 2, 3]
+
+
+def test_events_filter_by_type(gateway: Gateway) -> None:
+    start(gateway)
+    post(
+        gateway,
+        "/api/rollouts/r/attempt/1/events",
+        [{"type": "model_request", "data": {}}, {"type": "reward", "data": {"value": 1.0}}],
+    )
+    rewards = gateway.http.get("/api/rollouts/r/events", params={"type": "reward"}).json()
+    assert [e["type"] for e in rewards] == ["reward"]
+
+
+def test_retried_event_post_is_stored_once(gateway: Gateway) -> None:
+    start(gateway)
+    event = {"type": "reward", "data": {"value": 1.0}, "idempotency_key": "k1"}
+    first = post(gateway, "/api/rollouts/r/attempt/1/events", event)
+    again = post(gateway, "/api/rollouts/r/attempt/1/events", event)
+    assert first == again
+    assert len(gateway.http.get("/api/rollouts/r/events").json()) == 1
+
+
+def test_idempotency_key_from_header(gateway: Gateway) -> None:
+    start(gateway)
+    for _ in range(2):
+        response = gateway.http.post(
+            "/api/rollouts/r/attempt/1/events",
+            json={"type": "reward", "data": {"value": 1.0}},
+            headers={"Idempotency-Key": "h1"},
+        )
+        assert response.status_code == 200
+    assert len(gateway.http.get("/api/rollouts/r/events").json()) == 1
+
+
+def test_reusing_a_key_for_another_event_is_409(gateway: Gateway) -> None:
+    start(gateway)
+    post(gateway, "/api/rollouts/r/attempt/1/events", {"type": "a", "idempotency_key": "k"})
+    response = gateway.http.post(
+        "/api/rollouts/r/attempt/1/events", json={"type": "b", "idempotency_key": "k"}
+    )
+    assert response.status_code == 409
+
+
+def test_events_for_an_unknown_attempt_are_404(gateway: Gateway) -> None:
+    start(gateway)
+    response = gateway.http.post("/api/rollouts/r/attempt/2/events", json={"type": "a"})
+    assert response.status_code == 404
+    assert "no attempt 2" in response.json()["error"]
+    response = gateway.http.post("/api/rollouts/nope/attempt/1/events", json={"type": "a"})
+    assert response.status_code == 404
+
+
+def test_reading_events_of_an_unknown_attempt_is_404(gateway: Gateway) -> None:
+    start(gateway)
+    assert gateway.http.get("/api/rollouts/r/events", params={"attempt_id": 3}).status_code == 404
+
+
+def test_event_pages_follow_after(gateway: Gateway) -> None:
+    start(gateway)
+    post(
+        gateway,
+        "/api/rollouts/r/attempt/1/events",
+        [{"type": "n", "data": {"i": i}} for i in range(5)],
+    )
+    page = gateway.http.get("/api/rollouts/r/events", params={"limit": 2}).json()
+    rest = gateway.http.get("/api/rollouts/r/events", params={"after": page[-1]["seq"]}).json()
+    assert [e["data"]["i"] for e in page + rest] == [0, 1, 2, 3, 4]

@@ -1,0 +1,71 @@
+"""Bad input gets a clear 4xx naming the field and the rule, never a 500."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reins.gateway import GatewaySettings
+from tests.conftest import ADMIN_KEY, Gateway, serve
+
+
+def test_malformed_json_is_422(gateway: Gateway) -> None:
+    response = gateway.http.post(
+        "/api/rollouts", content=b"[{oops", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert "malformed JSON" in response.json()["error"]
+
+
+def test_a_bad_field_is_422_naming_field_and_rule(gateway: Gateway) -> None:
+    response = gateway.http.post("/api/rollouts", json=[{"mode": "test"}])
+    assert response.status_code == 422
+    assert response.json()["error"] == "body.0.mode: Input should be 'train' or 'val'"
+
+
+def test_an_unsafe_rollout_id_is_422(gateway: Gateway) -> None:
+    response = gateway.http.post("/api/rollouts", json=[{"rollout_id": "a/b"}])
+    assert response.status_code == 422
+    assert "rollout_id" in response.json()["error"]
+
+
+def test_a_bad_query_parameter_is_422(gateway: Gateway) -> None:
+    response = gateway.http.get("/api/rollouts", params={"cursor": -1})
+    assert response.status_code == 422
+    assert "cursor" in response.json()["error"]
+
+
+def test_an_oversize_body_is_413_naming_the_limit(tmp_path: Path) -> None:
+    settings = GatewaySettings(
+        database_url=str(tmp_path / "g.db"), api_key=ADMIN_KEY, max_body_bytes=4096
+    )
+    import httpx
+
+    with serve(settings) as server:
+        response = httpx.post(
+            f"http://127.0.0.1:{server.port}/api/rollouts",
+            json=[{"input": "x" * 5000}],
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        )
+    assert response.status_code == 413
+    assert "4096 bytes" in response.json()["error"]
+
+
+def test_an_oversize_chunked_body_is_413(tmp_path: Path) -> None:
+    settings = GatewaySettings(
+        database_url=str(tmp_path / "g.db"), api_key=ADMIN_KEY, max_body_bytes=4096
+    )
+    import httpx
+
+    def chunks() -> object:
+        yield b'[{"input": "'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'"}]'
+
+    with serve(settings) as server:
+        response = httpx.post(
+            f"http://127.0.0.1:{server.port}/api/rollouts",
+            content=chunks(),  # type: ignore[arg-type]
+            headers={"Authorization": f"Bearer {ADMIN_KEY}", "content-type": "application/json"},
+        )
+    assert response.status_code == 413

@@ -1,0 +1,49 @@
+"""Model registry: register, list, update the weight version, delete."""
+
+from __future__ import annotations
+
+from tests.conftest import Gateway
+
+A = "http://127.0.0.1:8001/v1"
+B = "http://127.0.0.1:8002/v1"
+
+
+def test_register_one_endpoint_as_in_agent_lightning(gateway: Gateway) -> None:
+    response = gateway.http.post("/api/models", json={"model": "policy", "endpoint": A})
+    assert response.status_code == 200
+    (model,) = response.json()
+    assert model["model"] == "policy"
+    assert model["endpoints"] == [A]
+    assert model["weight_version"] == 0
+
+
+def test_register_a_list_of_endpoints_for_one_model(gateway: Gateway) -> None:
+    gateway.http.post(
+        "/api/models", json=[{"model": "policy", "endpoint": A}, {"model": "policy", "endpoint": B}]
+    )
+    (model,) = gateway.http.get("/api/models").json()
+    assert model["endpoints"] == [A, B]
+
+
+def test_registering_again_updates_the_weight_version(gateway: Gateway) -> None:
+    gateway.http.post("/api/models", json={"model": "policy", "endpoint": A})
+    gateway.http.post("/api/models", json={"model": "policy", "endpoint": A, "weight_version": 3})
+    (model,) = gateway.http.get("/api/models").json()
+    assert model["weight_version"] == 3
+    assert model["endpoints"] == [A]
+
+
+def test_delete_one_model_or_all(gateway: Gateway) -> None:
+    gateway.http.post(
+        "/api/models", json=[{"model": "a", "endpoint": A}, {"model": "b", "endpoint": B}]
+    )
+    assert gateway.http.delete("/api/models", params={"model": "a"}).json() == {"deleted": 1}
+    assert [m["model"] for m in gateway.http.get("/api/models").json()] == ["b"]
+    assert gateway.http.delete("/api/models").json() == {"deleted": 1}
+    assert gateway.http.get("/api/models").json() == []
+
+
+def test_an_endpoint_must_be_an_http_url(gateway: Gateway) -> None:
+    response = gateway.http.post("/api/models", json={"model": "a", "endpoint": "ftp://x"})
+    assert response.status_code == 422
+    assert "endpoint" in response.json()["error"]

@@ -1,0 +1,174 @@
+"""Rollout routes: batch create, get, list with a cursor, status transitions."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from reins.schemas import VALID_TRANSITIONS
+from tests.conftest import Gateway
+
+
+def create(gateway: Gateway, *specs: dict[str, object]) -> list[dict[str, object]]:
+    response = gateway.http.post("/api/rollouts", json=list(specs))
+    assert response.status_code == 200, response.text
+    return list(response.json())
+
+
+def test_create_returns_queuing_rollouts_with_client_ids(gateway: Gateway) -> None:
+    (rollout,) = create(gateway, {"rollout_id": "r1", "input": {"q": "2+2"}, "group_id": "g"})
+    assert rollout["rollout_id"] == "r1"
+    assert rollout["status"] == {"state": "queuing", "reason": None}
+    assert rollout["input"] == {"q": "2+2"}
+    assert rollout["attempt_count"] == 0
+
+
+def test_create_generates_ids_when_absent(gateway: Gateway) -> None:
+    first, second = create(gateway, {"input": 1}, {"input": 2})
+    assert first["rollout_id"] != second["rollout_id"]
+
+
+def test_retried_create_with_same_body_returns_the_existing_rollout(gateway: Gateway) -> None:
+    spec = {"rollout_id": "r1", "input": {"q": 1}, "metadata": {"step": 3}}
+    (first,) = create(gateway, spec)
+    (again,) = create(gateway, spec)
+    assert again == first
+    assert len(gateway.http.get("/api/rollouts").json()["items"]) == 1
+
+
+def test_create_with_same_id_and_different_body_is_409(gateway: Gateway) -> None:
+    create(gateway, {"rollout_id": "r1", "input": {"q": 1}})
+    response = gateway.http.post("/api/rollouts", json=[{"rollout_id": "r1", "input": {"q": 2}}])
+    assert response.status_code == 409
+    assert "r1" in response.json()["error"]
+
+
+def test_one_batch_with_one_id_twice_and_different_bodies_is_409(gateway: Gateway) -> None:
+    response = gateway.http.post(
+        "/api/rollouts", json=[{"rollout_id": "r1", "input": 1}, {"rollout_id": "r1", "input": 2}]
+    )
+    assert response.status_code == 409
+    assert gateway.http.get("/api/rollouts").json()["items"] == []
+
+
+def test_get_returns_rollout_and_attempts(gateway: Gateway) -> None:
+    create(gateway, {"rollout_id": "r1"})
+    gateway.http.post("/api/rollouts/r1/attempts")
+    body = gateway.http.get("/api/rollouts/r1").json()
+    assert body["rollout"]["rollout_id"] == "r1"
+    assert [a["attempt_id"] for a in body["attempts"]] == [1]
+    assert body["attempts"][0]["token"].startswith("rk-at-")
+
+
+def test_get_unknown_rollout_is_404(gateway: Gateway) -> None:
+    response = gateway.http.get("/api/rollouts/nope")
+    assert response.status_code == 404
+    assert "nope" in response.json()["error"]
+
+
+def test_list_filters_by_status_mode_and_group(gateway: Gateway) -> None:
+    create(
+        gateway,
+        {"rollout_id": "a", "mode": "train", "group_id": "g1"},
+        {"rollout_id": "b", "mode": "val", "group_id": "g1"},
+        {"rollout_id": "c", "mode": "train", "group_id": "g2"},
+    )
+    gateway.http.patch("/api/rollouts/c", json={"status": {"state": "failed"}})
+
+    def ids(**params: object) -> list[str]:
+        page = gateway.http.get("/api/rollouts", params=params).json()
+        return sorted(item["rollout_id"] for item in page["items"])
+
+    assert ids(mode="val") == ["b"]
+    assert ids(group_id="g1") == ["a", "b"]
+    assert ids(status="failed") == ["c"]
+    assert ids(status=["queuing", "failed"], mode="train") == ["a", "c"]
+
+
+def test_cursor_streams_completions_in_terminal_order(gateway: Gateway) -> None:
+    create(gateway, *({"rollout_id": f"r{i}"} for i in range(4)))
+    terminal = {"status": ["succeeded", "failed"]}
+    page = gateway.http.get("/api/rollouts", params=terminal).json()
+    assert page["items"] == []
+    cursor = page["next_cursor"]
+    finish_order = ["r2", "r0", "r3"]
+    for rollout_id in finish_order:
+        gateway.http.post(f"/api/rollouts/{rollout_id}/attempts")
+        gateway.http.patch(f"/api/rollouts/{rollout_id}", json={"status": {"state": "succeeded"}})
+    seen: list[str] = []
+    while True:
+        page = gateway.http.get("/api/rollouts", params={**terminal, "cursor": cursor, "limit": 2})
+        body = page.json()
+        seen += [item["rollout_id"] for item in body["items"]]
+        if not body["items"]:
+            break
+        cursor = body["next_cursor"]
+    assert seen == finish_order
+    gateway.http.post("/api/rollouts/r1/attempts")
+    gateway.http.patch("/api/rollouts/r1", json={"status": {"state": "failed"}})
+    body = gateway.http.get("/api/rollouts", params={**terminal, "cursor": cursor}).json()
+    assert [item["rollout_id"] for item in body["items"]] == ["r1"]
+
+
+STATES = ["queuing", "running", "succeeded", "failed"]
+
+
+def _bring_to(gateway: Gateway, rollout_id: str, state: str) -> None:
+    create(gateway, {"rollout_id": rollout_id})
+    path = {
+        "queuing": [],
+        "running": ["running"],
+        "succeeded": ["running", "succeeded"],
+        "failed": ["failed"],
+    }[state]
+    for step in path:
+        response = gateway.http.patch(
+            f"/api/rollouts/{rollout_id}", json={"status": {"state": step}}
+        )
+        assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(("current", "target"), list(itertools.product(STATES, STATES)))
+def test_patch_follows_the_transition_table(gateway: Gateway, current: str, target: str) -> None:
+    _bring_to(gateway, "r", current)
+    response = gateway.http.patch("/api/rollouts/r", json={"status": {"state": target}})
+    if target == current or target in VALID_TRANSITIONS[current]:
+        assert response.status_code == 200, response.text
+        assert response.json()["status"]["state"] == target
+    else:
+        assert response.status_code == 409
+        assert f"is {current}; it cannot become {target}" in response.json()["error"]
+
+
+def test_patch_to_the_current_state_changes_nothing(gateway: Gateway) -> None:
+    _bring_to(gateway, "r", "running")
+    before = gateway.http.get("/api/rollouts/r").json()["rollout"]
+    after = gateway.http.patch("/api/rollouts/r", json={"status": {"state": "running"}}).json()
+    assert after["change_seq"] == before["change_seq"]
+
+
+def test_patch_running_opens_the_first_attempt(gateway: Gateway) -> None:
+    _bring_to(gateway, "r", "running")
+    attempts = gateway.http.get("/api/rollouts/r").json()["attempts"]
+    assert [(a["attempt_id"], a["state"]) for a in attempts] == [(1, "running")]
+
+
+def test_terminal_status_closes_the_latest_attempt(gateway: Gateway) -> None:
+    _bring_to(gateway, "r", "running")
+    gateway.http.patch("/api/rollouts/r", json={"status": {"state": "failed", "reason": "boom"}})
+    body = gateway.http.get("/api/rollouts/r").json()
+    assert body["rollout"]["status"] == {"state": "failed", "reason": "boom"}
+    assert body["attempts"][0]["state"] == "failed"
+    assert body["attempts"][0]["ended_at"] is not None
+
+
+def test_patch_merges_metadata(gateway: Gateway) -> None:
+    create(gateway, {"rollout_id": "r", "metadata": {"a": 1}})
+    response = gateway.http.patch("/api/rollouts/r", json={"metadata": {"b": 2}})
+    assert response.json()["metadata"] == {"a": 1, "b": 2}
+
+
+def test_patch_unknown_rollout_is_404(gateway: Gateway) -> None:
+    response = gateway.http.patch("/api/rollouts/nope", json={"status": {"state": "running"}})
+    assert response.status_code == 404

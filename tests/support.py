@@ -1,0 +1,204 @@
+"""Real servers for tests and benchmarks: a PostgreSQL cluster and gateway processes on loopback.
+
+Every server binds 127.0.0.1 only and is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def postgres_bin_dir() -> Path | None:
+    """Debian's PostgreSQL binaries (not on PATH), or whichever `initdb` is on PATH."""
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)
+    if candidates:
+        return Path(candidates[0]).parent
+    found = shutil.which("initdb")
+    return Path(found).parent if found else None
+
+
+@dataclass
+class PostgresServer:
+    """A throwaway cluster: `initdb` into a temp dir, `pg_ctl start` on 127.0.0.1."""
+
+    bin_dir: Path
+    root: Path
+    port: int
+    pid: int = 0
+
+    @property
+    def admin_dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def url(self, database: str) -> str:
+        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _run_as_owner(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        # PostgreSQL refuses to run as root; as root we run it as the `postgres` user.
+        if os.geteuid() == 0:
+            args = ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(args)]
+        return subprocess.run(args, check=True, capture_output=True, text=True, timeout=120)
+
+    @classmethod
+    def start(cls) -> PostgresServer:
+        bin_dir = postgres_bin_dir()
+        if bin_dir is None:
+            raise RuntimeError(
+                "PostgreSQL is not installed: `make test` installs Debian's `postgresql`"
+            )
+        root = Path(tempfile.mkdtemp(prefix="reins-pg-"))
+        server = cls(bin_dir=bin_dir, root=root, port=free_port())
+        (root / "data").mkdir()
+        (root / "sock").mkdir()
+        if os.geteuid() == 0:
+            owner = pwd.getpwnam("postgres")
+            for path in (root, root / "data", root / "sock"):
+                os.chown(path, owner.pw_uid, owner.pw_gid)
+        server._run_as_owner(
+            [str(bin_dir / "initdb"), "-D", str(root / "data"), "--auth=trust", "-U", "postgres"]
+        )
+        options = f"-c listen_addresses=127.0.0.1 -p {server.port} -k {root / 'sock'} -c fsync=on"
+        server._run_as_owner(
+            [
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                str(root / "data"),
+                "-l",
+                str(root / "log"),
+                "-w",
+                "-o",
+                options,
+                "start",
+            ]
+        )
+        server.pid = int((root / "data" / "postmaster.pid").read_text().split()[0])
+        return server
+
+    def create_database(self, name: str) -> str:
+        self._run_as_owner(
+            [
+                str(self.bin_dir / "createdb"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                name,
+            ]
+        )
+        return self.url(name)
+
+    def stop(self) -> None:
+        if self.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGINT)  # "fast" shutdown: disconnects clients
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and _alive(self.pid):
+                time.sleep(0.1)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@dataclass
+class GatewayProcess:
+    """`reins gateway` in its own process, so a test can SIGKILL it."""
+
+    database_url: str
+    api_key: str
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        self.log_path = self.log_path or Path(
+            tempfile.mkstemp(prefix="reins-gw-", suffix=".log")[1]
+        )
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "reins.cli",
+                "gateway",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--db",
+                self.database_url,
+                "--api-key",
+                self.api_key,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited early:\n{self.log_path.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"gateway did not start:\n{self.log_path.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown handler runs, as in a crash."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@contextlib.contextmanager
+def running_gateway(database_url: str, api_key: str = "test-admin-key") -> Iterator[GatewayProcess]:
+    gateway = GatewayProcess(database_url=database_url, api_key=api_key, port=free_port())
+    gateway.start()
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
