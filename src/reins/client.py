@@ -65,6 +65,8 @@ class GatewayClient:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self.retries = 0
+        """Calls retried so far (transport errors and 5xx), for diagnostics."""
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             headers={"Authorization": f"Bearer {api_key}"},
@@ -97,6 +99,7 @@ class GatewayClient:
                     return response.json()
                 if attempt == self.max_retries:
                     raise GatewayError(response.status_code, _message(response))
+            self.retries += 1
             delay = min(self.max_backoff_s, self.backoff_s * 2**attempt)
             await asyncio.sleep(delay * (0.5 + random.random()))
         raise AssertionError("unreachable")

@@ -50,7 +50,7 @@ class RolloutConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    timeout_s: float | None = Field(default=None, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Wall-clock limit of one attempt; the controller kills the agent past it."""
     max_attempts: int | None = Field(default=None, ge=1, le=100)
     """Attempts before the rollout fails; overrides the controller's default."""
@@ -201,7 +201,7 @@ class ModelEndpointIn(_Wire):
     """Base URL of an OpenAI-compatible server, e.g. ``http://127.0.0.1:8000/v1``."""
     engine: str = Field(default="openai", max_length=100)
     """`embedded`, `vllm`, `sglang` or `openai` (any other compatible server)."""
-    weight_version: int = Field(default=0, ge=0)
+    weight_version: int = Field(default=0, ge=0, le=2**62)
 
 
 class Model(_Wire):

@@ -1,0 +1,118 @@
+"""GatewayClient against a real gateway; faults are injected by a transport wrapper (stubbed)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from reins.client import GatewayClient, GatewayError
+from reins.schemas import EventIn, ModelEndpointIn, RolloutSpec
+from tests.conftest import Gateway
+
+
+class Flaky(httpx.AsyncBaseTransport):
+    """Stub fault injector: fails the first `failures` requests, then forwards for real.
+
+    `after_send=True` forwards the request first and then drops the reply, as when the
+    connection breaks after the gateway committed: the retry must not store twice.
+    """
+
+    def __init__(self, failures: int, *, status: int | None = None, after_send: bool = False):
+        self.failures = failures
+        self.status = status
+        self.after_send = after_send
+        self.real = httpx.AsyncHTTPTransport()
+        self.calls = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        if self.calls <= self.failures:
+            if self.after_send:
+                response = await self.real.handle_async_request(request)
+                await response.aread()
+                raise httpx.ReadError("connection lost after the request was sent")
+            if self.status is not None:
+                return httpx.Response(self.status, json={"error": "injected"})
+            raise httpx.ConnectError("injected connection failure")
+        return await self.real.handle_async_request(request)
+
+
+def client(gateway: Gateway, transport: httpx.AsyncBaseTransport | None = None) -> GatewayClient:
+    return GatewayClient(gateway.url, gateway.api_key, backoff_s=0.01, transport=transport)
+
+
+async def test_a_full_rollout_round_trip(gateway: Gateway) -> None:
+    async with client(gateway) as gw:
+        (rollout,) = await gw.create_rollouts([RolloutSpec(input={"q": 1}, group_id="g")])
+        attempt = await gw.open_attempt(rollout.rollout_id, attempt_id=1)
+        assert attempt.token
+        await gw.post_event(rollout.rollout_id, 1, "reward", {"value": 1.0})
+        done = await gw.set_status(rollout.rollout_id, "succeeded")
+        assert done.status.state == "succeeded"
+        events = await gw.get_events(rollout.rollout_id, types=["reward"])
+        assert [e.data["value"] for e in events] == [1.0]
+        page = await gw.list_rollouts(states=["succeeded"])
+        assert [r.rollout_id for r in page.items] == [rollout.rollout_id]
+
+
+async def test_transport_errors_are_retried(gateway: Gateway) -> None:
+    flaky = Flaky(failures=3)
+    async with client(gateway, flaky) as gw:
+        await gw.create_rollouts([RolloutSpec(rollout_id="r")])
+        assert gw.retries == 3
+
+
+async def test_5xx_answers_are_retried(gateway: Gateway) -> None:
+    async with client(gateway, Flaky(failures=2, status=503)) as gw:
+        models = await gw.register_models(
+            [ModelEndpointIn(model="m", endpoint="http://127.0.0.1:9/v1")]
+        )
+        assert [m.model for m in models] == ["m"]
+
+
+async def test_a_lost_reply_is_retried_without_storing_twice(gateway: Gateway) -> None:
+    async with client(gateway) as admin:
+        await admin.create_rollouts([RolloutSpec(rollout_id="r")])
+        await admin.open_attempt("r", attempt_id=1)
+    async with client(gateway, Flaky(failures=1, after_send=True)) as gw:
+        await gw.post_events("r", 1, [EventIn(type="reward", data={"value": 1.0})])
+    async with client(gateway, Flaky(failures=1, after_send=True)) as gw:
+        (rollout,) = await gw.create_rollouts([RolloutSpec(input="generated id")])
+    async with client(gateway) as admin:
+        assert len(await admin.get_events("r")) == 1
+        page = await admin.list_rollouts()
+        assert sorted(r.rollout_id for r in page.items) == sorted(["r", rollout.rollout_id])
+
+
+async def test_4xx_is_raised_at_once_with_the_gateways_message(gateway: Gateway) -> None:
+    flaky = Flaky(failures=0)
+    async with client(gateway, flaky) as gw:
+        with pytest.raises(GatewayError) as raised:
+            await gw.get_rollout("missing")
+    assert raised.value.status_code == 404
+    assert "missing does not exist" in raised.value.message
+    assert flaky.calls == 1
+
+
+async def test_giving_up_after_max_retries(gateway: Gateway) -> None:
+    gw = GatewayClient(
+        gateway.url, gateway.api_key, backoff_s=0.001, max_retries=2, transport=Flaky(failures=99)
+    )
+    async with gw:
+        with pytest.raises(GatewayError):
+            await gw.list_models()
+    assert gw.retries == 2
+
+
+async def test_follow_rollouts_yields_completions_in_order(gateway: Gateway) -> None:
+    async with client(gateway) as gw:
+        await gw.create_rollouts([RolloutSpec(rollout_id=f"r{i}") for i in range(3)])
+        for rid in ("r1", "r2", "r0"):
+            await gw.set_status(rid, "running")
+            await gw.set_status(rid, "succeeded")
+        seen = []
+        async for rollout in gw.follow_rollouts(states=["succeeded"], poll_s=0.01):
+            seen.append(rollout.rollout_id)
+            if len(seen) == 3:
+                break
+        assert seen == ["r1", "r2", "r0"]

@@ -1,0 +1,54 @@
+"""`reins gateway` as a user starts it: a real process, flags and REINS_* environment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.support import free_port, running_gateway
+
+
+def test_gateway_command_serves_with_flags(tmp_path: Path) -> None:
+    with running_gateway(str(tmp_path / "g.db"), api_key="flag-key") as gateway:
+        ok = httpx.get(f"{gateway.url}/api/models", headers={"Authorization": "Bearer flag-key"})
+        assert ok.status_code == 200
+        assert httpx.get(f"{gateway.url}/api/models").status_code == 401
+    assert (tmp_path / "g.db").exists()
+
+
+def test_gateway_reads_key_and_database_from_the_environment(tmp_path: Path) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "REINS_API_KEY": "env-key",
+        "REINS_DATABASE_URL": str(tmp_path / "env.db"),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "reins.cli", "gateway", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                response = httpx.get(
+                    f"http://127.0.0.1:{port}/api/models",
+                    headers={"Authorization": "Bearer env-key"},
+                )
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the gateway did not start"
+                time.sleep(0.05)
+        assert response.status_code == 200
+        assert (tmp_path / "env.db").exists()
+    finally:
+        os.kill(process.pid, signal.SIGTERM)
+        process.wait(timeout=10)
