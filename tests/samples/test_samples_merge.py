@@ -1,0 +1,95 @@
+"""Dedup of retried calls and best-effort merging (paper eq. 9, section 3.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+from samples_factory import call, continuing
+
+from reins.samples import dedup_calls, merge_calls
+
+
+def test_dedup_keeps_the_last_of_identical_prompts() -> None:
+    calls = [call([1, 2], [3], seq=1), call([9], [9], seq=2), call([1, 2], [4], seq=3)]
+    assert [c.seq for c in dedup_calls(calls)] == [2, 3]
+
+
+def test_dedup_keeps_prompts_that_differ_only_in_a_token() -> None:
+    calls = [call([1, 2], [3], seq=1), call([1, 5], [3], seq=2)]
+    assert [c.seq for c in dedup_calls(calls)] == [1, 2]
+
+
+def test_a_continuing_call_merges_into_one_sequence() -> None:
+    c1 = call([1, 2, 3], [4, 5], seq=1)
+    c2 = continuing(c1, [6, 7], [8], seq=2)
+    (seq,), splits = merge_calls([c1, c2])
+    assert splits == []
+    assert seq.token_ids.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert seq.loss_mask.tolist() == [False, False, False, True, True, False, False, True]
+
+
+def test_merged_sequence_carries_logprobs_on_responses_and_zero_elsewhere() -> None:
+    c1 = call([1], [2, 3], seq=1, logprobs=[-0.1, -0.2])
+    c2 = continuing(c1, [4], [5], seq=2)
+    c2.logprobs = np.array([-0.3], np.float32)
+    (seq,), _ = merge_calls([c1, c2])
+    assert seq.old_logprobs.dtype == np.float32
+    assert seq.old_logprobs.tolist() == np.array([0, -0.1, -0.2, 0, -0.3], np.float32).tolist()
+
+
+def test_a_call_without_logprobs_gets_nan_on_its_response_only() -> None:
+    c1 = call([1], [2, 3], seq=1)
+    c1.logprobs = None
+    (seq,), _ = merge_calls([c1])
+    assert seq.old_logprobs[0] == 0.0
+    assert np.isnan(seq.old_logprobs[1:]).all()
+
+
+def test_a_prompt_that_changes_a_sampled_token_starts_a_new_sequence() -> None:
+    c1 = call([1, 2], [3, 4], seq=1)
+    c2 = call([1, 2, 3, 99, 5], [6], seq=2)  # the response was re-encoded: 4 -> 99
+    seqs, splits = merge_calls([c1, c2], rollout_id="r")
+    assert [s.token_ids.tolist() for s in seqs] == [[1, 2, 3, 4], [1, 2, 3, 99, 5, 6]]
+    assert (splits[0].before_seq, splits[0].after_seq, splits[0].shared_tokens) == (1, 2, 3)
+
+
+def test_merge_never_stitches_the_sampled_response_into_a_later_prompt() -> None:
+    c1 = call([1, 2], [3, 4], seq=1)
+    c2 = call([1, 2, 3, 99, 5], [6], seq=2)
+    seqs, _ = merge_calls([c1, c2])
+    second = seqs[1]
+    start = second.response_spans[0][0]
+    assert second.token_ids[:start].tolist() == c2.prompt.tolist()
+
+
+def test_merge_compares_against_the_whole_history_not_only_the_last_call() -> None:
+    c1 = call([1], [2], seq=1)
+    c2 = continuing(c1, [3], [4], seq=2)
+    c3 = call([1, 2, 3, 4, 5], [6], seq=3)  # continues c1 + c2 token for token
+    c4 = call([1, 9, 3, 4, 5, 6, 7], [8], seq=4)  # ends like the history, but differs early
+    seqs, splits = merge_calls([c1, c2, c3, c4])
+    assert [s.call_seqs for s in seqs] == [(1, 2, 3), (4,)]
+    assert len(splits) == 1
+
+
+def test_a_prompt_equal_to_the_history_merges_with_no_observation() -> None:
+    c1 = call([1], [2], seq=1)
+    c2 = call([1, 2], [3], seq=2)
+    (seq,), _ = merge_calls([c1, c2])
+    assert seq.token_ids.tolist() == [1, 2, 3]
+    assert seq.response_spans == ((1, 2), (2, 3))
+
+
+def test_a_shorter_prompt_starts_a_new_sequence() -> None:
+    c1 = call([1, 2, 3], [4], seq=1)
+    c2 = call([1, 2], [5], seq=2)
+    seqs, _ = merge_calls([c1, c2])
+    assert len(seqs) == 2
+
+
+def test_sequences_keep_event_seqs_and_weight_versions_of_their_calls() -> None:
+    c1 = call([1], [2], seq=10, version=3)
+    c2 = continuing(c1, [3], [4], seq=12)
+    c2.model_version = 4
+    c3 = call([50], [51], seq=15, version=4)
+    seqs, _ = merge_calls([c1, c2, c3])
+    assert [(s.call_seqs, s.model_versions) for s in seqs] == [((10, 12), (3, 4)), ((15,), (4,))]
