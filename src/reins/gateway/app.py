@@ -14,8 +14,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import reins
+from reins.gateway.admission import AdmissionGate
 from reins.gateway.auth import Authenticator
-from reins.gateway.routes import events, models, rollouts
+from reins.gateway.proxy import LLMProxy
+from reins.gateway.routes import admission, events, models, proxy, rollouts
 from reins.gateway.settings import GatewaySettings
 from reins.gateway.store import Conflict, NotFound, Store, StoreError
 from reins.gateway.store.sql import SqlStore
@@ -29,9 +31,17 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await store.init()
         app.state.auth = Authenticator(settings.api_key, await store.token_secret())
+        app.state.proxy = LLMProxy(
+            store,
+            app.state.gate,
+            {"train": settings.train_sampling, "val": settings.val_sampling},
+            retries=settings.proxy_retries,
+            read_timeout_s=settings.proxy_read_timeout_s,
+        )
         try:
             yield
         finally:
+            await app.state.proxy.close()
             await store.close()
 
     app = FastAPI(
@@ -42,6 +52,7 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
     )
     app.state.settings = settings
     app.state.store = store
+    app.state.gate = AdmissionGate(settings.admission_max_wait_s)
     # Our own limit rather than FastAPI's `max_body_size`: that one answers a plain-text 413
     # that does not say what the limit is.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
@@ -55,6 +66,8 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
     app.include_router(rollouts.router)
     app.include_router(events.router)
     app.include_router(models.router)
+    app.include_router(proxy.router)
+    app.include_router(admission.router)
     return app
 
 

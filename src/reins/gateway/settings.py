@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from reins.gateway.capture import SamplingPolicy
+
 DEFAULT_DB_PATH = Path(".reins") / "gateway.db"
 
 
@@ -38,6 +40,18 @@ class GatewaySettings(BaseSettings):
     """NORMAL survives a killed gateway process (WAL); FULL also survives a power loss."""
     max_page_size: int = Field(default=1000, ge=1)
     """Most rollouts or events one list call returns."""
+    train_sampling: SamplingPolicy = Field(
+        default_factory=lambda: SamplingPolicy(set={"temperature": 1.0, "top_p": 1.0})
+    )
+    """Sampling applied to `train` calls: the policy's own distribution, so logprobs are its own."""
+    val_sampling: SamplingPolicy = Field(default_factory=SamplingPolicy)
+    """Sampling applied to `val` calls; by default the harness's own settings."""
+    admission_max_wait_s: float = Field(default=600.0, gt=0)
+    """How long a call waits at a paused gateway before it gets 503 with Retry-After."""
+    proxy_retries: int = Field(default=3, ge=0)
+    """Retries of a call whose engine could not be reached (backoff, next endpoint)."""
+    proxy_read_timeout_s: float = Field(default=3600.0, gt=0)
+    """Longest an engine may take to answer one call."""
 
     @field_validator("database_url")
     @classmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Request
 from pydantic import Field
 
 from reins.gateway.deps import Admin, StoreDep
@@ -19,11 +19,14 @@ async def register_models(
         ModelEndpointIn | Annotated[list[ModelEndpointIn], Field(max_length=1000)], Body()
     ],
     store: StoreDep,
+    request: Request,
     _: Admin,
 ) -> list[Model]:
     """Register (or update the weight version of) one endpoint or a list of them."""
     endpoints = body if isinstance(body, list) else [body]
-    return await store.register_models(endpoints)
+    registered = await store.register_models(endpoints)
+    request.app.state.proxy.directory.invalidate()
+    return registered
 
 
 @router.get("")
@@ -34,10 +37,13 @@ async def list_models(store: StoreDep, _: Admin) -> list[Model]:
 @router.delete("")
 async def delete_models(
     store: StoreDep,
+    request: Request,
     _: Admin,
     model: Annotated[
         str | None, Query(max_length=200, description="Only this model; all when absent")
     ] = None,
 ) -> dict[str, int]:
     """Remove one model's endpoints, or every model (Agent Lightning semantics)."""
-    return {"deleted": await store.delete_models(model)}
+    deleted = await store.delete_models(model)
+    request.app.state.proxy.directory.invalidate()
+    return {"deleted": deleted}

@@ -1,0 +1,263 @@
+"""What the proxy asks of the engine, shows the harness, and records: pure functions on JSON.
+
+The engine is asked for the token IDs it consumed and sampled (vLLM's `return_token_ids`) and
+for the sampled tokens' logprobs; the recorded `model_request` takes them from the engine's answer
+as they are, never re-tokenized (DESIGN invariant 1). The harness gets back only what it asked
+for: the extra fields are removed from what it sees.
+
+Field paths read (vLLM >= 0.10 and the embedded engine):
+- chat: top-level `prompt_token_ids`; `choices[i].token_ids`;
+  `choices[i].logprobs.content[j].logprob`.
+- completions: `choices[i].prompt_token_ids` (or top-level); `choices[i].token_ids`;
+  `choices[i].logprobs.token_logprobs`.
+- streaming: the same fields on each chunk, token IDs and logprobs of that chunk's delta only;
+  `prompt_token_ids` on the first chunk that carries it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, JsonValue
+
+from reins.schemas import ModelRequest
+
+Kind = Literal["chat", "completions"]
+
+
+class SamplingPolicy(BaseModel):
+    """Sampling settings a mode applies to every proxied call."""
+
+    set: dict[str, JsonValue] = Field(default_factory=dict)
+    """Request fields set on every call of this mode (e.g. `{"temperature": 1.0}`)."""
+    keep_harness: list[str] = Field(default_factory=list)
+    """Of those fields, the ones where a value the harness sent wins."""
+
+
+def upstream_body(
+    body: dict[str, Any], *, kind: Kind, model: str, policy: SamplingPolicy
+) -> dict[str, Any]:
+    """The request sent to the engine: the harness's, the mode's settings, token capture on."""
+    out = dict(body)
+    out["model"] = model
+    for key, value in policy.set.items():
+        if key in policy.keep_harness and key in body:
+            continue
+        out[key] = value
+    out["return_token_ids"] = True
+    if kind == "chat":
+        out["logprobs"] = True
+    elif not isinstance(body.get("logprobs"), int) or isinstance(body.get("logprobs"), bool):
+        out["logprobs"] = 0  # the sampled token's logprob, no alternatives
+    return out
+
+
+def _asked_logprobs(body: dict[str, Any], kind: Kind) -> bool:
+    value = body.get("logprobs")
+    if kind == "chat":
+        return bool(value)
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def strip_for_harness(payload: dict[str, Any], body: dict[str, Any], kind: Kind) -> dict[str, Any]:
+    """Removes, in place, the fields the proxy asked for and the harness did not."""
+    if not body.get("return_token_ids"):
+        payload.pop("prompt_token_ids", None)
+    keep_logprobs = _asked_logprobs(body, kind)
+    for choice in payload.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        if not body.get("return_token_ids"):
+            choice.pop("token_ids", None)
+            choice.pop("prompt_token_ids", None)
+        if not keep_logprobs and "logprobs" in choice:
+            choice["logprobs"] = None
+    return payload
+
+
+def _logprobs_of(choice: dict[str, Any], kind: Kind) -> list[float]:
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict):
+        return []
+    if kind == "chat":
+        return [float(item["logprob"]) for item in logprobs.get("content") or ()]
+    return [float(value) for value in logprobs.get("token_logprobs") or () if value is not None]
+
+
+@dataclass
+class CallFacts:
+    """What the proxy knows of a call besides the engine's answer."""
+
+    kind: Kind
+    mode: str
+    request: dict[str, Any]
+    model: str
+    endpoint: str
+    model_version: int | None
+    latency_s: float
+    stream: bool
+
+
+def records_from_response(
+    facts: CallFacts, engine_payload: dict[str, Any], shown: dict[str, Any]
+) -> list[ModelRequest]:
+    """One `model_request` per choice of a successful non-streamed answer."""
+    top_prompt = engine_payload.get("prompt_token_ids")
+    records = []
+    for engine_choice, shown_choice in zip(
+        engine_payload.get("choices") or (), shown.get("choices") or (), strict=False
+    ):
+        prompt = engine_choice.get("prompt_token_ids") or top_prompt or []
+        records.append(
+            _record(
+                facts,
+                prompt=list(prompt),
+                response=list(engine_choice.get("token_ids") or []),
+                logprobs=_logprobs_of(engine_choice, facts.kind),
+                shown={**shown, "choices": [shown_choice]},
+                choice_index=int(engine_choice.get("index", 0)),
+                finish_reason=engine_choice.get("finish_reason"),
+            )
+        )
+    return records
+
+
+def error_record(facts: CallFacts, status: int, error: str) -> ModelRequest:
+    """The record of a call the engine refused or could not be reached for."""
+    return ModelRequest(
+        request=facts.request,
+        model=facts.model,
+        endpoint=facts.endpoint,
+        model_version=facts.model_version,
+        latency_s=facts.latency_s,
+        status=status,
+        error=error[:10_000],
+        kind=facts.kind,
+        mode=facts.mode,
+        stream=facts.stream,
+    )
+
+
+def _record(
+    facts: CallFacts,
+    *,
+    prompt: list[int],
+    response: list[int],
+    logprobs: list[float],
+    shown: dict[str, Any],
+    choice_index: int,
+    finish_reason: str | None,
+) -> ModelRequest:
+    problem = None
+    if not prompt or not response:
+        problem = (
+            "the engine returned no token IDs (it must support `return_token_ids`, as vLLM and "
+            "the embedded engine do); this call cannot be trained on"
+        )
+    elif logprobs and len(logprobs) != len(response):
+        problem = f"the engine returned {len(logprobs)} logprobs for {len(response)} tokens"
+    return ModelRequest(
+        prompt_token_ids=prompt,
+        response_token_ids=response,
+        response_logprobs=logprobs if logprobs and len(logprobs) == len(response) else None,
+        request=facts.request,
+        response=shown,
+        model=facts.model,
+        endpoint=facts.endpoint,
+        model_version=facts.model_version,
+        latency_s=facts.latency_s,
+        status=200,
+        finish_reason=finish_reason,
+        error=problem,
+        kind=facts.kind,
+        mode=facts.mode,
+        stream=facts.stream,
+        choice_index=choice_index,
+    )
+
+
+@dataclass
+class _ChoiceState:
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_token_ids: list[int] | None = None
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    finish_reason: str | None = None
+
+
+class StreamRecorder:
+    """Follows a streamed answer chunk by chunk; assembles the call for the record."""
+
+    def __init__(self, facts: CallFacts) -> None:
+        self.facts = facts
+        self.prompt_token_ids: list[int] | None = None
+        self.choices: dict[int, _ChoiceState] = {}
+        self.head: dict[str, Any] = {}
+        self.usage: Any = None
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        if not self.head:
+            self.head = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
+        if chunk.get("prompt_token_ids"):
+            self.prompt_token_ids = list(chunk["prompt_token_ids"])
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            state = self.choices.setdefault(int(choice.get("index", 0)), _ChoiceState())
+            state.token_ids.extend(choice.get("token_ids") or ())
+            state.logprobs.extend(_logprobs_of(choice, self.facts.kind))
+            if choice.get("prompt_token_ids"):
+                state.prompt_token_ids = list(choice["prompt_token_ids"])
+            if choice.get("finish_reason"):
+                state.finish_reason = choice["finish_reason"]
+            if self.facts.kind == "completions":
+                state.text += choice.get("text") or ""
+                continue
+            delta = choice.get("delta") or {}
+            state.text += delta.get("content") or ""
+            state.reasoning += delta.get("reasoning_content") or delta.get("reasoning") or ""
+            for call in delta.get("tool_calls") or ():
+                slot = state.tool_calls.setdefault(
+                    int(call.get("index", 0)),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                slot["id"] = call.get("id") or slot["id"]
+                function = call.get("function") or {}
+                slot["function"]["name"] += function.get("name") or ""
+                slot["function"]["arguments"] += function.get("arguments") or ""
+
+    def assembled(self, index: int, state: _ChoiceState) -> dict[str, Any]:
+        """The answer as the harness received it, as one non-streamed response would be."""
+        if self.facts.kind == "completions":
+            choice: dict[str, Any] = {
+                "index": index,
+                "text": state.text,
+                "finish_reason": state.finish_reason,
+            }
+            kind = "text_completion"
+        else:
+            message: dict[str, Any] = {"role": "assistant", "content": state.text or None}
+            if state.reasoning:
+                message["reasoning_content"] = state.reasoning
+            if state.tool_calls:
+                message["tool_calls"] = [state.tool_calls[i] for i in sorted(state.tool_calls)]
+            choice = {"index": index, "message": message, "finish_reason": state.finish_reason}
+            kind = "chat.completion"
+        return {**self.head, "object": kind, "choices": [choice], "usage": self.usage}
+
+    def records(self) -> list[ModelRequest]:
+        return [
+            _record(
+                self.facts,
+                prompt=state.prompt_token_ids or self.prompt_token_ids or [],
+                response=state.token_ids,
+                logprobs=state.logprobs,
+                shown=self.assembled(index, state),
+                choice_index=index,
+                finish_reason=state.finish_reason,
+            )
+            for index, state in sorted(self.choices.items())
+        ]

@@ -1,0 +1,164 @@
+"""The admission gate: pause holds new calls, drain waits for calls in flight, resume releases.
+
+The engine is the stub (tests/stub_engine.py); the harness is the real `openai` SDK.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from reins.gateway import GatewaySettings
+from tests.conftest import ADMIN_KEY, Gateway, serve
+from tests.stub_engine import DEFAULT_REPLY, StubEngine
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def stub() -> Iterator[StubEngine]:
+    with StubEngine() as engine:
+        yield engine
+
+
+@pytest.fixture
+def base_url(gateway: Gateway, stub: StubEngine) -> str:
+    gateway.http.post("/api/models", json={"model": "policy", "endpoint": stub.base_url})
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    gateway.http.post("/api/rollouts/r/attempts")
+    return f"{gateway.url}/proxy/rollout/r/attempt/1/mode/train/openai/v1"
+
+
+def in_thread(target: object) -> tuple[threading.Thread, dict[str, object]]:
+    out: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = target()  # type: ignore[operator]
+        except Exception as error:
+            out["error"] = error
+        out["done_at"] = time.monotonic()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def test_openai_client_with_default_timeout_rides_through_a_pause(
+    gateway: Gateway, base_url: str
+) -> None:
+    token = gateway.http.get("/api/rollouts/r").json()["attempts"][0]["token"]
+    client = openai.OpenAI(base_url=base_url, api_key=token)
+    gateway.http.post("/api/admission/pause")
+    thread, out = in_thread(
+        lambda: client.chat.completions.create(model="policy", messages=MESSAGES)  # type: ignore[arg-type]
+    )
+    time.sleep(1.5)
+    assert thread.is_alive(), "a call must wait while the gateway is paused"
+    status = gateway.http.get("/api/admission").json()
+    assert status["paused"] is True
+    assert status["held"] == 1
+    resumed_at = time.monotonic()
+    gateway.http.post("/api/admission/resume")
+    thread.join(timeout=30)
+    assert "error" not in out, out.get("error")
+    completion = out["value"]
+    assert completion.choices[0].message.content == DEFAULT_REPLY  # type: ignore[attr-defined]
+    assert float(out["done_at"]) >= resumed_at  # type: ignore[arg-type]
+
+
+def test_drain_returns_once_calls_in_flight_finish(gateway: Gateway, base_url: str) -> None:
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    thread, out = in_thread(
+        lambda: httpx.post(
+            f"{base_url}/chat/completions",
+            json={"messages": MESSAGES, "stub_delay_s": 1.0},
+            headers=admin,
+            timeout=30,
+        )
+    )
+    deadline = time.monotonic() + 10
+    while gateway.http.get("/api/admission").json()["in_flight"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    gateway.http.post("/api/admission/pause")
+    drained = gateway.http.post("/api/admission/drain", params={"timeout_s": 30}).json()
+    assert drained["drained"] is True
+    assert drained["in_flight"] == 0
+    thread.join(timeout=30)
+    assert out["value"].status_code == 200  # type: ignore[attr-defined]
+    assert float(out["done_at"]) <= time.monotonic()
+    gateway.http.post("/api/admission/resume")
+
+
+def test_drain_reports_a_timeout(gateway: Gateway, base_url: str) -> None:
+    thread, _ = in_thread(
+        lambda: httpx.post(
+            f"{base_url}/chat/completions",
+            json={"messages": MESSAGES, "stub_delay_s": 2.0},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=30,
+        )
+    )
+    while gateway.http.get("/api/admission").json()["in_flight"] == 0:
+        time.sleep(0.02)
+    drained = gateway.http.post("/api/admission/drain", params={"timeout_s": 0.2}).json()
+    assert drained["drained"] is False
+    assert drained["in_flight"] == 1
+    thread.join(timeout=30)
+
+
+def test_a_stream_counts_as_in_flight_until_its_end(gateway: Gateway, base_url: str) -> None:
+    with httpx.stream(
+        "POST",
+        f"{base_url}/chat/completions",
+        json={"messages": MESSAGES, "stream": True, "stub_chunk_delay_s": 0.1},
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+    ) as response:
+        lines = response.iter_lines()
+        next(lines)
+        assert gateway.http.get("/api/admission").json()["in_flight"] == 1
+        for _ in lines:
+            pass
+    deadline = time.monotonic() + 5
+    while gateway.http.get("/api/admission").json()["in_flight"] != 0:
+        assert time.monotonic() < deadline, "the stream's admission slot was not released"
+        time.sleep(0.02)
+
+
+def test_a_call_held_past_the_bound_gets_503_with_retry_after(
+    tmp_path: Path, stub: StubEngine
+) -> None:
+    settings = GatewaySettings(
+        database_url=str(tmp_path / "g.db"), api_key=ADMIN_KEY, admission_max_wait_s=0.5
+    )
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with serve(settings) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        httpx.post(
+            f"{url}/api/models", json={"model": "p", "endpoint": stub.base_url}, headers=admin
+        )
+        httpx.post(f"{url}/api/rollouts", json=[{"rollout_id": "r"}], headers=admin)
+        httpx.post(f"{url}/api/admission/pause", headers=admin)
+        response = httpx.post(
+            f"{url}/proxy/rollout/r/attempt/1/mode/train/openai/v1/chat/completions",
+            json={"messages": MESSAGES},
+            headers=admin,
+        )
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "30"
+    assert "paused" in response.json()["error"]["message"]
+
+
+def test_admission_controls_need_the_admin_key(gateway: Gateway, base_url: str) -> None:
+    token = gateway.http.get("/api/rollouts/r").json()["attempts"][0]["token"]
+    response = httpx.post(
+        f"{gateway.url}/api/admission/pause", headers={"Authorization": f"Bearer {token}"}
+    )
+    assert response.status_code == 403

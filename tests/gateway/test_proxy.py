@@ -1,0 +1,333 @@
+"""The LLM proxy against the stub engine (tests/stub_engine.py: the model is stubbed, the wire
+format is vLLM's): exact token capture, streaming, routing, engine errors, auth."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Gateway
+from tests.stub_engine import DEFAULT_REPLY, StubEngine, decode, encode, render_chat
+
+
+@pytest.fixture
+def stub() -> Iterator[StubEngine]:
+    with StubEngine() as engine:
+        yield engine
+
+
+@pytest.fixture
+def token(gateway: Gateway, stub: StubEngine) -> str:
+    gateway.http.post("/api/models", json={"model": "policy", "endpoint": stub.base_url})
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}, {"rollout_id": "other"}])
+    gateway.http.post("/api/rollouts/other/attempts")
+    return str(gateway.http.post("/api/rollouts/r/attempts").json()["token"])
+
+
+def proxy(gateway: Gateway, rollout: str = "r", attempt: int = 1, mode: str = "train") -> str:
+    return f"{gateway.url}/proxy/rollout/{rollout}/attempt/{attempt}/mode/{mode}/openai/v1"
+
+
+def calls(gateway: Gateway, rollout: str = "r") -> list[dict[str, Any]]:
+    events = gateway.http.get(f"/api/rollouts/{rollout}/events").json()
+    return [e["data"] for e in events if e["type"] == "model_request"]
+
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def test_chat_call_records_the_engines_token_ids_and_logprobs(
+    gateway: Gateway, stub: StubEngine, token: str
+) -> None:
+    response = httpx.post(
+        f"{proxy(gateway)}/chat/completions",
+        json={"model": "anything", "messages": MESSAGES},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert response.status_code == 200
+    (call,) = calls(gateway)
+    assert call["prompt_token_ids"] == encode(render_chat(MESSAGES))
+    assert call["response_token_ids"] == encode(DEFAULT_REPLY)
+    assert len(call["response_logprobs"]) == len(call["response_token_ids"])
+    assert call["response_logprobs"][0] == pytest.approx(-0.25)
+    assert decode(call["response_token_ids"]) == response.json()["choices"][0]["message"]["content"]
+    assert call["status"] == 200
+    assert call["finish_reason"] == "stop"
+    assert call["model"] == "policy"
+    assert call["endpoint"] == stub.base_url
+    assert call["request"] == {"model": "anything", "messages": MESSAGES}
+    assert call["latency_s"] > 0
+
+
+def test_harness_sees_only_what_it_asked_for(gateway: Gateway, token: str) -> None:
+    body = httpx.post(
+        f"{proxy(gateway)}/chat/completions",
+        json={"messages": MESSAGES},
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()
+    assert "prompt_token_ids" not in body
+    assert "token_ids" not in body["choices"][0]
+    assert body["choices"][0]["logprobs"] is None
+    (call,) = calls(gateway)
+    assert call["response"] == body
+
+
+def test_harness_that_asks_for_logprobs_gets_them(gateway: Gateway, token: str) -> None:
+    body = httpx.post(
+        f"{proxy(gateway)}/chat/completions",
+        json={"messages": MESSAGES, "logprobs": True},
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()
+    assert len(body["choices"][0]["logprobs"]["content"]) == len(encode(DEFAULT_REPLY))
+
+
+def test_train_mode_applies_its_sampling_and_asks_for_token_ids(
+    gateway: Gateway, stub: StubEngine, token: str
+) -> None:
+    httpx.post(
+        f"{proxy(gateway)}/chat/completions",
+        json={"model": "x", "messages": MESSAGES, "temperature": 0.2, "max_tokens": 7},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    sent = stub.requests[-1]
+    assert sent["model"] == "policy"
+    assert sent["temperature"] == 1.0
+    assert sent["top_p"] == 1.0
+    assert sent["max_tokens"] == 7
+    assert sent["return_token_ids"] is True
+    assert sent["logprobs"] is True
+
+
+def test_val_mode_keeps_the_harness_sampling(gateway: Gateway, stub: StubEngine) -> None:
+    gateway.http.post("/api/models", json={"model": "policy", "endpoint": stub.base_url})
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "v", "mode": "val"}])
+    httpx.post(
+        f"{proxy(gateway, 'v', mode='val')}/chat/completions",
+        json={"messages": MESSAGES, "temperature": 0.2},
+        headers={"Authorization": f"Bearer {gateway.api_key}"},
+    )
+    assert stub.requests[-1]["temperature"] == 0.2
+    assert calls(gateway, "v")[0]["mode"] == "val"
+
+
+def test_streamed_chat_passes_chunks_and_records_the_whole_call(
+    gateway: Gateway, token: str
+) -> None:
+    texts, saw_done = [], False
+    with httpx.stream(
+        "POST",
+        f"{proxy(gateway)}/chat/completions",
+        json={"messages": MESSAGES, "stream": True},
+        headers={"Authorization": f"Bearer {token}"},
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line == "data: [DONE]":
+                saw_done = True
+                # The call is recorded before the stream ends.
+                assert len(calls(gateway)) == 1
+            elif line.startswith("data: "):
+                chunk = json.loads(line[6:])
+                assert "prompt_token_ids" not in chunk
+                assert "token_ids" not in chunk["choices"][0]
+                texts.append(chunk["choices"][0]["delta"].get("content") or "")
+    assert saw_done
+    (call,) = calls(gateway)
+    assert "".join(texts) == DEFAULT_REPLY
+    assert decode(call["response_token_ids"]) == DEFAULT_REPLY
+    assert call["prompt_token_ids"] == encode(render_chat(MESSAGES))
+    assert len(call["response_logprobs"]) == len(call["response_token_ids"])
+    assert call["stream"] is True
+    assert call["response"]["choices"][0]["message"]["content"] == DEFAULT_REPLY
+
+
+def test_completions_with_a_token_id_prompt(gateway: Gateway, token: str) -> None:
+    prompt = [10, 20, 30]
+    body = httpx.post(
+        f"{proxy(gateway)}/completions",
+        json={"prompt": prompt, "max_tokens": 5},
+        headers={"Authorization": f"Bearer {token}"},
+    ).json()
+    assert body["choices"][0]["text"] == DEFAULT_REPLY
+    assert body["choices"][0]["logprobs"] is None
+    (call,) = calls(gateway)
+    assert call["prompt_token_ids"] == prompt
+    assert call["response_token_ids"] == encode(DEFAULT_REPLY)
+    assert len(call["response_logprobs"]) == len(encode(DEFAULT_REPLY))
+
+
+def test_each_choice_is_recorded(gateway: Gateway, token: str) -> None:
+    httpx.post(
+        f"{proxy(gateway)}/chat/completions",
+        json={"messages": MESSAGES, "n": 2},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    recorded = calls(gateway)
+    assert [c["choice_index"] for c in recorded] == [0, 1]
+    assert decode(recorded[1]["response_token_ids"]) == f"{DEFAULT_REPLY} #1"
+
+
+def test_models_lists_the_registered_models(gateway: Gateway, token: str) -> None:
+    body = httpx.get(f"{proxy(gateway)}/models", headers={"Authorization": f"Bearer {token}"})
+    assert [m["id"] for m in body.json()["data"]] == ["policy"]
+
+
+def test_engine_error_reaches_the_harness_unchanged_and_is_recorded(
+    gateway: Gateway, token: str
+) -> None:
+    response = httpx.post(
+        f"{proxy(gateway)}/chat/completions",
+        json={"messages": MESSAGES, "stub_status": 400},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert response.status_code == 400
+    assert response.json()["message"] == "stub failure"
+    (call,) = calls(gateway)
+    assert call["status"] == 400
+    assert "stub failure" in call["error"]
+    assert call["response_token_ids"] == []
+
+
+def test_a_call_naming_a_registered_model_goes_there(gateway: Gateway, token: str) -> None:
+    with StubEngine() as second:
+        gateway.http.post("/api/models", json={"model": "judge", "endpoint": second.base_url})
+        httpx.post(
+            f"{proxy(gateway)}/chat/completions",
+            json={"model": "judge", "messages": MESSAGES},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert len(second.requests) == 1
+    assert calls(gateway)[0]["model"] == "judge"
+
+
+def test_a_rollout_sticks_to_one_endpoint(gateway: Gateway, stub: StubEngine) -> None:
+    with StubEngine() as second:
+        gateway.http.post("/api/models", json={"model": "policy", "endpoint": second.base_url})
+        gateway.http.post("/api/models", json={"model": "policy", "endpoint": stub.base_url})
+        ids = [f"s{i}" for i in range(12)]
+        gateway.http.post("/api/rollouts", json=[{"rollout_id": rid} for rid in ids])
+        admin = {"Authorization": f"Bearer {gateway.api_key}"}
+        for rid in ids:
+            for _ in range(3):
+                httpx.post(
+                    f"{proxy(gateway, rid)}/chat/completions",
+                    json={"messages": MESSAGES},
+                    headers=admin,
+                )
+        for rid in ids:
+            assert len({c["endpoint"] for c in calls(gateway, rid)}) == 1
+        used = {calls(gateway, rid)[0]["endpoint"] for rid in ids}
+        assert used == {stub.base_url, second.base_url}
+
+
+def test_an_unreachable_endpoint_is_retried_on_the_next(gateway: Gateway, stub: StubEngine) -> None:
+    dead = "http://127.0.0.1:9/v1"
+    gateway.http.post(
+        "/api/models",
+        json=[
+            {"model": "policy", "endpoint": dead},
+            {"model": "policy", "endpoint": stub.base_url},
+        ],
+    )
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": f"d{i}"} for i in range(6)])
+    for i in range(6):
+        response = httpx.post(
+            f"{proxy(gateway, f'd{i}')}/chat/completions",
+            json={"messages": MESSAGES},
+            headers={"Authorization": f"Bearer {gateway.api_key}"},
+        )
+        assert response.status_code == 200
+        assert calls(gateway, f"d{i}")[0]["endpoint"] == stub.base_url
+
+
+def test_an_engine_that_stays_down_is_a_502_and_is_recorded(gateway: Gateway) -> None:
+    gateway.http.post("/api/models", json={"model": "policy", "endpoint": "http://127.0.0.1:9/v1"})
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    response = httpx.post(
+        f"{proxy(gateway)}/chat/completions",
+        json={"messages": MESSAGES},
+        headers={"Authorization": f"Bearer {gateway.api_key}"},
+        timeout=30,
+    )
+    assert response.status_code == 502
+    assert "could not be reached" in response.json()["error"]["message"]
+    assert calls(gateway)[0]["status"] == 502
+
+
+def test_no_registered_model_is_a_clear_404(gateway: Gateway) -> None:
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    response = httpx.post(
+        f"{proxy(gateway)}/chat/completions",
+        json={"messages": MESSAGES},
+        headers={"Authorization": f"Bearer {gateway.api_key}"},
+    )
+    assert response.status_code == 404
+    assert "POST /api/models" in response.json()["error"]["message"]
+
+
+def test_a_token_cannot_call_for_another_attempt(gateway: Gateway, token: str) -> None:
+    for path in (proxy(gateway, "other"), proxy(gateway, "r", attempt=2)):
+        response = httpx.post(
+            f"{path}/chat/completions",
+            json={"messages": MESSAGES},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert response.status_code == 403
+    assert calls(gateway, "other") == []
+
+
+def test_the_admin_key_opens_a_missing_attempt(gateway: Gateway, stub: StubEngine) -> None:
+    gateway.http.post("/api/models", json={"model": "policy", "endpoint": stub.base_url})
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "byhand"}])
+    response = httpx.post(
+        f"{proxy(gateway, 'byhand')}/chat/completions",
+        json={"messages": MESSAGES},
+        headers={"Authorization": f"Bearer {gateway.api_key}"},
+    )
+    assert response.status_code == 200
+    detail = gateway.http.get("/api/rollouts/byhand").json()
+    assert detail["rollout"]["status"]["state"] == "running"
+    assert [a["attempt_id"] for a in detail["attempts"]] == [1]
+    assert len(calls(gateway, "byhand")) == 1
+
+
+def test_malformed_json_is_an_openai_style_400(gateway: Gateway, token: str) -> None:
+    response = httpx.post(
+        f"{proxy(gateway)}/chat/completions",
+        content=b"{nope",
+        headers={"Authorization": f"Bearer {token}", "content-type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert "not valid JSON" in response.json()["error"]["message"]
+
+
+def test_the_weight_version_the_engine_reports_is_recorded(gateway: Gateway) -> None:
+    with StubEngine(weight_version=7) as engine:
+        gateway.http.post("/api/models", json={"model": "policy", "endpoint": engine.base_url})
+        gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+        httpx.post(
+            f"{proxy(gateway)}/chat/completions",
+            json={"messages": MESSAGES},
+            headers={"Authorization": f"Bearer {gateway.api_key}"},
+        )
+    assert calls(gateway)[0]["model_version"] == 7
+
+
+def test_a_harness_that_hangs_up_mid_stream_frees_its_slot(gateway: Gateway, token: str) -> None:
+    with httpx.stream(
+        "POST",
+        f"{proxy(gateway)}/chat/completions",
+        json={"messages": MESSAGES, "stream": True, "stub_chunk_delay_s": 0.2},
+        headers={"Authorization": f"Bearer {token}"},
+    ) as response:
+        next(response.iter_lines())
+    deadline = time.monotonic() + 10
+    while gateway.http.get("/api/admission").json()["in_flight"] != 0:
+        assert time.monotonic() < deadline, "a dropped stream kept its admission slot"
+        time.sleep(0.05)
