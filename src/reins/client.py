@@ -20,6 +20,7 @@ from reins.schemas import (
     Attempt,
     AttemptCreate,
     Event,
+    EventAck,
     EventIn,
     Mode,
     Model,
@@ -35,6 +36,7 @@ from reins.schemas import (
 
 _rollouts = TypeAdapter(list[Rollout])
 _events = TypeAdapter(list[Event])
+_acks = TypeAdapter(list[EventAck])
 _models = TypeAdapter(list[Model])
 
 
@@ -188,7 +190,7 @@ class GatewayClient:
 
     async def post_events(
         self, rollout_id: str, attempt_id: int, events: Sequence[EventIn]
-    ) -> list[Event]:
+    ) -> list[EventAck]:
         body = [
             (
                 event
@@ -197,7 +199,7 @@ class GatewayClient:
             ).model_dump(mode="json")
             for event in events
         ]
-        return _events.validate_python(
+        return _acks.validate_python(
             await self.request(
                 "POST", f"/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", json=body
             )
@@ -210,7 +212,7 @@ class GatewayClient:
         type: str,
         data: dict[str, JsonValue],
         idempotency_key: str | None = None,
-    ) -> Event:
+    ) -> EventAck:
         event = EventIn(type=type, data=data, idempotency_key=idempotency_key)
         (stored,) = await self.post_events(rollout_id, attempt_id, [event])
         return stored

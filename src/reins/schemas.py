@@ -157,6 +157,17 @@ class Event(_Wire):
     created_at: datetime
 
 
+class EventAck(_Wire):
+    """The answer to an event post: the stored event without its data."""
+
+    seq: int
+    rollout_id: str
+    attempt_id: int
+    type: str
+    idempotency_key: str
+    created_at: datetime
+
+
 class ModelRequest(BaseModel):
     """Data of a ``model_request`` event: one LLM call as the engine saw it.
 

@@ -99,34 +99,52 @@ class CallFacts:
     stream: bool
 
 
-def records_from_response(
-    facts: CallFacts, engine_payload: dict[str, Any], shown: dict[str, Any]
-) -> list[ModelRequest]:
-    """One `model_request` per choice of a successful non-streamed answer."""
-    top_prompt = engine_payload.get("prompt_token_ids")
-    records = []
-    for engine_choice, shown_choice in zip(
-        engine_payload.get("choices") or (), shown.get("choices") or (), strict=False
-    ):
-        prompt = engine_choice.get("prompt_token_ids") or top_prompt or []
-        records.append(
-            _record(
-                facts,
-                prompt=list(prompt),
-                response=list(engine_choice.get("token_ids") or []),
-                logprobs=_logprobs_of(engine_choice, facts.kind),
-                shown={**shown, "choices": [shown_choice]},
-                choice_index=int(engine_choice.get("index", 0)),
-                finish_reason=engine_choice.get("finish_reason"),
-            )
+def answer_and_records(
+    facts: CallFacts, payload: dict[str, Any]
+) -> tuple[dict[str, Any], list[ModelRequest]]:
+    """A successful non-streamed answer: what the harness sees, and one record per choice.
+
+    The token IDs and logprobs are taken from the engine's answer before the fields the harness
+    did not ask for are removed from it (in place: no copy of a long prompt's IDs).
+    """
+    top_prompt = payload.get("prompt_token_ids")
+    taken = [
+        (
+            int(choice.get("index", 0)),
+            choice.get("prompt_token_ids") or top_prompt or [],
+            choice.get("token_ids") or [],
+            _logprobs_of(choice, facts.kind),
+            choice.get("finish_reason"),
         )
-    return records
+        for choice in payload.get("choices") or ()
+        if isinstance(choice, dict)
+    ]
+    shown = strip_for_harness(payload, facts.request, facts.kind)
+    choices = shown.get("choices") or []
+    records = [
+        _record(
+            facts,
+            prompt=prompt,
+            response=response,
+            logprobs=logprobs,
+            shown={**shown, "choices": [choices[position]]},
+            choice_index=index,
+            finish_reason=finish_reason,
+        )
+        for position, (index, prompt, response, logprobs, finish_reason) in enumerate(taken)
+    ]
+    return shown, records
 
 
 def error_record(facts: CallFacts, status: int, error: str) -> ModelRequest:
     """The record of a call the engine refused or could not be reached for."""
-    return ModelRequest(
+    return ModelRequest.model_construct(
         request=facts.request,
+        response={},
+        prompt_token_ids=[],
+        response_token_ids=[],
+        response_logprobs=None,
+        finish_reason=None,
         model=facts.model,
         endpoint=facts.endpoint,
         model_version=facts.model_version,
@@ -157,7 +175,9 @@ def _record(
         )
     elif logprobs and len(logprobs) != len(response):
         problem = f"the engine returned {len(logprobs)} logprobs for {len(response)} tokens"
-    return ModelRequest(
+    # The engine's own answer, built by us: constructed, not validated again (a long prompt's
+    # IDs would cost a validation per token).
+    return ModelRequest.model_construct(
         prompt_token_ids=prompt,
         response_token_ids=response,
         response_logprobs=logprobs if logprobs and len(logprobs) == len(response) else None,

@@ -1,4 +1,7 @@
-"""FastAPI dependencies shared by the routes: the store and the caller's identity."""
+"""FastAPI dependencies shared by the routes: the store and the caller's identity.
+
+All `async def`: FastAPI runs a plain `def` dependency in a worker thread, a cost per request.
+"""
 
 from __future__ import annotations
 
@@ -14,29 +17,31 @@ RolloutIdPath = Annotated[str, Path(min_length=1, max_length=200, description="R
 AttemptIdPath = Annotated[int, Path(ge=1, le=1_000_000, description="Attempt id (1-based)")]
 
 
-def get_store(request: Request) -> Store:
+async def get_store(request: Request) -> Store:
     store: Store = request.app.state.store
     return store
 
 
-def get_auth(request: Request) -> Authenticator:
+async def get_auth(request: Request) -> Authenticator:
     auth: Authenticator = request.app.state.auth
     return auth
 
 
-def get_settings(request: Request) -> GatewaySettings:
+async def get_settings(request: Request) -> GatewaySettings:
     settings: GatewaySettings = request.app.state.settings
     return settings
 
 
-def require_admin(request: Request) -> Principal:
-    return get_auth(request).admin(request)
+async def require_admin(request: Request) -> Principal:
+    auth: Authenticator = request.app.state.auth
+    return auth.admin(request)
 
 
-def require_attempt(
+async def require_attempt(
     request: Request, rollout_id: RolloutIdPath, attempt_id: AttemptIdPath
 ) -> Principal:
-    return get_auth(request).attempt(request, rollout_id, attempt_id)
+    auth: Authenticator = request.app.state.auth
+    return auth.attempt(request, rollout_id, attempt_id)
 
 
 StoreDep = Annotated[Store, Depends(get_store)]

@@ -28,8 +28,8 @@ from reins.gateway.capture import (
     Kind,
     SamplingPolicy,
     StreamRecorder,
+    answer_and_records,
     error_record,
-    records_from_response,
     strip_for_harness,
     upstream_body,
 )
@@ -180,11 +180,8 @@ class LLMProxy:
                 )
             payload = json.loads(await _read_and_close(upstream))
             facts.latency_s = time.perf_counter() - started
-            engine_view = json.loads(json.dumps(payload))
-            shown = strip_for_harness(payload, body, kind)
-            await self._record(
-                rollout_id, attempt_id, records_from_response(facts, engine_view, shown)
-            )
+            shown, records = answer_and_records(facts, payload)
+            await self._record(rollout_id, attempt_id, records)
             return JSONResponse(shown)
         finally:
             # A stream keeps its admission slot until the response is over (see _ReleasingStream).
@@ -241,7 +238,7 @@ class LLMProxy:
                     yield (line + "\n\n").encode()
                     continue
                 if isinstance(chunk, dict):
-                    recorder.feed(json.loads(data))
+                    recorder.feed(chunk)  # copies what it keeps, so stripping after is safe
                     chunk = strip_for_harness(chunk, facts.request, facts.kind)
                 yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
             facts.latency_s = time.perf_counter() - started
@@ -256,9 +253,9 @@ class LLMProxy:
         if not records:
             return
         events = [
-            EventIn(
+            EventIn.model_construct(
                 type=MODEL_REQUEST,
-                data=record.model_dump(mode="json"),
+                data=record.model_dump(),
                 idempotency_key=f"call-{uuid.uuid4().hex}",
             )
             for record in records

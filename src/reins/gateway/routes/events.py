@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Header, Query
 from pydantic import Field
 
 from reins.gateway.deps import Admin, AttemptCaller, AttemptIdPath, RolloutIdPath, StoreDep
-from reins.schemas import Event, EventIn
+from reins.schemas import Event, EventAck, EventIn
 
 router = APIRouter(prefix="/api/rollouts", tags=["events"])
 
@@ -25,18 +25,29 @@ async def append_events(
     store: StoreDep,
     _: AttemptCaller,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-) -> Event | list[Event]:
-    """Append one event (answered with it) or a list (answered with the list).
+) -> EventAck | list[EventAck]:
+    """Append one event or a list; answered with the stored events' seqs and keys, no data.
 
     A retried post with the same idempotency key (in the body or the `Idempotency-Key` header)
-    is stored once and answered with the stored event.
+    is stored once and answered with the stored event's acknowledgement.
     """
     if isinstance(body, list):
-        return await store.append_events(rollout_id, attempt_id, body)
+        return [_ack(e) for e in await store.append_events(rollout_id, attempt_id, body)]
     if body.idempotency_key is None and idempotency_key:
         body = body.model_copy(update={"idempotency_key": idempotency_key})
     (event,) = await store.append_events(rollout_id, attempt_id, [body])
-    return event
+    return _ack(event)
+
+
+def _ack(event: Event) -> EventAck:
+    return EventAck.model_construct(
+        seq=event.seq,
+        rollout_id=event.rollout_id,
+        attempt_id=event.attempt_id,
+        type=event.type,
+        idempotency_key=event.idempotency_key,
+        created_at=event.created_at,
+    )
 
 
 @router.get("/{rollout_id}/events")

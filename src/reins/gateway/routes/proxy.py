@@ -25,7 +25,7 @@ router = APIRouter(
 ModePath = Annotated[Mode, Path(description="`train` or `val`: selects the sampling settings")]
 
 
-def get_proxy(request: Request) -> LLMProxy:
+async def get_proxy(request: Request) -> LLMProxy:
     proxy: LLMProxy = request.app.state.proxy
     return proxy
 

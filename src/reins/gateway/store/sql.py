@@ -164,7 +164,8 @@ def _attempt(row: sa.Row[Any]) -> Attempt:
 
 
 def _event(row: sa.Row[Any]) -> Event:
-    return Event(
+    # Rows are the store's own, validated when they came in: no second validation.
+    return Event.model_construct(
         seq=row.seq,
         rollout_id=row.rollout_id,
         attempt_id=row.attempt_id,
@@ -204,6 +205,8 @@ class SqlStore:
         # SQLite has one writer: serialize our writes here instead of spinning on SQLITE_BUSY.
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
         self._pending: list[_Append] = []
+        # Attempts are never deleted, so an attempt seen once can skip the existence check.
+        self._known_attempts: set[tuple[str, int]] = set()
         self._flusher: asyncio.Task[None] | None = None
 
     def _install_sqlite_pragmas(self, synchronous: str) -> None:
@@ -491,12 +494,16 @@ class SqlStore:
             )
 
     async def attempt_exists(self, rollout_id: str, attempt_id: int) -> bool:
+        if (rollout_id, attempt_id) in self._known_attempts:
+            return True
         async with self.engine.connect() as conn:
             found = await conn.scalar(
                 sa.select(attempts.c.attempt_id).where(
                     attempts.c.rollout_id == rollout_id, attempts.c.attempt_id == attempt_id
                 )
             )
+        if found is not None:
+            self._known_attempts.add((rollout_id, attempt_id))
         return found is not None
 
     # -- events ---------------------------------------------------------------------------
@@ -545,70 +552,82 @@ class SqlStore:
 
     async def _commit_appends(self, batch: list[_Append]) -> None:
         async with self._write() as conn:
-            pairs = {(a.rollout_id, a.attempt_id) for a in batch}
-            known = {
-                (row.rollout_id, row.attempt_id)
-                for row in await conn.execute(
+            unknown = {(a.rollout_id, a.attempt_id) for a in batch} - self._known_attempts
+            if unknown:
+                found = await conn.execute(
                     sa.select(attempts.c.rollout_id, attempts.c.attempt_id).where(
-                        sa.tuple_(attempts.c.rollout_id, attempts.c.attempt_id).in_(list(pairs))
+                        sa.tuple_(attempts.c.rollout_id, attempts.c.attempt_id).in_(list(unknown))
                     )
                 )
-            }
+                self._known_attempts.update((row.rollout_id, row.attempt_id) for row in found)
             live: list[_Append] = []
             for append in batch:
-                if (append.rollout_id, append.attempt_id) in known:
+                if (append.rollout_id, append.attempt_id) in self._known_attempts:
                     live.append(append)
                 else:
                     append.done.set_exception(
                         NotFound(f"rollout {append.rollout_id} has no attempt {append.attempt_id}")
                     )
-            stored = await self._select_events(conn, live)
             fresh: dict[tuple[str, int, str], dict[str, Any]] = {}
             for append in live:
                 for row in append.rows:
-                    key = (row["rollout_id"], row["attempt_id"], row["idempotency_key"])
-                    if key not in stored:
-                        fresh.setdefault(key, row)
+                    fresh.setdefault(
+                        (row["rollout_id"], row["attempt_id"], row["idempotency_key"]), row
+                    )
+            stored: dict[tuple[str, int, str], Event] = {}
             if fresh:
-                await conn.execute(
-                    self._insert(events).on_conflict_do_nothing(
+                # One INSERT; rows whose key is already stored (replays) are skipped and read
+                # back below, so the common case costs no SELECT at all.
+                inserted = await conn.execute(
+                    self._insert(events)
+                    .on_conflict_do_nothing(
                         index_elements=["rollout_id", "attempt_id", "idempotency_key"]
+                    )
+                    .returning(
+                        events.c.seq,
+                        events.c.rollout_id,
+                        events.c.attempt_id,
+                        events.c.idempotency_key,
                     ),
                     list(fresh.values()),
                 )
-                stored.update(await self._select_events(conn, live, only=set(fresh)))
+                for seq, rollout_id, attempt_id, key in inserted:
+                    row = fresh[(rollout_id, attempt_id, key)]
+                    stored[(rollout_id, attempt_id, key)] = Event.model_construct(
+                        seq=seq,
+                        rollout_id=rollout_id,
+                        attempt_id=attempt_id,
+                        type=row["type"],
+                        data=row["data"],
+                        idempotency_key=key,
+                        created_at=_ts(row["created_at"]),
+                    )
+                replayed = [key for key in fresh if key not in stored]
+                if replayed:
+                    stored.update(await self._select_events(conn, replayed))
         for append in live:
             self._resolve(append, stored)
 
+    @staticmethod
     async def _select_events(
-        self,
-        conn: AsyncConnection,
-        appends: list[_Append],
-        only: set[tuple[str, int, str]] | None = None,
+        conn: AsyncConnection, keys: list[tuple[str, int, str]]
     ) -> dict[tuple[str, int, str], Event]:
-        keys = {
-            (row["rollout_id"], row["attempt_id"], row["idempotency_key"])
-            for append in appends
-            for row in append.rows
-        }
-        if only is not None:
-            keys &= only
-        if not keys:
-            return {}
+        by_attempt: dict[tuple[str, int], list[str]] = {}
+        for rollout_id, attempt_id, key in keys:
+            by_attempt.setdefault((rollout_id, attempt_id), []).append(key)
         found: dict[tuple[str, int, str], Event] = {}
-        key_list = list(keys)
-        # Bounded IN lists: SQLite allows 32k variables and each key takes three.
-        for start in range(0, len(key_list), 3000):
-            chunk = key_list[start : start + 3000]
-            result = await conn.execute(
-                sa.select(events).where(
-                    sa.tuple_(
-                        events.c.rollout_id, events.c.attempt_id, events.c.idempotency_key
-                    ).in_(chunk)
+        for (rollout_id, attempt_id), attempt_keys in by_attempt.items():
+            # Equality on the first two columns, so the whole unique index serves the lookup.
+            for start in range(0, len(attempt_keys), 5000):
+                result = await conn.execute(
+                    sa.select(events).where(
+                        events.c.rollout_id == rollout_id,
+                        events.c.attempt_id == attempt_id,
+                        events.c.idempotency_key.in_(attempt_keys[start : start + 5000]),
+                    )
                 )
-            )
-            for row in result:
-                found[(row.rollout_id, row.attempt_id, row.idempotency_key)] = _event(row)
+                for row in result:
+                    found[(row.rollout_id, row.attempt_id, row.idempotency_key)] = _event(row)
         return found
 
     @staticmethod
