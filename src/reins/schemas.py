@@ -141,7 +141,9 @@ class RolloutPage(_Wire):
 
 class EventIn(_Wire):
     type: EventType
-    data: dict[str, JsonValue] = Field(default_factory=dict)
+    # `Any`, not `JsonValue`: the body is parsed JSON already, and JsonValue's validator costs a
+    # Python call per value (a model_request carries thousands of token IDs).
+    data: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
     """A retried post with the same key is stored once."""
 
@@ -152,7 +154,7 @@ class Event(_Wire):
     rollout_id: str
     attempt_id: int
     type: str
-    data: dict[str, JsonValue]
+    data: dict[str, Any]
     idempotency_key: str
     created_at: datetime
 

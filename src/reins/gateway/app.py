@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import reins
+from reins.gateway import fast
 from reins.gateway.admission import AdmissionGate
 from reins.gateway.auth import Authenticator
 from reins.gateway.proxy import LLMProxy
@@ -63,6 +64,8 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
         """Liveness; needs no key."""
         return {"status": "ok", "version": reins.__version__}
 
+    # Ahead of their FastAPI twins, which stay for the schema: see reins.gateway.fast.
+    app.router.routes.extend(fast.ROUTES)
     app.include_router(rollouts.router)
     app.include_router(events.router)
     app.include_router(models.router)

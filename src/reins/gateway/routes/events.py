@@ -8,6 +8,7 @@ from fastapi import APIRouter, Body, Header, Query
 from pydantic import Field
 
 from reins.gateway.deps import Admin, AttemptCaller, AttemptIdPath, RolloutIdPath, StoreDep
+from reins.gateway.store import Store
 from reins.schemas import Event, EventAck, EventIn
 
 router = APIRouter(prefix="/api/rollouts", tags=["events"])
@@ -31,6 +32,17 @@ async def append_events(
     A retried post with the same idempotency key (in the body or the `Idempotency-Key` header)
     is stored once and answered with the stored event's acknowledgement.
     """
+    return await append(store, rollout_id, attempt_id, body, idempotency_key)
+
+
+async def append(
+    store: Store,
+    rollout_id: str,
+    attempt_id: int,
+    body: EventIn | list[EventIn],
+    idempotency_key: str | None,
+) -> EventAck | list[EventAck]:
+    """The work of an event post, shared with its fast endpoint (`reins.gateway.fast`)."""
     if isinstance(body, list):
         return [_ack(e) for e in await store.append_events(rollout_id, attempt_id, body)]
     if body.idempotency_key is None and idempotency_key:

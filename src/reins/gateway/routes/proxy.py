@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Path, Request, Response
 from reins.gateway.auth import Principal
 from reins.gateway.deps import AttemptCaller, AttemptIdPath, RolloutIdPath, StoreDep
 from reins.gateway.proxy import LLMProxy, openai_error
-from reins.gateway.store import StoreError
+from reins.gateway.store import Store, StoreError
 from reins.schemas import AttemptCreate, Mode
 
 router = APIRouter(
@@ -44,7 +44,7 @@ async def _body(request: Request) -> dict[str, Any] | Response:
 
 
 async def _ensure_attempt(
-    store: StoreDep, caller: Principal, rollout_id: str, attempt_id: int
+    store: Store, caller: Principal, rollout_id: str, attempt_id: int
 ) -> Response | None:
     """With the admin key, a call naming an attempt that does not exist yet opens it."""
     if not caller.is_admin or await store.attempt_exists(rollout_id, attempt_id):
@@ -56,16 +56,17 @@ async def _ensure_attempt(
     return None
 
 
-async def _forward(
+async def forward_call(
     kind: str,
     request: Request,
     rollout_id: str,
     attempt_id: int,
     mode: Mode,
     proxy: LLMProxy,
-    store: StoreDep,
+    store: Store,
     caller: Principal,
 ) -> Response:
+    """The work of a proxied call, shared with its fast endpoint (`reins.gateway.fast`)."""
     body = await _body(request)
     if isinstance(body, Response):
         return body
@@ -88,7 +89,7 @@ async def chat_completions(
     caller: AttemptCaller,
 ) -> Response:
     """OpenAI chat completions, streamed or not; recorded as `model_request` events."""
-    return await _forward("chat", request, rollout_id, attempt_id, mode, proxy, store, caller)
+    return await forward_call("chat", request, rollout_id, attempt_id, mode, proxy, store, caller)
 
 
 @router.post("/completions")
@@ -102,7 +103,7 @@ async def completions(
     caller: AttemptCaller,
 ) -> Response:
     """OpenAI text completions (a token-ID list prompt too), streamed or not."""
-    return await _forward(
+    return await forward_call(
         "completions", request, rollout_id, attempt_id, mode, proxy, store, caller
     )
 
