@@ -14,7 +14,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
 @app.command()
@@ -67,8 +67,9 @@ def demo(
 ) -> None:
     """The main job on the embedded defaults.
 
-    Today it starts the gateway on SQLite and shows how to drive it: the proxy, the embedded
-    engine and the trainer are not built yet, and this command says so instead of pretending.
+    Today it starts the gateway (with its LLM proxy) on SQLite and shows how to drive it: the
+    embedded engine and the trainer are not built yet, and this command says so instead of
+    pretending.
     """
     import uvicorn
 
@@ -78,14 +79,16 @@ def demo(
     settings = GatewaySettings(database_url=str(workdir / "gateway.db"), api_key="reins-demo-key")
     url = f"http://127.0.0.1:{port}"
     console.print(
-        "[bold yellow]reins demo:[/bold yellow] the training loop is not built yet; this demo "
-        "serves the gateway alone (SQLite at "
+        "[bold yellow]reins demo:[/bold yellow] the embedded engine and the training loop are not "
+        "built yet; this demo serves the gateway and its LLM proxy alone (SQLite at "
         f"{workdir / 'gateway.db'}).\n"
         "Try, from another terminal:\n"
         f"  curl -s -H 'Authorization: Bearer reins-demo-key' -X POST {url}/api/rollouts \\\n"
         "       -H 'content-type: application/json' "
         '-d \'[{"rollout_id": "r1", "input": {"q": "2+2"}}]\'\n'
         f"  curl -s -H 'Authorization: Bearer reins-demo-key' {url}/api/rollouts/r1\n"
+        "  register an OpenAI-compatible engine (e.g. vLLM) with POST /api/models, then point a\n"
+        f"  harness at {url}/proxy/rollout/r1/attempt/1/mode/train/openai/v1\n"
         f"  open {url}/docs for the whole API.  Ctrl-C stops it."
     )
     uvicorn.run(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
