@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,12 +18,6 @@ from tests.conftest import ADMIN_KEY, Gateway, serve
 from tests.stub_engine import DEFAULT_REPLY, StubEngine
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture
-def stub() -> Iterator[StubEngine]:
-    with StubEngine() as engine:
-        yield engine
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,12 +12,6 @@ import pytest
 
 from tests.conftest import Gateway
 from tests.stub_engine import DEFAULT_REPLY, StubEngine, decode, encode, render_chat
-
-
-@pytest.fixture
-def stub() -> Iterator[StubEngine]:
-    with StubEngine() as engine:
-        yield engine
 
 
 @pytest.fixture
