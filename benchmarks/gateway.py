@@ -463,18 +463,18 @@ class Bench:
 
     def open_attempts(self, n_clients: int) -> list[ClientSpec]:
         """One rollout per client, each with an open attempt and its scoped token."""
-        prefix = f"bench-{self.run_id}-{n_clients}c"
-        specs = [{"rollout_id": f"{prefix}-{i}", "input": {"i": i}} for i in range(n_clients)]
+        ids = [f"bench-{self.run_id}-{n_clients}c-{i}" for i in range(n_clients)]
+        specs = [{"rollout_id": rollout_id, "input": {"i": i}} for i, rollout_id in enumerate(ids)]
         with httpx.Client(base_url=self.url, headers=_admin(), timeout=60) as http:
             _check(http.post("/api/rollouts", json=specs))
             clients = []
-            for spec in specs:
-                attempt = _check(http.post(f"/api/rollouts/{spec['rollout_id']}/attempts"))
+            for rollout_id in ids:
+                attempt = _check(http.post(f"/api/rollouts/{rollout_id}/attempts"))
                 clients.append(
                     ClientSpec(
-                        key_prefix=f"{spec['rollout_id']}-ev",
+                        key_prefix=f"{rollout_id}-ev",
                         token=attempt["token"],
-                        rollout_id=spec["rollout_id"],
+                        rollout_id=rollout_id,
                         attempt_id=attempt["attempt_id"],
                     )
                 )
@@ -520,7 +520,7 @@ def _check(response: httpx.Response) -> Any:
 
 
 def _count_events(http: httpx.Client, rollout_id: str, attempt_id: int) -> int:
-    count, after, keys = 0, 0, set()
+    count, after, keys = 0, 0, set[str]()
     while True:
         page = _check(
             http.get(
@@ -541,7 +541,7 @@ def _count_rollouts(http: httpx.Client, prefix: str) -> int:
         page = _check(http.get("/api/rollouts", params={"cursor": cursor, "limit": 1000}))
         count += sum(item["rollout_id"].startswith(prefix) for item in page["items"])
         if not page["items"]:
-            return count
+            return int(count)
         cursor = page["next_cursor"]
 
 

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pydantic_core
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
@@ -250,7 +251,11 @@ class SqlStore:
             # Event appends, the hot path, run whole in one thread on a plain sqlite3 connection:
             # one thread hop per group commit instead of one per statement through aiosqlite.
             self._event_engine: sa.Engine | None = sa.create_engine(
-                "sqlite:///" + path, connect_args={"check_same_thread": False}, pool_size=1
+                "sqlite:///" + path,
+                connect_args={"check_same_thread": False},
+                pool_size=1,
+                # pydantic-core's encoder: ~15 us per 2 KB event against ~75 us for json.dumps.
+                json_serializer=lambda value: pydantic_core.to_json(value).decode(),
             )
             self._event_thread: ThreadPoolExecutor | None = ThreadPoolExecutor(
                 1, thread_name_prefix="reins-events"
