@@ -7,8 +7,8 @@ path is exercised. Used by proxy tests, fault tests and `benchmarks/proxy.py`; t
 path is tested against vLLM (`tests/engine`).
 
 Controls, in the request body: `stub_status` (answer with this error status), `stub_delay_s`
-(sleep before answering), `stub_chunk_delay_s` (sleep between streamed chunks), `stub_reply`
-(the text to answer).
+(sleep before answering), `stub_raw` (answer 200 with this text, not JSON), `stub_chunk_delay_s`
+(sleep between streamed chunks), `stub_reply` (the text to answer).
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ def create_stub_app(weight_version: int | None = None) -> FastAPI:
         app.state.requests.append(body)
         if body.get("stub_delay_s"):
             await asyncio.sleep(float(body["stub_delay_s"]))
+        if body.get("stub_raw"):
+            return body, Response(str(body["stub_raw"]), 200, media_type="text/plain")
         if body.get("stub_status"):
             status = int(body["stub_status"])
             error = {"object": "error", "message": "stub failure", "type": "BadRequestError"}

@@ -324,3 +324,14 @@ def test_a_harness_that_hangs_up_mid_stream_frees_its_slot(gateway: Gateway, tok
     while gateway.http.get("/api/admission").json()["in_flight"] != 0:
         assert time.monotonic() < deadline, "a dropped stream kept its admission slot"
         time.sleep(0.05)
+
+
+def test_an_engine_answer_that_is_not_json_is_a_502(gateway: Gateway, token: str) -> None:
+    response = httpx.post(
+        f"{proxy(gateway)}/chat/completions",
+        json={"messages": MESSAGES, "stub_raw": "<html>gateway timeout</html>"},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert response.status_code == 502
+    assert "not JSON" in response.json()["error"]["message"]
+    assert calls(gateway)[0]["status"] == 502

@@ -165,7 +165,7 @@ class LLMProxy:
                 return openai_error(502, failure, "upstream_unavailable")
             facts.model_version = _weight_version(upstream, target.model.weight_version)
             if upstream.status >= 400:
-                content = await _read_and_close(upstream)
+                content = await _read_body(upstream)
                 facts.latency_s = time.perf_counter() - started
                 text = content.decode(errors="replace")
                 await self._record(
@@ -183,8 +183,14 @@ class LLMProxy:
                     release=lambda: self._release_stream(upstream),
                     media_type="text/event-stream",
                 )
-            payload = json.loads(await _read_and_close(upstream))
+            content = await _read_body(upstream)
             facts.latency_s = time.perf_counter() - started
+            try:
+                payload = json.loads(content)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                failure = f"the engine at {endpoint} answered 200 with a body that is not JSON"
+                await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
+                return openai_error(502, failure, "bad_upstream_answer")
             shown, records = answer_and_records(facts, payload)
             await self._record(rollout_id, attempt_id, records)
             return JSONResponse(shown)
@@ -280,7 +286,7 @@ def _weight_version(upstream: aiohttp.ClientResponse, registered: int) -> int:
     return int(header) if header and header.isdigit() else registered
 
 
-async def _read_and_close(upstream: aiohttp.ClientResponse) -> bytes:
+async def _read_body(upstream: aiohttp.ClientResponse) -> bytes:
     try:
         return await upstream.read()
     finally:
