@@ -115,20 +115,15 @@ class PostgresServer:
         if self.pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGINT)  # "fast" shutdown: disconnects clients
+            # The postmaster removes its pid file when it is done; the process itself may linger
+            # as a zombie until init reaps it, so its pid is no sign of life.
+            pid_file = self.root / "data" / "postmaster.pid"
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and _alive(self.pid):
-                time.sleep(0.1)
+            while time.monotonic() < deadline and pid_file.exists():
+                time.sleep(0.05)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @dataclass
@@ -192,6 +187,8 @@ class GatewayProcess:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        if self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
