@@ -18,6 +18,7 @@ import json
 import secrets
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -269,7 +270,7 @@ class SqlStore:
         self._insert = sqlite.insert if self.is_sqlite else postgresql.insert
         # SQLite has one writer: serialize our writes here instead of spinning on SQLITE_BUSY.
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
-        self._pending: list[_Append] = []
+        self._pending: deque[_Append] = deque()
         # Attempts are never deleted, so an attempt seen once can skip the existence check.
         self._known_attempts: set[tuple[str, int]] = set()
         self._flusher: asyncio.Task[None] | None = None
@@ -600,7 +601,7 @@ class SqlStore:
             batch: list[_Append] = []
             size = 0
             while self._pending and size < _MAX_EVENTS_PER_COMMIT:
-                batch.append(self._pending.pop(0))
+                batch.append(self._pending.popleft())
                 size += len(batch[-1].rows)
             try:
                 await self._commit_appends(batch)
