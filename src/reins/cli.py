@@ -42,6 +42,54 @@ def model_prepare(
 
 
 @app.command()
+def engine(
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    model: Annotated[
+        Path | None,
+        typer.Option(help="A Hugging Face model folder [default: the prepared default model]"),
+    ] = None,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="The model's name in the API [default: the folder's name]")
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="bfloat16, float16 or float32.")] = "bfloat16",
+    device: Annotated[
+        str | None, typer.Option(help="cpu, cuda, cuda:1... [default: cuda if present]")
+    ] = None,
+    max_batch: Annotated[int, typer.Option(help="Sequences decoded together.")] = 16,
+    max_model_len: Annotated[int, typer.Option(help="Prompt + response tokens, at most.")] = 4096,
+) -> None:
+    """Serve the embedded engine: an OpenAI-compatible API on Hugging Face transformers."""
+    import uvicorn
+
+    from reins.engine.api import create_engine_app
+    from reins.engine.embedded import EmbeddedEngine
+    from reins.engine.prepare import ModelPreparationError
+
+    try:
+        with console.status("loading the model..."):
+            loaded = EmbeddedEngine.load(
+                model,
+                dtype=dtype,
+                device=device,
+                name=served_model_name,
+                max_batch=max_batch,
+                max_model_len=max_model_len,
+            )
+    except (ModelPreparationError, ValueError, OSError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from error
+    device_name = next(loaded.model.parameters()).device
+    console.print(
+        f"serving [bold]{loaded.name}[/bold] on {device_name} at http://{host}:{port}/v1"
+    )
+    try:
+        uvicorn.run(create_engine_app(loaded), host=host, port=port, log_level="warning")
+    finally:
+        loaded.close()
+
+
+@app.command()
 def gateway(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8080,

@@ -1,0 +1,184 @@
+"""The embedded engine: a Hugging Face causal LM behind a batching scheduler, with a weight version.
+
+In the trainer's process the engine and the trainer hold the same `nn.Module`: publishing new
+weights is `with engine.updating_weights(): optimizer.step()`: the batch waits between two decode
+steps while the weights change in place, and the version goes up by one when the block ends.
+An engine in its own process (`reins engine`) takes new weights with `load_weights(path)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reins.engine.sampling import SamplingParams
+from reins.engine.scheduler import BatchScheduler, Sequence
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Token:
+    """One sampled token of choice `index`."""
+
+    index: int
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Choice `index` ended: `reason` is stop | length | abort, or `error` says what failed."""
+
+    index: int
+    reason: str | None
+    error: str | None = None
+
+
+class EmbeddedEngine:
+    """Generates with `model`; see the module docstring for weight updates."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str,
+        weight_version: int = 0,
+        max_batch: int = 16,
+        max_model_len: int | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self._weight_version = weight_version
+        limit = getattr(model.config, "max_position_embeddings", None) or 4096
+        self.max_model_len = min(max_model_len or 4096, limit)
+        self.eos_token_ids = _eos_token_ids(model, tokenizer)
+        self._weights_lock = threading.Lock()
+        self.scheduler = BatchScheduler(
+            model,
+            eos_token_ids=self.eos_token_ids,
+            decode=self.decode,
+            max_batch=max_batch,
+            max_model_len=self.max_model_len,
+            weights_lock=self._weights_lock,
+        )
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path | None = None,
+        *,
+        dtype: str = "bfloat16",
+        device: str | None = None,
+        name: str | None = None,
+        **options: Any,
+    ) -> EmbeddedEngine:
+        """Loads a model folder (default: the prepared default model) on `device` (cuda if any)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if path is None:
+            from reins.engine.prepare import prepare_default_model
+
+            path = prepare_default_model()
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        folder = Path(path)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
+        model = model.to(device)
+        model.eval()
+        return cls(model, tokenizer, name=name or folder.name, **options)
+
+    @property
+    def weight_version(self) -> int:
+        return self._weight_version
+
+    @contextlib.contextmanager
+    def updating_weights(self) -> Iterator[None]:
+        """Holds generation between two steps while the block changes the weights in place."""
+        with self._weights_lock:
+            yield
+            self._weight_version += 1
+        log.info("engine %s now serves weight version %d", self.name, self._weight_version)
+
+    def load_weights(self, path: str | Path) -> int:
+        """Loads a saved model folder's weights in place; returns the new weight version."""
+        from transformers import AutoModelForCausalLM
+
+        dtype = next(self.model.parameters()).dtype
+        state = AutoModelForCausalLM.from_pretrained(Path(path), dtype=dtype).state_dict()
+        with self.updating_weights():
+            self.model.load_state_dict(state, strict=False)
+        return self._weight_version
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    async def generate(
+        self, prompt_ids: list[int], params: list[SamplingParams]
+    ) -> AsyncIterator[Token | Finished]:
+        """Tokens of `len(params)` choices as they come, then one `Finished` per choice.
+
+        Leaving the iteration early (the client went away) cancels the choices still running.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Token | Finished] = asyncio.Queue()
+
+        def put(item: Token | Finished) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        sequences = []
+        for index, choice_params in enumerate(params):
+
+            def on_token(token: int, logprob: float, index: int = index) -> None:
+                put(Token(index, token, logprob))
+
+            def on_finish(reason: str | None, error: str | None, index: int = index) -> None:
+                put(Finished(index, reason, error))
+
+            sequences.append(
+                Sequence(list(prompt_ids), choice_params, on_token, on_finish, self.weight_version)
+            )
+        for sequence in sequences:
+            self.scheduler.submit(sequence)
+        running = len(sequences)
+        try:
+            while running:
+                item = await queue.get()
+                if isinstance(item, Finished):
+                    running -= 1
+                yield item
+        finally:
+            for sequence in sequences:
+                if sequence.finish_reason is None:
+                    self.scheduler.cancel(sequence)
+
+    def close(self) -> None:
+        self.scheduler.stop()
+
+
+def _eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for value in (
+        tokenizer.eos_token_id,
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    ):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(v for v in value if isinstance(v, int))
+    return ids

@@ -1,0 +1,52 @@
+"""Serve an ASGI app from a background thread on loopback (the engine and gateway in-process)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+
+class BackgroundServer:
+    """uvicorn in a daemon thread; `port=0` takes a free port (read it from `.port`)."""
+
+    def __init__(
+        self, app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    ) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.host = host
+        self.port: int = self._socket.getsockname()[1]
+        config = uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server on {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        self._socket.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
