@@ -1,0 +1,345 @@
+"""The torch backend: PPO-clip on the per-token weights of `reins.samples`, on one machine or
+data-parallel under torchrun.
+
+The step's loss is `sum(loss_weight * token_loss)` over every token of the batch: the weights
+already carry every denominator (docs/samples.md), so micro-batch losses are added as they are and
+ranks all-reduce gradients by SUM; nothing is averaged afterwards. That is why 2 ranks give the
+same update as 1 on the same batch (tests/trainer/test_distributed.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict
+
+from reins.samples.batch import Batch, TrainingSequence
+
+log = logging.getLogger(__name__)
+
+
+class BackendConfig(BaseModel):
+    """What the backend needs of the run's config (see `TrainConfig` for each field's meaning)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    old_logprobs: Literal["recompute", "rollout"] = "recompute"
+    kl_to_initial: bool = False
+    kl_coef: float = 0.0
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class StepStats:
+    """Weighted means over the step's response tokens (weights: the loss weights)."""
+
+    loss: float = 0.0
+    entropy: float = 0.0
+    clip_fraction: float = 0.0
+    logprob_gap: float | None = None
+    """Mean |rollout logprob - trainer logprob| before the update, where the engine gave one."""
+    kl_initial: float | None = None
+    grad_norm: float = 0.0
+    response_tokens: int = 0
+    trained_tokens: int = 0
+    optimizer_steps: int = 0
+
+    def as_metrics(self) -> dict[str, float]:
+        out = {
+            "loss": self.loss,
+            "policy/entropy": self.entropy,
+            "policy/clip_fraction": self.clip_fraction,
+            "policy/grad_norm": self.grad_norm,
+        }
+        if self.logprob_gap is not None:
+            out["policy/logprob_gap"] = self.logprob_gap
+        if self.kl_initial is not None:
+            out["policy/kl_initial"] = self.kl_initial
+        return out
+
+
+class Backend(Protocol):
+    """Turns a batch of samples into a policy update."""
+
+    def train_step(self, batch: Batch) -> StepStats: ...
+
+    def save_checkpoint(self, folder: Path) -> None: ...
+
+    def load_checkpoint(self, folder: Path) -> None: ...
+
+    def save_weights(self, folder: Path) -> None: ...
+
+
+@dataclass
+class _Sums:
+    """Running weighted sums over the response tokens seen so far."""
+
+    weight: float = 0.0
+    loss: float = 0.0
+    entropy: float = 0.0
+    clipped: float = 0.0
+    kl: float = 0.0
+    gap: float = 0.0
+    gap_tokens: int = 0
+    tokens: int = 0
+    trained: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class TorchBackend:
+    """AdamW on a Hugging Face causal LM (optionally LoRA), PPO-clip loss, SUM all-reduce."""
+
+    def __init__(self, model: Any, config: BackendConfig, *, rank: int = 0, world_size: int = 1):
+        self.model = model
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.device = next(model.parameters()).device
+        self.parameters = [p for p in model.parameters() if p.requires_grad]
+        if not self.parameters:
+            raise ValueError("the model has no trainable parameter")
+        self.optimizer = torch.optim.AdamW(
+            self.parameters, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        )
+        if config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        self.reference: Any = None
+        if config.kl_to_initial or config.kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.steps_done = 0
+
+    # -- the update ------------------------------------------------------------------------
+
+    def train_step(self, batch: Batch) -> StepStats:
+        sums = _Sums()
+        self.model.train()
+        try:
+            old = self._recomputed_old_logprobs(batch) if self._needs_recompute(batch) else None
+            grad_norms = []
+            for position, plan in enumerate(batch.minibatches):
+                self.optimizer.zero_grad(set_to_none=False)
+                micro_batches = (
+                    plan.micro_batches[self.rank] if self.rank < len(plan.micro_batches) else ()
+                )
+                for micro in micro_batches:
+                    sequences = [batch.sequences[i] for i in micro]
+                    olds = [old[i] for i in micro] if old is not None else None
+                    self._accumulate(sequences, olds, sums, measure_gap=position == 0)
+                grad_norms.append(self._step())
+            self.steps_done += 1
+        finally:
+            self.model.eval()
+        weight = max(sums.weight, 1e-12)
+        return StepStats(
+            loss=sums.loss,
+            entropy=sums.entropy / weight,
+            clip_fraction=sums.clipped / weight,
+            logprob_gap=sums.gap / sums.gap_tokens if sums.gap_tokens else None,
+            kl_initial=sums.kl / weight if self.reference is not None else None,
+            grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0,
+            response_tokens=sums.tokens,
+            trained_tokens=sums.trained,
+            optimizer_steps=len(grad_norms),
+        )
+
+    def _needs_recompute(self, batch: Batch) -> bool:
+        # With one mini-batch, the weights have not moved when each micro-batch runs its forward:
+        # the recomputed logprobs are the forward's own, detached; no extra pass is needed.
+        return self.config.old_logprobs == "recompute" and len(batch.minibatches) > 1
+
+    def _step(self) -> float:
+        if self.world_size > 1:
+            for parameter in self.parameters:
+                if parameter.grad is None:
+                    parameter.grad = torch.zeros_like(parameter)
+                dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
+        norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.config.grad_clip)
+        self.optimizer.step()
+        return float(norm)
+
+    def _accumulate(
+        self,
+        sequences: list[TrainingSequence],
+        olds: list[np.ndarray[Any, Any]] | None,
+        sums: _Sums,
+        *,
+        measure_gap: bool,
+    ) -> None:
+        tensors = _pack(sequences, self.device)
+        logprobs, entropy = self._response_logprobs(self.model, tensors, with_entropy=True)
+        weight = tensors.weights
+        rollout_old = tensors.old
+        if olds is not None:
+            old = _gather_response(olds, tensors, self.device)
+        elif self.config.old_logprobs == "rollout":
+            old = torch.where(torch.isnan(rollout_old), logprobs.detach(), rollout_old)
+        else:
+            old = logprobs.detach()
+        ratio = torch.exp(logprobs - old)
+        advantage = tensors.advantages
+        unclipped = -advantage * ratio
+        clipped = -advantage * ratio.clamp(1 - self.config.clip_low, 1 + self.config.clip_high)
+        token_loss = torch.maximum(unclipped, clipped)
+        loss = (weight * token_loss).sum()
+        kl = None
+        if self.reference is not None:
+            with torch.no_grad():
+                reference, _ = self._response_logprobs(self.reference, tensors, with_entropy=False)
+            delta = reference - logprobs
+            kl = torch.exp(delta) - delta - 1  # k3: unbiased, non-negative
+            if self.config.kl_coef > 0:
+                loss = loss + self.config.kl_coef * (weight * kl).sum()
+        loss.backward()  # type: ignore[no-untyped-call]
+
+        with torch.no_grad():
+            sums.weight += float(weight.sum())
+            sums.loss += float(loss)
+            sums.entropy += float((weight * entropy).sum())
+            sums.clipped += float((weight * (clipped > unclipped).float()).sum())
+            if kl is not None:
+                sums.kl += float((weight * kl).sum())
+            sums.tokens += int(logprobs.numel())
+            sums.trained += tensors.trained_tokens
+            if measure_gap:
+                known = ~torch.isnan(rollout_old)
+                sums.gap += float((rollout_old[known] - logprobs[known]).abs().sum())
+                sums.gap_tokens += int(known.sum())
+
+    def _response_logprobs(
+        self, model: Any, tensors: _Packed, *, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprobs of the response tokens (and the policy's entropy there), flat [N].
+
+        The LM head runs on the response positions only: prompts are long, responses short.
+        """
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        hidden = base.get_decoder()(
+            input_ids=tensors.input_ids, attention_mask=tensors.attention_mask, use_cache=False
+        ).last_hidden_state
+        # Token t is predicted at position t - 1.
+        selected = hidden[:, :-1][tensors.response_positions]
+        logits = base.get_output_embeddings()(selected).float()
+        all_logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = all_logprobs.gather(-1, tensors.targets[:, None]).squeeze(-1)
+        if not with_entropy:
+            return logprobs, logprobs
+        with torch.no_grad():
+            entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
+        return logprobs, entropy
+
+    def _recomputed_old_logprobs(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
+        """Per sequence, the current policy's logprob of each token (aligned with token_ids)."""
+        out: list[np.ndarray[Any, Any]] = []
+        with torch.no_grad():
+            for sequence in batch.sequences:
+                tensors = _pack([sequence], self.device)
+                logprobs, _ = self._response_logprobs(self.model, tensors, with_entropy=False)
+                aligned = np.zeros(len(sequence.token_ids), dtype=np.float32)
+                aligned[np.flatnonzero(sequence.loss_mask[1:]) + 1] = logprobs.float().cpu().numpy()
+                out.append(aligned)
+        return out
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def save_checkpoint(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(_trainable_state(self.model), folder / "model.pt")
+        torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+        (folder / "backend.json").write_text(json.dumps({"steps_done": self.steps_done}))
+
+    def load_checkpoint(self, folder: Path) -> None:
+        state = torch.load(folder / "model.pt", map_location=self.device, weights_only=True)
+        missing = [name for name in state if name not in dict(self.model.named_parameters())]
+        if missing:
+            raise ValueError(f"checkpoint {folder} has weights this model lacks: {missing[:3]}")
+        with torch.no_grad():
+            parameters = dict(self.model.named_parameters())
+            for name, value in state.items():
+                parameters[name].copy_(value)
+        self.optimizer.load_state_dict(
+            torch.load(folder / "optimizer.pt", map_location=self.device, weights_only=True)
+        )
+        self.steps_done = json.loads((folder / "backend.json").read_text())["steps_done"]
+
+    def save_weights(self, folder: Path) -> None:
+        """A plain Hugging Face folder an external engine can load (LoRA merged in)."""
+        model = self.model
+        if hasattr(model, "merge_adapter"):
+            model.merge_adapter()
+            try:
+                model.get_base_model().save_pretrained(folder, safe_serialization=True)
+            finally:
+                model.unmerge_adapter()
+        else:
+            model.save_pretrained(folder, safe_serialization=True)
+
+
+def _trainable_state(model: Any) -> dict[str, torch.Tensor]:
+    return {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@dataclass
+class _Packed:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_positions: torch.Tensor
+    """[rows, length - 1] bool: position t - 1 predicts a response token t."""
+    targets: torch.Tensor
+    weights: torch.Tensor
+    old: torch.Tensor
+    advantages: torch.Tensor
+    trained_tokens: int
+
+
+def _pack(sequences: list[TrainingSequence], device: torch.device) -> _Packed:
+    """Right-padded tensors of a micro-batch; per-token values flattened over response tokens."""
+    length = max(len(s.token_ids) for s in sequences)
+    ids = np.zeros((len(sequences), length), dtype=np.int64)
+    mask = np.zeros((len(sequences), length), dtype=np.int64)
+    response = np.zeros((len(sequences), length), dtype=bool)
+    for row, sequence in enumerate(sequences):
+        n = len(sequence.token_ids)
+        ids[row, :n] = sequence.token_ids
+        mask[row, :n] = 1
+        response[row, :n] = sequence.loss_mask
+    response[:, 0] = False  # the first token has no prediction
+    positions = response[:, 1:]
+    flat_weights = np.concatenate([s.loss_weight[1:][s.loss_mask[1:]] for s in sequences])
+    flat_old = np.concatenate([s.old_logprobs[1:][s.loss_mask[1:]] for s in sequences])
+    flat_advantage = np.concatenate(
+        [np.full(int(s.loss_mask[1:].sum()), s.advantage, np.float32) for s in sequences]
+    )
+    return _Packed(
+        input_ids=torch.from_numpy(ids).to(device),
+        attention_mask=torch.from_numpy(mask).to(device),
+        response_positions=torch.from_numpy(positions).to(device),
+        targets=torch.from_numpy(ids[:, 1:][positions]).to(device),
+        weights=torch.from_numpy(flat_weights.astype(np.float32)).to(device),
+        old=torch.from_numpy(flat_old.astype(np.float32)).to(device),
+        advantages=torch.from_numpy(flat_advantage).to(device),
+        trained_tokens=int(mask.sum()),
+    )
+
+
+def _gather_response(
+    olds: list[np.ndarray[Any, Any]], tensors: _Packed, device: torch.device
+) -> torch.Tensor:
+    rows = tensors.response_positions.cpu().numpy()
+    flat = [old[1:][rows[i, : len(old) - 1]] for i, old in enumerate(olds)]
+    return torch.from_numpy(np.concatenate(flat).astype(np.float32)).to(device)

@@ -1,0 +1,209 @@
+"""The training run's configuration: one pydantic model, loaded from YAML, overridable per field.
+
+Every field's default lives here and nowhere else; the docstring under each field is its
+documentation (`reins train --help-config` prints them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reins.samples.advantage import AdvantageEstimator, AdvantageLevel
+from reins.samples.loss import LossAggregation
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says which field and why."""
+
+
+class LoraConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    r: int = Field(default=16, ge=1)
+    """Rank of the adapters."""
+    alpha: int = Field(default=32, ge=1)
+    """Scale numerator (the update is scaled by alpha / r)."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapters' input."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+    """Module names that get adapters."""
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    # -- run ---------------------------------------------------------------------------------
+    run_name: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+    """Names the run's folder and tags its rollouts (`metadata.run`)."""
+    runs_dir: Path = Path(".reins") / "runs"
+    """Where run folders live: `<runs_dir>/<run_name>/` holds metrics, checkpoints, logs."""
+    seed: int = 0
+    """Seeds the task order, the engine's sampling and torch."""
+    steps: int = Field(default=30, ge=1)
+    """Policy updates to make."""
+
+    # -- data --------------------------------------------------------------------------------
+    tasks: Path
+    """Training tasks, JSONL: one object per line with `id` (optional) and `input` (any JSON)."""
+    val_tasks: Path | None = None
+    """Held-out tasks, same format, run in `val` mode (greedy by default)."""
+    tasks_per_step: int = Field(default=8, ge=1)
+    """Tasks (GRPO groups) per policy update."""
+    group_size: int = Field(default=4, ge=1)
+    """Rollouts per task; client-chosen ids make a retried declare harmless."""
+    val_every: int = Field(default=5, ge=0)
+    """Validate before step 0 and every this many steps, and after the last (0: never)."""
+    val_temperature: float | None = Field(default=0.0, ge=0)
+    """Temperature the gateway sets on `val` calls (None: the harness's own)."""
+    train_temperature: float = Field(default=1.0, gt=0)
+    """Temperature the gateway sets on `train` calls (1: logprobs are the policy's own)."""
+
+    # -- agents ------------------------------------------------------------------------------
+    agent: str
+    """The harness: `module:function` or a shell command line (see `reins controller`)."""
+    max_parallel: int = Field(default=16, ge=1)
+    """Agents running at once."""
+    rollout_timeout_s: float = Field(default=300.0, gt=0)
+    """An attempt running longer is killed and retried; the trainer fails a rollout still not
+    finished after `max_attempts` such timeouts."""
+    max_attempts: int = Field(default=2, ge=1)
+    """Attempts per rollout (a crash or a timeout opens the next one)."""
+    failed_rollouts: Literal["drop_group", "fill"] = "drop_group"
+    """A failed rollout drops its whole group from the update, or counts with `fill_reward`."""
+    fill_reward: float = 0.0
+    """Reward of a failed rollout under `failed_rollouts: fill` (it trains on its calls, if any)."""
+
+    # -- schedule ----------------------------------------------------------------------------
+    mode: Literal["sync", "async"] = "sync"
+    """`sync`: declare, wait for every rollout, update. `async` (collocated, paper 3.1): keep
+    rollouts running; update as soon as `tasks_per_step` whole groups finished."""
+    max_staleness: int = Field(default=1, ge=0)
+    """`async`: rollouts start at most this many versions ahead of the weights that will train on
+    them; a group with a call served by an older version is dropped (and counted)."""
+    drain_timeout_s: float = Field(default=300.0, gt=0)
+    """`async`: how long an update waits for in-flight LLM calls before going on anyway."""
+
+    # -- model and backend -------------------------------------------------------------------
+    model: Path | None = None
+    """A Hugging Face model folder; None: the default model (`reins model prepare`)."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Parameter and compute dtype. bf16 stores the weights in bf16 (half the memory, and lossy
+    small updates: keep `lr` large enough or use fp32)."""
+    device: str | None = None
+    """cpu, cuda, cuda:1...; None: cuda when present."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of every weight (peft)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% slower)."""
+    lr: float = Field(default=1e-5, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Global gradient-norm clip."""
+    clip_low: float = Field(default=0.2, ge=0)
+    """PPO ratio clip below 1: ratio >= 1 - clip_low."""
+    clip_high: float = Field(default=0.28, ge=0)
+    """PPO ratio clip above 1: ratio <= 1 + clip_high (DAPO's clip-higher)."""
+    old_logprobs: Literal["recompute", "rollout"] = "recompute"
+    """The PPO ratio's denominator: recomputed by the trainer before the update, or the
+    engine's logprobs from the rollout. Their gap is logged either way (`policy/logprob_gap`)."""
+    kl_to_initial: bool = False
+    """Log the KL to the initial policy (k3 estimator; one more forward pass per micro-batch)."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Add `kl_coef * KL(initial)` to the loss (needs `kl_to_initial`)."""
+    max_tokens_per_microbatch: int | None = Field(default=4096, ge=1)
+    """Micro-batch bound for gradient accumulation (None: one micro-batch)."""
+    num_minibatches: int = Field(default=1, ge=1)
+    """Optimizer steps per batch of rollouts."""
+    estimator: AdvantageEstimator = "grpo"
+    normalize_std: bool = True
+    """GRPO: divide by the group's std."""
+    advantage_level: AdvantageLevel = "rollout"
+    loss_aggregation: LossAggregation = "rollout-mean"
+    """Paper eq. 16 (default), `token-mean` (eq. 14) or `seq-mean-token-mean` (eq. 15)."""
+
+    # -- services ----------------------------------------------------------------------------
+    gateway_url: str | None = None
+    """An existing gateway; None starts one in this process on SQLite in the run folder."""
+    api_key: str | None = None
+    """The gateway's admin key (env REINS_API_KEY when None)."""
+    engine_url: str | None = None
+    """An external engine (`reins engine`) to publish to by save + reload; None: the embedded
+    engine in this process, sharing the trainer's weights."""
+    max_batch: int = Field(default=16, ge=1)
+    """Embedded engine: sequences decoded together."""
+    max_model_len: int = Field(default=2048, ge=16)
+    """Embedded engine: prompt + response tokens, at most."""
+
+    # -- outputs -----------------------------------------------------------------------------
+    checkpoint_every: int = Field(default=10, ge=0)
+    """Save a checkpoint every this many steps and at the end (0: only at the end)."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Older checkpoints are removed."""
+    tensorboard: bool = True
+    """Also write TensorBoard scalars (when the `tensorboard` package is installed)."""
+
+    @property
+    def run_dir(self) -> Path:
+        return self.runs_dir / self.run_name
+
+
+def load_config(path: Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """A config from a YAML file (relative paths resolved against its folder) and `key=value`
+    overrides (values parsed as YAML: `lr=3e-5`, `lora.r=8`, `mode=async`)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as error:
+            raise ConfigError(f"cannot read {path}: {error}") from error
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path} must hold a mapping of fields, not {type(loaded).__name__}")
+        data = _resolve_paths(loaded, path.parent)
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not key=value")
+        target = data
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            target = target.setdefault(parent, {})
+        target[leaf] = yaml.safe_load(raw) if raw else None
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
+        )
+        raise ConfigError(f"invalid training config: {problems}") from error
+
+
+_PATH_FIELDS = ("tasks", "val_tasks", "model", "runs_dir")
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    out = dict(data)
+    for key in _PATH_FIELDS:
+        value = out.get(key)
+        if isinstance(value, str) and not Path(value).is_absolute() and key != "runs_dir":
+            out[key] = str(base / value)
+    return out
+
+
+def describe_fields() -> str:
+    """Every field with its default and documentation, for `--help-config`."""
+    lines = []
+    for name, info in TrainConfig.model_fields.items():
+        default = (
+            "required" if info.is_required() else repr(info.get_default(call_default_factory=True))
+        )
+        doc = (info.description or "").strip()
+        lines.append(f"{name} = {default}\n    {doc}" if doc else f"{name} = {default}")
+    return "\n".join(lines)

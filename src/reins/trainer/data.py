@@ -1,0 +1,76 @@
+"""Tasks from a JSONL file, served in a seeded order that a checkpoint can resume exactly."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import JsonValue, TypeAdapter, ValidationError
+
+_json = TypeAdapter(JsonValue)
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    input: JsonValue
+
+
+def load_tasks(path: Path) -> list[Task]:
+    """One task per non-empty line: `{"id": ..., "input": ...}` (`id` defaults to the line number).
+
+    Ids end up in rollout ids, so they are kept to letters, digits and `._:-`.
+    """
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        raise ValueError(f"cannot read tasks from {path}: {error}") from error
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number} is not JSON: {error}") from error
+        if not isinstance(record, dict) or "input" not in record:
+            raise ValueError(f'{path}:{number} must be an object with an "input" field')
+        task_id = str(record.get("id", number))
+        if not task_id or not all(c.isalnum() or c in "._:-" for c in task_id):
+            raise ValueError(f"{path}:{number}: task id {task_id!r} may hold only [A-Za-z0-9._:-]")
+        if task_id in seen:
+            raise ValueError(f"{path}:{number}: task id {task_id!r} appears twice")
+        seen.add(task_id)
+        try:
+            tasks.append(Task(task_id, _json.validate_python(record["input"])))
+        except ValidationError as error:
+            raise ValueError(f"{path}:{number}: input is not JSON data: {error}") from error
+    if not tasks:
+        raise ValueError(f"{path} holds no task")
+    return tasks
+
+
+class TaskStream:
+    """Tasks in a seeded shuffle per epoch; `position` (tasks served) is all a resume needs."""
+
+    def __init__(self, tasks: list[Task], seed: int, position: int = 0) -> None:
+        self.tasks = tasks
+        self.seed = seed
+        self.position = position
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.tasks)))
+        random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def take(self, count: int) -> list[tuple[int, Task]]:
+        """The next `count` tasks, each with its position in the stream (a stable id)."""
+        out = []
+        for _ in range(count):
+            epoch, index = divmod(self.position, len(self.tasks))
+            out.append((self.position, self.tasks[self._order(epoch)[index]]))
+            self.position += 1
+        return out

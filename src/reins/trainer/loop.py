@@ -1,0 +1,469 @@
+"""The Customized Trainer's loop (paper 3, 3.1, appendix A.3): declare rollouts, wait for them,
+read their events, build samples with `reins.samples`, update the policy, publish the weights.
+
+- `sync`: each step declares `tasks_per_step` groups and waits for all of them.
+- `async` (collocated): groups are kept running; as soon as `tasks_per_step` whole groups have
+  finished, the gateway is paused and drained, the policy updated and published, and the gateway
+  resumed. Rollouts still running go on under the new weights; each call records the version that
+  served it, and a group with a call older than `max_staleness` versions is dropped.
+
+The trainer talks to the gateway only through `GatewayClient` (HTTP). Completions are read in the
+order the gateway reached them (its change cursor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from reins.client import GatewayClient, GatewayError
+from reins.samples.batch import AdapterConfig, Batch, build_batch
+from reins.samples.records import MissingRewardError, RolloutRecord, rollout_from_events
+from reins.schemas import Mode, Rollout, RolloutConfig, RolloutSpec, RolloutState
+from reins.trainer import checkpoint
+from reins.trainer.backend import Backend, StepStats
+from reins.trainer.config import TrainConfig
+from reins.trainer.data import Task, TaskStream
+from reins.trainer.metrics import MetricsLog
+from reins.trainer.publish import WeightPublisher
+
+log = logging.getLogger(__name__)
+
+TERMINAL: tuple[RolloutState, ...] = ("succeeded", "failed")
+
+
+class Reporter(Protocol):
+    """What the console (or a test) is told as the run goes."""
+
+    def phase(self, step: int, name: str) -> None: ...
+
+    def rollouts(self, done: int, total: int) -> None: ...
+
+    def step_done(self, record: dict[str, Any]) -> None: ...
+
+
+class QuietReporter:
+    def phase(self, step: int, name: str) -> None:
+        log.info("step %d: %s", step, name)
+
+    def rollouts(self, done: int, total: int) -> None:
+        pass
+
+    def step_done(self, record: dict[str, Any]) -> None:
+        log.info("step %s: %s", record.get("step"), record)
+
+
+class CompletionWatch:
+    """Follows the gateway's change cursor and remembers the rollouts that reached a terminal
+    state, in the order they reached it."""
+
+    def __init__(self, client: GatewayClient, poll_s: float = 0.2) -> None:
+        self.client = client
+        self.poll_s = poll_s
+        self.finished: dict[str, Rollout] = {}
+        self.order: list[str] = []
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._follow())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _follow(self) -> None:
+        cursor = 0
+        while True:
+            try:
+                page = await self.client.list_rollouts(states=TERMINAL, cursor=cursor, limit=1000)
+            except GatewayError as error:
+                log.warning("cannot follow rollouts (%s); retrying", error)
+                await asyncio.sleep(1.0)
+                continue
+            for rollout in page.items:
+                if rollout.rollout_id not in self.finished:
+                    self.order.append(rollout.rollout_id)
+                self.finished[rollout.rollout_id] = rollout
+            cursor = page.next_cursor
+            if page.items:
+                self._changed.set()
+            else:
+                await asyncio.sleep(self.poll_s)
+
+    async def changed(self, timeout_s: float) -> None:
+        """Returns when something finished, or after `timeout_s`."""
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+
+
+@dataclass
+class Group:
+    """One task's rollouts, declared together."""
+
+    group_id: str
+    task: Task
+    rollout_ids: list[str]
+    declared_version: int
+    declared_at: float = field(default_factory=time.monotonic)
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: TrainConfig,
+        client: GatewayClient,
+        backend: Backend,
+        publisher: WeightPublisher,
+        *,
+        train_tasks: TaskStream,
+        val_tasks: Sequence[Task] = (),
+        decode: Callable[[Any], str] | None = None,
+        reporter: Reporter | None = None,
+        metrics: MetricsLog | None = None,
+        on_update: Callable[[], Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.backend = backend
+        self.publisher = publisher
+        self.train_tasks = train_tasks
+        self.val_tasks = list(val_tasks)
+        self.decode = decode
+        self.reporter = reporter or QuietReporter()
+        self.metrics = metrics or MetricsLog(config.run_dir, tensorboard=config.tensorboard)
+        self.on_update = on_update
+        self.adapter = AdapterConfig(
+            estimator=config.estimator,
+            normalize_std=config.normalize_std,
+            advantage_level=config.advantage_level,
+            loss_aggregation=config.loss_aggregation,
+            num_minibatches=config.num_minibatches,
+            max_tokens_per_microbatch=config.max_tokens_per_microbatch,
+        )
+        self.watch = CompletionWatch(client)
+        self.last_val: float | None = None
+
+    # -- the run ---------------------------------------------------------------------------
+
+    async def run(self, start_step: int = 0) -> list[dict[str, Any]]:
+        """Makes steps `start_step .. config.steps - 1`; returns their metrics records."""
+        self.watch.start()
+        records: list[dict[str, Any]] = []
+        try:
+            if self.config.mode == "sync":
+                records = await self._run_sync(start_step)
+            else:
+                records = await self._run_async(start_step)
+        finally:
+            await self.watch.stop()
+        return records
+
+    async def _run_sync(self, start_step: int) -> list[dict[str, Any]]:
+        records = []
+        for step in range(start_step, self.config.steps):
+            val = await self._maybe_validate(step)
+            started = time.monotonic()
+            self.reporter.phase(step, "rollouts")
+            groups = await self._declare(self.train_tasks.take(self.config.tasks_per_step))
+            finished = await self._wait_groups(groups, need=len(groups))
+            rollout_s = time.monotonic() - started
+            record = await self._update(step, finished, val, timings={"time/rollout": rollout_s})
+            record["time/step"] = time.monotonic() - started
+            records.append(self._finish_step(step, record))
+        await self._final_validation(records)
+        return records
+
+    async def _run_async(self, start_step: int) -> list[dict[str, Any]]:
+        records = []
+        running: list[Group] = []
+        capacity = self.config.tasks_per_step * (self.config.max_staleness + 1)
+        needed = self.config.steps * self.config.tasks_per_step
+        for step in range(start_step, self.config.steps):
+            val = await self._maybe_validate(step)
+            started = time.monotonic()
+            self.reporter.phase(step, "rollouts")
+            # Rollouts start at most `max_staleness` updates ahead of the one that trains them.
+            room = min(capacity - len(running), needed - self.train_tasks.position)
+            if room > 0:
+                running += await self._declare(self.train_tasks.take(room))
+            ready = await self._wait_groups(running, need=self.config.tasks_per_step)
+            running = [g for g in running if g not in ready]
+            rollout_s = time.monotonic() - started
+            self.reporter.phase(step, "drain")
+            drained_at = time.monotonic()
+            await self.client.request("POST", "/api/admission/pause")
+            drain = await self.client.request(
+                "POST", "/api/admission/drain", params={"timeout_s": self.config.drain_timeout_s}
+            )
+            wait_s = time.monotonic() - drained_at
+            try:
+                record = await self._update(
+                    step,
+                    ready,
+                    val,
+                    timings={"time/rollout": rollout_s, "time/wait": wait_s},
+                )
+            finally:
+                await self.client.request("POST", "/api/admission/resume")
+            if not drain.get("drained", True):
+                record["gateway/drain_timed_out"] = 1
+            record["time/step"] = time.monotonic() - started
+            records.append(self._finish_step(step, record))
+        await self._final_validation(records)
+        return records
+
+    def _finish_step(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
+        written = self.metrics.write(step, record)
+        self.reporter.step_done(written)
+        every = self.config.checkpoint_every
+        if (every and (step + 1) % every == 0) or step + 1 == self.config.steps:
+            self.save_checkpoint(step + 1)
+        return written
+
+    def save_checkpoint(self, next_step: int) -> None:
+        state = checkpoint.TrainerState(
+            next_step=next_step,
+            data_position=self.train_tasks.position,
+            weight_version=self.publisher.version,
+            rng=checkpoint.capture_rng(),
+        )
+        checkpoint.save(self.config.run_dir, self.backend, state, keep=self.config.keep_checkpoints)
+
+    # -- declaring and waiting -------------------------------------------------------------
+
+    async def _declare(self, tasks: list[tuple[int, Task]]) -> list[Group]:
+        """Declares a group per task. Ids derive from the task's stream position, so a resumed run
+        re-declares the same rollouts (the gateway returns them as they are, finished or not)."""
+        run = self.config.run_name
+        version = self.publisher.version
+        groups, specs = [], []
+        for position, task in tasks:
+            group_id = f"{run}.t{position:07d}.{task.id}"
+            ids = [f"{group_id}.{k}" for k in range(self.config.group_size)]
+            groups.append(Group(group_id, task, ids, version))
+            step = position // self.config.tasks_per_step
+            specs += [self._spec(rollout_id, group_id, task, "train", step) for rollout_id in ids]
+        await self.client.create_rollouts(specs)
+        return groups
+
+    def _spec(
+        self, rollout_id: str, group_id: str, task: Task, mode: Mode, step: int
+    ) -> RolloutSpec:
+        return RolloutSpec(
+            rollout_id=rollout_id,
+            group_id=group_id,
+            input=task.input,
+            mode=mode,
+            metadata={"run": self.config.run_name, "step": step, "task": task.id},
+            config=RolloutConfig(
+                timeout_s=self.config.rollout_timeout_s, max_attempts=self.config.max_attempts
+            ),
+        )
+
+    async def _wait_groups(self, groups: list[Group], *, need: int) -> list[Group]:
+        """The first `need` groups (in completion order) whose rollouts all finished."""
+        limit = self.config.rollout_timeout_s * self.config.max_attempts + 60.0
+        total = sum(len(g.rollout_ids) for g in groups)
+        while True:
+            done_ids = {rid for g in groups for rid in g.rollout_ids if rid in self.watch.finished}
+            self.reporter.rollouts(len(done_ids), total)
+            complete = [g for g in groups if all(r in self.watch.finished for r in g.rollout_ids)]
+            if len(complete) >= need:
+                last = {
+                    g.group_id: max(self.watch.order.index(r) for r in g.rollout_ids)
+                    for g in complete
+                }
+                return sorted(complete, key=lambda g: last[g.group_id])[:need]
+            now = time.monotonic()
+            for group in groups:
+                if now - group.declared_at > limit:
+                    await self._fail_overdue(group, limit)
+            await self.watch.changed(timeout_s=1.0)
+
+    async def _fail_overdue(self, group: Group, limit: float) -> None:
+        for rollout_id in group.rollout_ids:
+            if rollout_id in self.watch.finished:
+                continue
+            reason = f"trainer: not finished {limit:.0f} s after it was declared"
+            try:
+                await self.client.set_status(rollout_id, "failed", reason)
+            except GatewayError as error:
+                if error.status_code != 409:  # 409: it finished meanwhile
+                    raise
+
+    # -- reading and updating --------------------------------------------------------------
+
+    async def _records(self, groups: list[Group]) -> tuple[list[RolloutRecord], dict[str, int]]:
+        """Records of the groups' rollouts, and counts of what was dropped and why."""
+        counts = {"failed": 0, "dropped_groups": 0, "stale_groups": 0, "missing_reward": 0}
+        records: list[RolloutRecord] = []
+        current = self.publisher.version
+        for group in groups:
+            rollouts = [self.watch.finished[r] for r in group.rollout_ids]
+            failed = [r for r in rollouts if r.status.state == "failed"]
+            counts["failed"] += len(failed)
+            if failed and self.config.failed_rollouts == "drop_group":
+                counts["dropped_groups"] += 1
+                continue
+            group_records = []
+            for rollout in rollouts:
+                record = await self._record(rollout, counts)
+                if record is None:
+                    break
+                group_records.append(record)
+            else:
+                versions = [
+                    call.model_version
+                    for record in group_records
+                    for call in record.calls
+                    if call.model_version is not None
+                ]
+                if versions and current - min(versions) > self.config.max_staleness:
+                    counts["stale_groups"] += 1
+                    continue
+                records += group_records
+                continue
+            counts["dropped_groups"] += 1
+        return records, counts
+
+    async def _record(self, rollout: Rollout, counts: dict[str, int]) -> RolloutRecord | None:
+        events = await self.client.get_events(rollout.rollout_id)
+        fill = self.config.fill_reward if rollout.status.state == "failed" else None
+        try:
+            record = rollout_from_events(
+                events,
+                rollout_id=rollout.rollout_id,
+                group_id=rollout.group_id,
+                missing_reward=fill,
+            )
+        except MissingRewardError:
+            counts["missing_reward"] += 1
+            if self.config.failed_rollouts == "drop_group":
+                return None
+            record = rollout_from_events(
+                events,
+                rollout_id=rollout.rollout_id,
+                group_id=rollout.group_id,
+                missing_reward=self.config.fill_reward,
+            )
+        if fill is not None:
+            record.reward = fill
+        return record
+
+    async def _update(
+        self, step: int, groups: list[Group], val: float | None, *, timings: dict[str, float]
+    ) -> dict[str, Any]:
+        self.reporter.phase(step, "samples")
+        built_at = time.monotonic()
+        records, counts = await self._records(groups)
+        rewards = [r.reward for r in records]
+        batch: Batch | None = None
+        if records:
+            batch = build_batch(records, self.adapter, decode=self.decode)
+        build_s = time.monotonic() - built_at
+        self.reporter.phase(step, "update")
+        updated_at = time.monotonic()
+        stats, publish_s = StepStats(), 0.0
+        if batch is not None and batch.sequences:
+            stats, publish_s = await asyncio.to_thread(
+                self.publisher.update, lambda: self.backend.train_step(batch)
+            )
+        update_s = time.monotonic() - updated_at - publish_s
+        if self.on_update is not None:
+            self.on_update()
+        record: dict[str, Any] = {
+            "weight_version": self.publisher.version,
+            "rollouts/trained": len(records),
+            "rollouts/failed": counts["failed"],
+            "rollouts/dropped_groups": counts["dropped_groups"],
+            "rollouts/stale_groups": counts["stale_groups"],
+            "rollouts/missing_reward": counts["missing_reward"],
+            "time/build": build_s,
+            "time/update": update_s,
+            "time/publish": publish_s,
+            **timings,
+        }
+        if rewards:
+            record["reward/mean"] = float(np.mean(rewards))
+            record["reward/std"] = float(np.std(rewards))
+        if val is not None:
+            record["val/reward_mean"] = val
+        if batch is not None:
+            sample_metrics = batch.metrics
+            record["samples/one_sample_rollout_ratio"] = sample_metrics.one_sample_rollout_ratio
+            record["samples/per_rollout"] = sample_metrics.samples_per_rollout
+            record["samples/split_reasons"] = dict(sample_metrics.split_reasons)
+            record["samples/sequences"] = sample_metrics.sequences
+            record["samples/response_tokens"] = sample_metrics.response_tokens
+            record["samples/merge_token_saving"] = sample_metrics.merge_token_saving
+            record["samples/mixed_version_sequences"] = sample_metrics.mixed_version_sequences
+            record.update(stats.as_metrics())
+            busy = timings.get("time/rollout", 0.0) + update_s
+            record["throughput/tokens_per_s"] = stats.trained_tokens / update_s if update_s else 0.0
+            record["throughput/rollout_tokens_per_s"] = (
+                sample_metrics.response_tokens / busy if busy else 0.0
+            )
+        return record
+
+    # -- validation ------------------------------------------------------------------------
+
+    def _validation_due(self, step: int) -> bool:
+        every = self.config.val_every
+        return bool(self.val_tasks) and every > 0 and step % every == 0
+
+    async def _maybe_validate(self, step: int) -> float | None:
+        if not self._validation_due(step):
+            return None
+        return await self.validate(step)
+
+    async def _final_validation(self, records: list[dict[str, Any]]) -> None:
+        """Validates the final weights (the metrics line of the last step gets it)."""
+        if not self.val_tasks or self.config.val_every <= 0 or not records:
+            return
+        step = self.config.steps
+        val = await self.validate(step)
+        self.metrics.write(step, {"val/reward_mean": val, "weight_version": self.publisher.version})
+        self.reporter.step_done({"step": step, "val/reward_mean": val})
+
+    async def validate(self, step: int) -> float:
+        """Mean reward of the validation tasks (one rollout each, `val` mode); failed count 0."""
+        self.reporter.phase(step, "validation")
+        version = self.publisher.version
+        prefix = f"{self.config.run_name}.val{step:06d}.v{version}"
+        specs = [
+            self._spec(f"{prefix}.{task.id}", f"{prefix}.{task.id}", task, "val", step)
+            for task in self.val_tasks
+        ]
+        await self.client.create_rollouts(specs)
+        groups = [
+            Group(spec.group_id or "", task, [spec.rollout_id or ""], version)
+            for spec, task in zip(specs, self.val_tasks, strict=True)
+        ]
+        await self._wait_groups(groups, need=len(groups))
+        rewards = []
+        for group in groups:
+            rollout = self.watch.finished[group.rollout_ids[0]]
+            if rollout.status.state != "succeeded":
+                rewards.append(0.0)
+                continue
+            try:
+                record = rollout_from_events(
+                    await self.client.get_events(rollout.rollout_id), rollout_id=rollout.rollout_id
+                )
+                rewards.append(record.reward)
+            except MissingRewardError:
+                rewards.append(0.0)
+        value = float(np.mean(rewards))
+        self.last_val = value
+        return value

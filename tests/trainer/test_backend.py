@@ -1,0 +1,138 @@
+"""The torch backend on a tiny real Llama: PPO-clip on `reins.samples` weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from reins.trainer.backend import BackendConfig, TorchBackend
+from tests.trainer.batches import make_batch
+
+
+def load(folder: Path, **config: object) -> TorchBackend:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return TorchBackend(model, BackendConfig(lr=1e-3, **config))  # type: ignore[arg-type]
+
+
+def parameters(backend: TorchBackend) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in backend.model.parameters()]
+
+
+def test_micro_batching_gives_the_same_update_as_one_batch(tiny_model_dir: Path) -> None:
+    whole, split = load(tiny_model_dir), load(tiny_model_dir)
+    whole.train_step(make_batch(micro_tokens=None))
+    stats = split.train_step(make_batch(micro_tokens=40))
+    assert stats.optimizer_steps == 1
+    for a, b in zip(parameters(whole), parameters(split), strict=True):
+        # Adam turns float-summation-order noise on near-zero gradients into tiny steps: the
+        # bound is 5 % of one step (lr 1e-3).
+        torch.testing.assert_close(a, b, atol=5e-5, rtol=0)
+
+
+def test_positive_advantage_raises_the_response_logprob(tiny_model_dir: Path) -> None:
+    backend = load(tiny_model_dir)
+    batch = make_batch(groups=1, per_group=2)
+    winner = next(s for s in batch.sequences if s.advantage > 0)
+    loser = next(s for s in batch.sequences if s.advantage < 0)
+
+    def mean_logprob(sequence: object) -> float:
+        from reins.trainer.backend import _pack
+
+        tensors = _pack([sequence], backend.device)  # type: ignore[list-item]
+        with torch.no_grad():
+            logprobs, _ = backend._response_logprobs(backend.model, tensors, with_entropy=False)
+        return float(logprobs.mean())
+
+    before = mean_logprob(winner), mean_logprob(loser)
+    for _ in range(3):
+        backend.train_step(batch)
+    after = mean_logprob(winner), mean_logprob(loser)
+    assert after[0] > before[0]
+    assert after[1] < before[1]
+
+
+def test_stats_report_entropy_and_the_rollout_logprob_gap(tiny_model_dir: Path) -> None:
+    stats = load(tiny_model_dir).train_step(make_batch())
+    vocab = 49152
+    assert 0 < stats.entropy <= np.log(vocab) + 1e-3
+    # The synthetic rollout logprobs are not the model's: the gap is large and measured.
+    assert stats.logprob_gap is not None and stats.logprob_gap > 1
+    assert stats.clip_fraction == 0  # recomputed old logprobs: ratio 1 on the first mini-batch
+
+
+def test_rollout_logprobs_far_from_the_policy_are_clipped(tiny_model_dir: Path) -> None:
+    stats = load(tiny_model_dir, old_logprobs="rollout").train_step(make_batch())
+    # The synthetic rollout logprobs (-3..-0.1) are far above a random model's (~-10.8): the
+    # ratio is ~0, so every token with a negative advantage (half the weight) is clipped.
+    assert stats.clip_fraction == pytest.approx(0.5, abs=0.1)
+
+
+def test_missing_rollout_logprobs_are_no_gap_and_no_clip(tiny_model_dir: Path) -> None:
+    stats = load(tiny_model_dir, old_logprobs="rollout").train_step(make_batch(logprobs=False))
+    assert stats.logprob_gap is None
+    assert stats.clip_fraction == 0
+
+
+def test_several_minibatches_recompute_old_logprobs_and_step_each(tiny_model_dir: Path) -> None:
+    stats = load(tiny_model_dir).train_step(make_batch(num_minibatches=2))
+    assert stats.optimizer_steps == 2
+    assert stats.clip_fraction >= 0  # the second mini-batch sees moved weights
+
+
+def test_kl_to_initial_is_zero_before_and_positive_after_an_update(tiny_model_dir: Path) -> None:
+    backend = load(tiny_model_dir, kl_to_initial=True)
+    first = backend.train_step(make_batch())
+    second = backend.train_step(make_batch())
+    assert first.kl_initial == pytest.approx(0.0, abs=1e-7)
+    assert second.kl_initial is not None and second.kl_initial > 0
+
+
+def test_checkpoint_round_trip_gives_the_same_next_update(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    original = load(tiny_model_dir)
+    original.train_step(make_batch())
+    original.save_checkpoint(tmp_path / "ckpt")
+    restored = load(tiny_model_dir)
+    restored.load_checkpoint(tmp_path / "ckpt")
+    assert restored.steps_done == 1
+    original.train_step(make_batch())
+    restored.train_step(make_batch())
+    for a, b in zip(parameters(original), parameters(restored), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_lora_trains_only_the_adapters(tiny_model_dir: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
+    backend = TorchBackend(model, BackendConfig(lr=1e-2))
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    adapters = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert adapters and all("lora" in name for name in adapters)
+    backend.train_step(make_batch())
+    backend.train_step(make_batch())
+    named = dict(model.named_parameters())
+    assert all(torch.equal(named[n], value) for n, value in frozen.items())
+    assert any(not torch.equal(named[n], value) for n, value in adapters.items())
+
+
+def test_saved_weights_load_as_a_plain_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    backend = load(tiny_model_dir)
+    backend.train_step(make_batch())
+    backend.save_weights(tmp_path / "weights")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "weights", dtype=torch.float32)
+    for (name, a), b in zip(backend.model.state_dict().items(), reloaded.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
