@@ -134,5 +134,6 @@ def test_saved_weights_load_as_a_plain_model(tiny_model_dir: Path, tmp_path: Pat
     backend.train_step(make_batch())
     backend.save_weights(tmp_path / "weights")
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "weights", dtype=torch.float32)
-    for (name, a), b in zip(backend.model.state_dict().items(), reloaded.state_dict().values()):
-        torch.testing.assert_close(a, b, msg=name)
+    saved = reloaded.state_dict()
+    for name, value in backend.model.state_dict().items():
+        torch.testing.assert_close(value, saved[name], msg=name)
