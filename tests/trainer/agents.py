@@ -1,0 +1,25 @@
+"""Agents for the trainer's end-to-end tests: real `openai` SDK harnesses, two calls each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openai import OpenAI
+
+
+def two_calls(task: dict[str, Any]) -> float:
+    """Two chat calls (the second extends the first's conversation); the task sets the reward,
+    or `crash: true` makes the agent fail."""
+    if task.get("crash"):
+        raise RuntimeError("this task always crashes")
+    client = OpenAI(max_retries=5, timeout=300)
+    messages: list[Any] = [{"role": "user", "content": f"Say {task['word']}."}]
+    first = client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "Again."},
+    ]
+    second = client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+    text = (first.choices[0].message.content or "") + (second.choices[0].message.content or "")
+    # A reward that varies within a group, so advantages are not all zero.
+    return float(len(text) % 3) / 2

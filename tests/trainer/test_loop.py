@@ -1,0 +1,103 @@
+"""The main job's loop end to end on real parts, with a tiny random model for speed: an
+in-process gateway on SQLite, the embedded engine sharing the trainer's weights, the local
+reconciler running real `openai`-SDK agents as processes, the torch backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reins.trainer.config import TrainConfig
+from reins.trainer.runtime import train
+
+pytestmark = pytest.mark.slow
+
+
+def tasks_file(folder: Path, name: str, words: list[str], crash: set[str] = frozenset()) -> Path:
+    path = folder / name
+    lines = [{"id": w, "input": {"word": w, "crash": w in crash}} for w in words]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def config(tmp_path: Path, model: Path, **fields: Any) -> TrainConfig:
+    base: dict[str, Any] = {
+        "run_name": "t",
+        "runs_dir": tmp_path / "runs",
+        "tasks": tasks_file(tmp_path, "train.jsonl", ["ant", "bee", "cat", "dog", "eel", "fox"]),
+        "val_tasks": tasks_file(tmp_path, "val.jsonl", ["gnu", "hen"]),
+        "agent": "tests.trainer.agents:two_calls",
+        "model": model,
+        "steps": 2,
+        "tasks_per_step": 2,
+        "group_size": 2,
+        "val_every": 1,
+        "lr": 1e-3,
+        "max_model_len": 256,
+        "rollout_timeout_s": 120,
+        "tensorboard": False,
+    }
+    return TrainConfig.model_validate({**base, **fields})
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_sync_run_updates_publishes_and_checkpoints(tmp_path: Path, tiny_model_dir: Path) -> None:
+    run = config(tmp_path, tiny_model_dir, checkpoint_every=1)
+    records = asyncio.run(train(run))
+    assert [r["step"] for r in records] == [0, 1]
+    lines = metrics(run.run_dir)
+    assert [line["step"] for line in lines] == [0, 1, 2]  # the last line: final validation
+    for record in records:
+        assert record["rollouts/trained"] == 4
+        assert record["samples/per_rollout"] >= 1
+        for key in ("reward/mean", "policy/entropy", "time/rollout", "time/update"):
+            assert key in record
+    assert [r["weight_version"] for r in records] == [1, 2]
+    assert "val/reward_mean" in lines[0] and "val/reward_mean" in lines[2]
+    assert (run.run_dir / "checkpoints" / "step-000002" / "trainer.json").exists()
+
+
+def test_a_resumed_run_goes_on_from_its_checkpoint(tmp_path: Path, tiny_model_dir: Path) -> None:
+    first = config(tmp_path, tiny_model_dir, steps=1, val_every=0)
+    asyncio.run(train(first))
+    longer = config(tmp_path, tiny_model_dir, steps=2, val_every=0)
+    with pytest.raises(FileExistsError):
+        asyncio.run(train(longer))
+    records = asyncio.run(train(longer, resume=True))
+    assert [r["step"] for r in records] == [1]
+    assert records[0]["weight_version"] == 2  # the version went on from the checkpoint
+    assert [line["step"] for line in metrics(longer.run_dir)] == [0, 1]
+
+
+def test_a_group_with_a_crashing_rollout_is_dropped_and_counted(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    run = config(
+        tmp_path,
+        tiny_model_dir,
+        tasks=tasks_file(tmp_path, "crashy.jsonl", ["ant", "bee"], crash={"bee"}),
+        steps=1,
+        val_every=0,
+        max_attempts=2,
+    )
+    (record,) = asyncio.run(train(run))
+    assert record["rollouts/failed"] == 2
+    assert record["rollouts/dropped_groups"] == 1
+    assert record["rollouts/trained"] == 2
+
+
+def test_async_run_drains_updates_and_resumes_the_gateway(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    run = config(tmp_path, tiny_model_dir, mode="async", steps=3, val_every=0, max_staleness=1)
+    records = asyncio.run(train(run))
+    assert [r["weight_version"] for r in records] == [1, 2, 3]
+    assert all(r["rollouts/trained"] + 2 * r["rollouts/stale_groups"] == 4 for r in records)
+    assert all("time/wait" in r for r in records)
