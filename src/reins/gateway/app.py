@@ -22,6 +22,8 @@ from reins.gateway.routes import admission, events, models, proxy, rollouts
 from reins.gateway.settings import GatewaySettings
 from reins.gateway.store import Conflict, NotFound, Store, StoreError
 from reins.gateway.store.sql import SqlStore
+from reins.monitor import dashboard
+from reins.monitor.prometheus import GatewayMetrics
 
 
 def create_app(settings: GatewaySettings | None = None, store: Store | None = None) -> FastAPI:
@@ -39,6 +41,7 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
             retries=settings.proxy_retries,
             read_timeout_s=settings.proxy_read_timeout_s,
         )
+        app.state.proxy.on_record = app.state.metrics.observe_call
         try:
             yield
         finally:
@@ -57,6 +60,7 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
     app.state.settings = settings
     app.state.store = store
     app.state.gate = AdmissionGate(settings.admission_max_wait_s)
+    app.state.metrics = GatewayMetrics(app.state.gate)
     # Our own limit rather than FastAPI's `max_body_size`: that one answers a plain-text 413
     # that does not say what the limit is.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
@@ -74,6 +78,8 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
     app.include_router(models.router)
     app.include_router(proxy.router)
     app.include_router(admission.router)
+    app.include_router(dashboard.router)
+    app.include_router(dashboard.metrics_router)
     return app
 
 

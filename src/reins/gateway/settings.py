@@ -52,6 +52,11 @@ class GatewaySettings(BaseSettings):
     """Retries of a call whose engine could not be reached (backoff, next endpoint)."""
     proxy_read_timeout_s: float = Field(default=3600.0, gt=0)
     """Longest an engine may take to answer one call."""
+    runs_dir: Path = Path(".reins") / "runs"
+    """Where the dashboard finds training runs: `<runs_dir>/<run>/metrics.jsonl`."""
+    monitor_tokenizer: str | None = None
+    """A tokenizer folder (the policy's): the dashboard then shows token text and text-based
+    split reasons (needs `transformers`)."""
 
     @field_validator("database_url")
     @classmethod

@@ -49,6 +49,13 @@ async def list_rollouts(
         int, Query(ge=0, le=2**62, description="`next_cursor` of the previous page")
     ] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 100,
+    run: Annotated[
+        str | None, Query(max_length=200, description="Keep rollouts whose `metadata.run` is this")
+    ] = None,
+    q: Annotated[
+        str | None,
+        Query(max_length=200, description="Case-insensitive text in the rollout id or input"),
+    ] = None,
 ) -> RolloutPage:
     """Rollouts in the order of their last change, after `cursor`.
 
@@ -61,6 +68,8 @@ async def list_rollouts(
         group_id=group_id,
         cursor=cursor,
         limit=min(limit, settings.max_page_size),
+        run=run,
+        search=q or None,
     )
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from reins.schemas import (
     Attempt,
@@ -34,6 +35,52 @@ class Conflict(StoreError):
     pass
 
 
+RolloutSort = Literal["created", "updated", "duration", "reward", "state", "id"]
+"""Orders of `Store.query_rollouts` (the dashboard's table)."""
+
+
+@dataclass(frozen=True)
+class RolloutQuery:
+    """A page of rollouts for the dashboard: filters, an order, an offset."""
+
+    states: Sequence[RolloutState] = ()
+    mode: Mode | None = None
+    group_id: str | None = None
+    run: str | None = None
+    """Keep rollouts whose `metadata.run` is this (the trainer's run name)."""
+    search: str | None = None
+    """Case-insensitive substring of the rollout id or of the input's JSON text."""
+    sort: RolloutSort = "created"
+    descending: bool = True
+    offset: int = 0
+    limit: int = 50
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    """What the dashboard's table shows of a rollout's latest attempt, computed in the database."""
+
+    calls: int = 0
+    """`model_request` events."""
+    failed_calls: int = 0
+    """Of those, calls whose status is not 200."""
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    min_version: int | None = None
+    max_version: int | None = None
+    """Weight versions that served the calls."""
+    reward: float | None = None
+    """Value of the last `reward` event; None when there is none."""
+    started_at: float | None = None
+    """Unix time the first attempt opened."""
+    ended_at: float | None = None
+    """Unix time the latest attempt ended; None while it runs."""
+    events: int = 0
+    """Events of every attempt."""
+    last_seq: int = 0
+    """The highest event seq of any attempt (0: none): it changes whenever an event is added."""
+
+
 class Store(Protocol):
     """Every write is idempotent, so callers may retry any of them after a lost reply."""
 
@@ -56,8 +103,23 @@ class Store(Protocol):
         group_id: str | None = None,
         cursor: int = 0,
         limit: int = 100,
+        run: str | None = None,
+        search: str | None = None,
     ) -> RolloutPage:
-        """Rollouts whose last change came after `cursor`, in the order of their changes."""
+        """Rollouts whose last change came after `cursor`, in the order of their changes.
+
+        `run` keeps rollouts whose `metadata.run` equals it; `search` is a case-insensitive
+        substring of the rollout id or of the input's JSON text.
+        """
+
+    async def query_rollouts(self, query: RolloutQuery) -> tuple[list[Rollout], int]:
+        """One page of rollouts in the query's order, and how many match in all."""
+
+    async def rollout_stats(self, rollout_ids: Sequence[str]) -> dict[str, RolloutStats]:
+        """Calls, tokens, weight versions, reward and times of each rollout's latest attempt."""
+
+    async def count_rollouts(self) -> dict[tuple[str, str], int]:
+        """How many rollouts are in each (state, mode); absent pairs are 0."""
 
     async def get_rollout(self, rollout_id: str) -> RolloutDetail: ...
 
@@ -94,4 +156,12 @@ class Store(Protocol):
         """Deletes one model's endpoints, or all models when `model` is None; returns a count."""
 
 
-__all__ = ["Conflict", "NotFound", "Store", "StoreError"]
+__all__ = [
+    "Conflict",
+    "NotFound",
+    "RolloutQuery",
+    "RolloutSort",
+    "RolloutStats",
+    "Store",
+    "StoreError",
+]

@@ -1,0 +1,419 @@
+"""`/ui`: the dashboard, server-rendered with Jinja2 (no front-end build, no CDN).
+
+- `/ui`: the rollouts table (filters, sort, search, pages; live updates by polling a fragment)
+- `/ui/rollouts/{id}`: one rollout, its calls in order with logprobs and sample decisions
+- `/ui/runs`, `/ui/runs/{name}`: training runs and their curves (inline SVG)
+
+Auth is the admin key: as `Authorization: Bearer KEY` (scripts, AI agents), or once through
+`/ui/login`, which sets an HttpOnly cookie derived from the key (browsers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import math
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, cast, get_args
+from urllib.parse import parse_qs, quote, urlencode
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from reins.gateway.settings import GatewaySettings
+from reins.gateway.store import NotFound, RolloutQuery, RolloutSort, Store
+from reins.monitor import svg, tokens
+from reins.monitor.panels import charts
+from reins.monitor.prometheus import CONTENT_TYPE
+from reins.monitor.rollout import LOW_P, Token, attempt_view
+from reins.monitor.runs import list_runs, load_run, run_path
+from reins.monitor.tokens import TokenText
+from reins.schemas import Mode, RolloutState
+
+COOKIE = "reins_ui"
+PAGE_SIZE = 50
+POLL_S = 3
+STATES: tuple[str, ...] = get_args(RolloutState)
+SORTS: tuple[str, ...] = get_args(RolloutSort)
+
+templates = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def session_cookie(api_key: str) -> str:
+    """The cookie value that stands for the admin key: an HMAC of it, never the key itself."""
+    return hmac.new(api_key.encode(), b"reins-ui-session-v1", hashlib.sha256).hexdigest()
+
+
+def require_viewer(request: Request) -> None:
+    """The admin key as a bearer header, or the login cookie; a browser without either is sent
+    to the login page."""
+    if "authorization" in request.headers:
+        request.app.state.auth.admin(request)
+        return
+    settings: GatewaySettings = request.app.state.settings
+    cookie = request.cookies.get(COOKIE, "")
+    if cookie and hmac.compare_digest(cookie, session_cookie(settings.api_key)):
+        return
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    raise HTTPException(
+        303, "log in first", headers={"Location": f"/ui/login?next={quote(target)}"}
+    )
+
+
+# -- formatting for the templates ---------------------------------------------------------------
+
+
+def _when(value: datetime | float | None) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, int | float):
+        value = datetime.fromtimestamp(value, UTC)
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return ""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} m {int(seconds % 60):02d} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} m"
+
+
+def _count(value: float | None) -> str:
+    if value is None:
+        return ""
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:.1f}M"
+    if abs(value) >= 1e4:
+        return f"{value / 1e3:.1f}k"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:.4g}"
+
+
+def _number(value: Any, digits: int = 3) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "" if value is None else str(value)
+    return f"{value:.{digits}f}".rstrip("0").rstrip(".") if isinstance(value, float) else str(value)
+
+
+def _token_class(token: Token) -> str:
+    p = token.p
+    if p is None:
+        return "tn"
+    for level, bound in enumerate((0.01, LOW_P, 0.3, 0.6, 0.9)):
+        if p < bound:
+            return f"t{level}"
+    return "t5"
+
+
+def _token_text(token: Token) -> str:
+    text = token.text.replace("\n", "↵").replace("\t", "⇥")
+    return text if text else "∅"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=1, default=str)
+
+
+templates.filters.update(
+    when=_when,
+    duration=_duration,
+    count=_count,
+    num=_number,
+    token_class=_token_class,
+    token_text=_token_text,
+    pretty=_json,
+)
+
+
+def _html(name: str, **context: Any) -> HTMLResponse:
+    return HTMLResponse(templates.get_template(name).render(**context))
+
+
+# -- the rollouts table -------------------------------------------------------------------------
+
+
+def _query(request: Request) -> tuple[RolloutQuery, dict[str, Any]]:
+    """The table's query from the URL, and the parameters to rebuild its links."""
+    params = request.query_params
+    states = [s for s in params.getlist("status") if s in STATES]
+    mode = params.get("mode") if params.get("mode") in ("train", "val") else None
+    sort = params.get("sort", "created")
+    sort = sort if sort in SORTS else "created"
+    descending = params.get("dir", "desc") != "asc"
+    try:
+        page = max(1, int(params.get("page", "1")))
+    except ValueError:
+        page = 1
+    text = {key: (params.get(key) or "").strip()[:200] for key in ("run", "group", "q")}
+    query = RolloutQuery(
+        states=cast(list[RolloutState], states),
+        mode=cast(Mode | None, mode),
+        group_id=text["group"] or None,
+        run=text["run"] or None,
+        search=text["q"] or None,
+        sort=cast(RolloutSort, sort),
+        descending=descending,
+        offset=(page - 1) * PAGE_SIZE,
+        limit=PAGE_SIZE,
+    )
+    shown = {
+        "status": states,
+        "mode": mode or "",
+        "sort": sort,
+        "dir": "desc" if descending else "asc",
+        "page": page,
+        **text,
+    }
+    return query, shown
+
+
+def _link(shown: dict[str, Any], **changes: Any) -> str:
+    merged = {**shown, **changes}
+    pairs = [
+        (key, item)
+        for key, value in merged.items()
+        for item in (value if isinstance(value, list) else [value])
+        if item not in ("", None)
+    ]
+    return "?" + urlencode(pairs)
+
+
+async def _table(store: Store, request: Request) -> dict[str, Any]:
+    query, shown = _query(request)
+    items, total = await store.query_rollouts(query)
+    stats = await store.rollout_stats([r.rollout_id for r in items])
+    now = time.time()
+    rows = []
+    for rollout in items:
+        stat = stats.get(rollout.rollout_id)
+        started = stat.started_at if stat else None
+        ended = stat.ended_at if stat else None
+        if started is not None and ended is None and rollout.status.state == "running":
+            ended = now
+        rows.append(
+            {
+                "rollout": rollout,
+                "stats": stat,
+                "duration": None if started is None or ended is None else ended - started,
+                "run": rollout.metadata.get("run"),
+                "step": rollout.metadata.get("step"),
+            }
+        )
+    pages = max(1, math.ceil(total / PAGE_SIZE))
+    return {
+        "rows": rows,
+        "total": total,
+        "page": shown["page"],
+        "pages": pages,
+        "shown": shown,
+        "link": lambda **changes: _link(shown, **changes),
+        "sort_link": lambda key: _link(
+            shown,
+            sort=key,
+            dir="asc" if shown["sort"] == key and shown["dir"] == "desc" else "desc",
+            page=1,
+        ),
+    }
+
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+
+@router.get("/login")
+async def login_page(request: Request, next: str = "/ui") -> HTMLResponse:
+    return _html("login.html", next=_safe_next(next), error=None)
+
+
+def _safe_next(target: str) -> str:
+    """Only paths of the dashboard, never another site."""
+    return target if target.startswith("/ui") and not target.startswith("//") else "/ui"
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    form = parse_qs((await request.body()).decode(errors="replace"))
+    key = (form.get("key") or [""])[0].strip()
+    target = _safe_next((form.get("next") or ["/ui"])[0])
+    settings: GatewaySettings = request.app.state.settings
+    if not hmac.compare_digest(key.encode(), settings.api_key.encode()):
+        page = templates.get_template("login.html").render(
+            next=target, error="That is not the gateway's admin key."
+        )
+        return HTMLResponse(page, status_code=401)
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(
+        COOKIE,
+        session_cookie(settings.api_key),
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/ui",
+    )
+    return response
+
+
+@router.get("/logout")
+async def logout() -> Response:
+    response = RedirectResponse("/ui/login", status_code=303)
+    response.delete_cookie(COOKIE, path="/ui")
+    return response
+
+
+@router.get("")
+async def rollouts_page(request: Request) -> HTMLResponse:
+    require_viewer(request)
+    store: Store = request.app.state.store
+    table = await _table(store, request)
+    counts = await store.count_rollouts()
+    by_state = {s: sum(n for (state, _), n in counts.items() if state == s) for s in STATES}
+    runs = [info.name for info in list_runs(request.app.state.settings.runs_dir)]
+    return _html(
+        "rollouts.html", states=STATES, by_state=by_state, runs=runs, poll_s=POLL_S, **table
+    )
+
+
+@router.get("/rows")
+async def rollouts_rows(request: Request) -> HTMLResponse:
+    """The table's body alone, for live updates."""
+    require_viewer(request)
+    return _html("rows.html", **await _table(request.app.state.store, request))
+
+
+@router.get("/rollouts/{rollout_id}")
+async def rollout_page(
+    request: Request, rollout_id: str, attempt: Annotated[int | None, Query(ge=1)] = None
+) -> HTMLResponse:
+    require_viewer(request)
+    store: Store = request.app.state.store
+    try:
+        detail = await store.get_rollout(rollout_id)
+    except NotFound as error:
+        raise HTTPException(404, str(error)) from None
+    latest = detail.rollout.attempt_count
+    chosen = min(attempt or latest, latest) if latest else None
+    view = None
+    version = await _version(store, rollout_id, detail.rollout.change_seq)
+    settings: GatewaySettings = request.app.state.settings
+    text: TokenText | None = None
+    notice = None
+    if settings.monitor_tokenizer:
+        try:
+            text = await asyncio.to_thread(tokens.load, settings.monitor_tokenizer)
+        except tokens.TokenizerError as error:
+            notice = str(error)
+    if chosen is not None:
+        events = await store.get_events(rollout_id, attempt_id=chosen, limit=1_000_000)
+        view = await asyncio.to_thread(
+            attempt_view,
+            rollout_id,
+            chosen,
+            events,
+            decode=text.decode if text else None,
+            token_texts=text.texts if text else None,
+        )
+    return _html(
+        "rollout.html",
+        detail=detail,
+        rollout=detail.rollout,
+        view=view,
+        chosen=chosen,
+        version=version,
+        poll_s=POLL_S,
+        live=detail.rollout.status.state in ("queuing", "running"),
+        low_p=LOW_P,
+        tokenizer=text is not None,
+        notice=notice,
+    )
+
+
+@router.get("/rollouts/{rollout_id}/version")
+async def rollout_version(request: Request, rollout_id: str) -> JSONResponse:
+    """Changes whenever the rollout or its latest attempt's events change (the page polls it)."""
+    require_viewer(request)
+    store: Store = request.app.state.store
+    try:
+        detail = await store.get_rollout(rollout_id)
+    except NotFound as error:
+        raise HTTPException(404, str(error)) from None
+    return JSONResponse(
+        {"version": await _version(store, detail.rollout.rollout_id, detail.rollout.change_seq)}
+    )
+
+
+async def _version(store: Store, rollout_id: str, change_seq: int) -> str:
+    stats = await store.rollout_stats([rollout_id])
+    return f"{change_seq}:{stats[rollout_id].last_seq if rollout_id in stats else 0}"
+
+
+@router.get("/rollouts/{rollout_id}/events/{seq}")
+async def raw_event(request: Request, rollout_id: str, seq: int) -> JSONResponse:
+    """One event as stored, all of it."""
+    require_viewer(request)
+    store: Store = request.app.state.store
+    try:
+        found = await store.get_events(rollout_id, all_attempts=True, after=seq - 1, limit=1)
+    except NotFound as error:
+        raise HTTPException(404, str(error)) from None
+    if not found or found[0].seq != seq:
+        raise HTTPException(404, f"rollout {rollout_id} has no event with seq {seq}")
+    return JSONResponse(found[0].model_dump(mode="json"))
+
+
+# -- runs ---------------------------------------------------------------------------------------
+
+
+@router.get("/runs")
+async def runs_page(request: Request) -> HTMLResponse:
+    require_viewer(request)
+    settings: GatewaySettings = request.app.state.settings
+    return _html("runs.html", runs=list_runs(settings.runs_dir), runs_dir=settings.runs_dir)
+
+
+def _run_context(request: Request, name: str) -> dict[str, Any]:
+    settings: GatewaySettings = request.app.state.settings
+    try:
+        run = load_run(run_path(settings.runs_dir, name))
+    except (ValueError, FileNotFoundError) as error:
+        raise HTTPException(404, str(error)) from None
+    drawn = [svg.render(chart) for chart in charts(run)]
+    return {"run": run, "charts": drawn, "last": run.steps[-1] if run.steps else {}}
+
+
+@router.get("/runs/{name}")
+async def run_page(request: Request, name: str) -> HTMLResponse:
+    require_viewer(request)
+    return _html("run.html", poll_s=10, **_run_context(request, name))
+
+
+@router.get("/runs/{name}/charts")
+async def run_charts(request: Request, name: str) -> HTMLResponse:
+    """The run page's charts alone, for live updates."""
+    require_viewer(request)
+    return _html("charts.html", **_run_context(request, name))
+
+
+# -- Prometheus ---------------------------------------------------------------------------------
+
+metrics_router = APIRouter(include_in_schema=False)
+
+
+@metrics_router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus text; needs the admin key (Prometheus: `authorization: {credentials: KEY}`)."""
+    request.app.state.auth.admin(request)
+    body = await request.app.state.metrics.scrape(request.app.state.store)
+    return Response(body, media_type=CONTENT_TYPE)

@@ -1,0 +1,399 @@
+"""One rollout's page, as data: its calls in order, their logprobs, and the merge or split decision
+at each boundary, taken from `reins.samples` exactly as the trainer takes it.
+
+Pure: events in, a view out. The dashboard renders it; tests read it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from reins.samples import Decode, dedup_calls, merge_calls, rollout_from_events
+from reins.schemas import MODEL_REQUEST, REWARD, Event, ModelRequest
+
+AGENT_LOG = "agent_log"
+MAX_TOKENS_SHOWN = 2000
+"""Response tokens drawn with their logprobs; the rest are counted, not drawn."""
+MAX_TEXT = 20_000
+"""Characters of one message or response shown; the raw event has all of it."""
+LOW_P = 0.1
+"""A token sampled with a probability below this is marked low."""
+
+TokenTexts = Callable[[Sequence[int]], list[str]]
+"""Token IDs to the text of each token (a tokenizer); used when the response carries none."""
+
+BoundaryKind = Literal["first", "merge", "split", "retry", "skipped", "unknown"]
+
+
+@dataclass(frozen=True)
+class Token:
+    text: str
+    token_id: int
+    logprob: float | None
+    is_id: bool = False
+    """No text is known for the token: `text` is its ID."""
+
+    @property
+    def p(self) -> float | None:
+        return None if self.logprob is None else math.exp(self.logprob)
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    text: str
+    truncated: int = 0
+    """Characters not shown."""
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """What the Sample Adapter did with this call, relative to the call before it."""
+
+    kind: BoundaryKind
+    text: str
+    """One sentence for a person: `merged into sequence 1`, `split (branch): ...`."""
+    reason: str | None = None
+    """The split reason (`retokenized`, `template`, `transformed`, `branch`, `unknown`)."""
+    sequence: int | None = None
+    """1-based training sequence the call belongs to; None when it is not trained on."""
+
+
+@dataclass
+class CallView:
+    index: int
+    """1-based position among the attempt's calls."""
+    seq: int
+    record: ModelRequest
+    prompt_tokens: int
+    response_tokens: int
+    messages: list[Message]
+    """The prompt: only what is new since the previous call, for chat calls that continue it."""
+    earlier_messages: int
+    """Leading messages of the prompt not shown (the same as in the previous call)."""
+    response: list[Message]
+    tokens: list[Token]
+    hidden_tokens: int
+    """Response tokens not drawn (past `MAX_TOKENS_SHOWN`)."""
+    boundary: Boundary
+    min_logprob: float | None = None
+    mean_logprob: float | None = None
+    low_tokens: int = 0
+    """Tokens sampled with p < LOW_P."""
+
+
+@dataclass
+class Item:
+    """One entry of the attempt's timeline, in event order."""
+
+    seq: int
+    type: str
+    call: CallView | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    pretty: str = ""
+    """Pretty JSON of a custom event's data (truncated)."""
+
+
+@dataclass
+class AttemptView:
+    attempt_id: int
+    items: list[Item]
+    calls: list[CallView]
+    rewards: list[dict[str, Any]]
+    logs: list[dict[str, Any]]
+    """`agent_log` events: {outcome, exit_code, path, tail}."""
+    sequences: int | None
+    """Training sequences the calls make; None when samples could not be built."""
+    split_counts: dict[str, int]
+    samples_error: str | None = None
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        pieces = []
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                pieces.append(part["text"])
+            elif isinstance(part, dict):
+                pieces.append(f"[{part.get('type', 'part')}]")
+            else:
+                pieces.append(str(part))
+        return "".join(pieces)
+    return json.dumps(content, ensure_ascii=False)
+
+
+def _message(role: str, text: str) -> Message:
+    if len(text) > MAX_TEXT:
+        return Message(role, text[:MAX_TEXT], len(text) - MAX_TEXT)
+    return Message(role, text)
+
+
+def _chat_message(raw: Any) -> Message:
+    if not isinstance(raw, dict):
+        return _message("?", _text(raw))
+    text = _text(raw.get("content"))
+    reasoning = raw.get("reasoning_content") or raw.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        text = f"[reasoning]\n{reasoning}\n[/reasoning]\n{text}"
+    if raw.get("tool_calls"):
+        text += (
+            ("\n" if text else "")
+            + "tool_calls: "
+            + json.dumps(raw["tool_calls"], ensure_ascii=False, indent=1)
+        )
+    role = str(raw.get("role", "?"))
+    if raw.get("name"):
+        role += f" ({raw['name']})"
+    if raw.get("tool_call_id"):
+        role += f" [{raw['tool_call_id']}]"
+    return _message(role, text)
+
+
+def _choice(record: ModelRequest) -> dict[str, Any]:
+    choices = record.response.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return {}
+    index = getattr(record, "choice_index", 0) or 0
+    for choice in choices:
+        if isinstance(choice, dict) and choice.get("index", 0) == index:
+            return choice
+    first = choices[0]
+    return first if isinstance(first, dict) else {}
+
+
+def _response(record: ModelRequest) -> list[Message]:
+    if record.status != 200 or record.error:
+        text = record.error or f"status {record.status}"
+        return [_message(f"error ({record.status})", text)]
+    choice = _choice(record)
+    if isinstance(choice.get("message"), dict):
+        return [_chat_message(choice["message"])]
+    if "text" in choice:
+        return [_message("completion", _text(choice.get("text")))]
+    return [_message("response", json.dumps(record.response, ensure_ascii=False)[:MAX_TEXT])]
+
+
+def _response_token_texts(record: ModelRequest) -> list[str] | None:
+    """Token texts the engine gave the harness (when it asked for logprobs), if they line up."""
+    logprobs = _choice(record).get("logprobs")
+    texts: list[Any] | None = None
+    if isinstance(logprobs, dict):
+        if isinstance(logprobs.get("content"), list):
+            texts = [e.get("token") if isinstance(e, dict) else None for e in logprobs["content"]]
+        elif isinstance(logprobs.get("tokens"), list):
+            texts = logprobs["tokens"]
+    if texts is None or len(texts) != len(record.response_token_ids):
+        return None
+    if not all(isinstance(t, str) for t in texts):
+        return None
+    return [str(t) for t in texts]
+
+
+def _tokens(record: ModelRequest, token_texts: TokenTexts | None) -> list[Token]:
+    ids = record.response_token_ids[:MAX_TOKENS_SHOWN]
+    texts = _response_token_texts(record)
+    if texts is None and token_texts is not None and ids:
+        try:
+            texts = token_texts(ids)
+        except Exception:  # a tokenizer that fails on some id must not break the page
+            texts = None
+    is_id = not texts
+    texts = texts[: len(ids)] if texts else [str(i) for i in ids]
+    logprobs = record.response_logprobs
+    if logprobs is not None and len(logprobs) != len(record.response_token_ids):
+        logprobs = None
+    return [
+        Token(text, token_id, None if logprobs is None else float(logprobs[i]), is_id)
+        for i, (text, token_id) in enumerate(zip(texts, ids, strict=False))
+    ]
+
+
+def _prompt(record: ModelRequest, previous: ModelRequest | None) -> tuple[list[Message], int]:
+    """The prompt's messages that are new since `previous` (and how many were left out)."""
+    request = record.request
+    messages = request.get("messages")
+    if isinstance(messages, list):
+        shared = 0
+        if previous is not None and isinstance(previous.request.get("messages"), list):
+            before = previous.request["messages"]
+            while shared < min(len(before), len(messages)) and before[shared] == messages[shared]:
+                shared += 1
+            if shared == len(before) and shared < len(messages):
+                # The previous response, sent back as the next turn, is not news either.
+                answer = _choice(previous).get("message")
+                turn = messages[shared]
+                if (
+                    isinstance(answer, dict)
+                    and isinstance(turn, dict)
+                    and turn.get("role") == "assistant"
+                    and _text(turn.get("content")) == _text(answer.get("content"))
+                ):
+                    shared += 1
+            if shared < len(before):
+                shared = 0  # the history changed: show all of it
+        return [_chat_message(m) for m in messages[shared:]], shared
+    prompt = request.get("prompt")
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return [_message("prompt", f"[{len(prompt)} token IDs]")], 0
+    text = _text(prompt)
+    if len(text) > MAX_TEXT:
+        return [Message("prompt (tail)", text[-MAX_TEXT:], len(text) - MAX_TEXT)], 0
+    return [_message("prompt", text)], 0
+
+
+def decisions(
+    rollout_id: str, events: list[Event], attempt_id: int, decode: Decode | None
+) -> tuple[dict[int, Boundary], int | None, dict[str, int], str | None]:
+    """What the Sample Adapter does with each call of one attempt, keyed by event seq (failed and
+    token-less calls are absent), the sequence count, the split counts by reason, and an error
+    when samples cannot be built (then only the error)."""
+    try:
+        record = rollout_from_events(
+            events, rollout_id=rollout_id, attempt_id=attempt_id, missing_reward=0.0
+        )
+    except ValueError as error:
+        return {}, None, {}, str(error)
+    kept = dedup_calls(record.calls)
+    sequences, splits = merge_calls(kept, rollout_id=rollout_id, decode=decode)
+    sequence_of = {seq: i + 1 for i, s in enumerate(sequences) for seq in s.call_seqs}
+    split_at = {split.after_seq: split for split in splits}
+    index_of = {call.seq: i + 1 for i, call in enumerate(record.calls)}
+    out: dict[int, Boundary] = {}
+    kept_seqs = {call.seq for call in kept}
+    for call in record.calls:
+        if call.seq in kept_seqs:
+            continue
+        retry = next(
+            (c for c in kept if c.seq > call.seq and np.array_equal(c.prompt, call.prompt)),
+            None,
+        )
+        later = f"call {index_of[retry.seq]}" if retry is not None else "a later call"
+        out[call.seq] = Boundary(
+            "retry", f"dropped as a retry: {later} has the same prompt and is kept"
+        )
+    counts: dict[str, int] = {}
+    for position, call in enumerate(kept):
+        number = sequence_of[call.seq]
+        if position == 0:
+            out[call.seq] = Boundary("first", f"opens sequence {number}", sequence=number)
+        elif call.seq in split_at:
+            split = split_at[call.seq]
+            counts[split.reason] = counts.get(split.reason, 0) + 1
+            before = index_of[split.before_seq]
+            out[call.seq] = Boundary(
+                "split",
+                f"split ({split.reason}): the prompt shares {split.shared_tokens} leading tokens "
+                f"with call {before}'s prompt + response; opens sequence {number}",
+                reason=split.reason,
+                sequence=number,
+            )
+        else:
+            out[call.seq] = Boundary(
+                "merge",
+                f"merged into sequence {number}: the prompt extends the previous call's "
+                "prompt + response token for token",
+                sequence=number,
+            )
+    return out, len(sequences), counts, None
+
+
+def _stats(tokens: list[Token], record: ModelRequest) -> tuple[float | None, float | None, int]:
+    logprobs = record.response_logprobs
+    if not logprobs or len(logprobs) != len(record.response_token_ids):
+        return None, None, 0
+    low = sum(1 for lp in logprobs if math.exp(lp) < LOW_P)
+    return min(logprobs), sum(logprobs) / len(logprobs), low
+
+
+def _pretty(data: dict[str, Any], limit: int = 5000) -> str:
+    text = json.dumps(data, ensure_ascii=False, indent=1, default=str)
+    return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit} more)"
+
+
+def attempt_view(
+    rollout_id: str,
+    attempt_id: int,
+    events: Sequence[Event],
+    *,
+    decode: Decode | None = None,
+    token_texts: TokenTexts | None = None,
+) -> AttemptView:
+    """The view of one attempt from its events (events of other attempts are ignored)."""
+    mine = sorted((e for e in events if e.attempt_id == attempt_id), key=lambda e: e.seq)
+    boundaries, sequences, counts, error = decisions(rollout_id, mine, attempt_id, decode)
+    items: list[Item] = []
+    calls: list[CallView] = []
+    rewards: list[dict[str, Any]] = []
+    logs: list[dict[str, Any]] = []
+    previous: ModelRequest | None = None
+    for event in mine:
+        if event.type == MODEL_REQUEST:
+            try:
+                record = ModelRequest.model_validate(event.data)
+            except ValueError as invalid:
+                items.append(Item(event.seq, "invalid", data=event.data, pretty=str(invalid)))
+                continue
+            boundary = boundaries.get(event.seq)
+            if boundary is None:
+                why = (
+                    f"failed call (status {record.status})"
+                    if record.status != 200
+                    else "no token IDs recorded"
+                    if not (record.prompt_token_ids and record.response_token_ids)
+                    else "samples could not be built"
+                )
+                boundary = Boundary("skipped", f"not trained on: {why}")
+            messages, earlier = _prompt(record, previous)
+            tokens = _tokens(record, token_texts)
+            low_min, mean, low = _stats(tokens, record)
+            call = CallView(
+                index=len(calls) + 1,
+                seq=event.seq,
+                record=record,
+                prompt_tokens=len(record.prompt_token_ids),
+                response_tokens=len(record.response_token_ids),
+                messages=messages,
+                earlier_messages=earlier,
+                response=_response(record),
+                tokens=tokens,
+                hidden_tokens=max(0, len(record.response_token_ids) - len(tokens)),
+                boundary=boundary,
+                min_logprob=low_min,
+                mean_logprob=mean,
+                low_tokens=low,
+            )
+            calls.append(call)
+            items.append(Item(event.seq, event.type, call=call))
+            previous = record
+        elif event.type == REWARD:
+            rewards.append({"seq": event.seq, **event.data})
+            items.append(Item(event.seq, event.type, data=event.data))
+        elif event.type == AGENT_LOG:
+            logs.append({"seq": event.seq, **event.data})
+            items.append(Item(event.seq, event.type, data=event.data))
+        else:
+            items.append(Item(event.seq, event.type, data=event.data, pretty=_pretty(event.data)))
+    return AttemptView(
+        attempt_id=attempt_id,
+        items=items,
+        calls=calls,
+        rewards=rewards,
+        logs=logs,
+        sequences=sequences,
+        split_counts=counts,
+        samples_error=error,
+        prompt_tokens=sum(c.prompt_tokens for c in calls),
+        response_tokens=sum(c.response_tokens for c in calls),
+    )

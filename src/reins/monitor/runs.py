@@ -1,0 +1,164 @@
+"""Training runs on disk, as the trainer writes them.
+
+`<runs_dir>/<run>/metrics.jsonl` holds one JSON object per training step (appended as training
+goes; flat keys such as `reward/mean`, absent when not measured that step) and `config.yaml` the
+run's configuration. Reading is tolerant: a line that is not a JSON object (the one being
+written, say) is counted and skipped, nested objects are flattened (`samples/split_reasons`
+becomes `samples/split_reasons/branch`, ...), values that are not numbers are ignored by the
+charts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory, read."""
+
+    name: str
+    path: Path
+    steps: list[dict[str, Any]]
+    """One flattened object per line of metrics.jsonl, in file order."""
+    skipped_lines: int
+    """Lines that were not JSON objects."""
+    config_text: str | None
+    """config.yaml as written, or None when absent."""
+
+    def series(self, key: str) -> list[tuple[float, float]]:
+        """(step, value) of every step where `key` is a finite number."""
+        points = []
+        for index, row in enumerate(self.steps):
+            value = number(row.get(key))
+            if value is not None:
+                points.append((step_of(row, index), value))
+        return points
+
+    def keys(self) -> list[str]:
+        """Every numeric key of any step, in first-seen order (`step` and `time` excluded)."""
+        seen: dict[str, None] = {}
+        for row in self.steps:
+            for key, value in row.items():
+                if key not in ("step", "time") and number(value) is not None:
+                    seen.setdefault(key, None)
+        return list(seen)
+
+    def last(self, key: str) -> float | None:
+        points = self.series(key)
+        return points[-1][1] if points else None
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run as the runs list shows it."""
+
+    name: str
+    path: Path
+    modified: float
+    """Unix time metrics.jsonl (or the folder) last changed."""
+    steps: int
+    last: dict[str, Any]
+    """The last step's flattened metrics."""
+
+
+def number(value: Any) -> float | None:
+    """`value` as a finite float; None for anything else (booleans included)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    as_float = float(value)
+    return as_float if math.isfinite(as_float) else None
+
+
+def step_of(row: dict[str, Any], index: int) -> float:
+    """The row's `step`, or its position when it has none."""
+    step = number(row.get("step"))
+    return step if step is not None else float(index)
+
+
+def flatten(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested objects become `parent/child` keys."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "/"))
+        else:
+            out[name] = value
+    return out
+
+
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The flattened steps of a metrics.jsonl and the number of lines skipped."""
+    steps: list[dict[str, Any]] = []
+    skipped = 0
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                skipped += 1
+                continue
+            if isinstance(row, dict):
+                steps.append(flatten(row))
+            else:
+                skipped += 1
+    return steps, skipped
+
+
+def load_run(path: Path, name: str | None = None) -> Run:
+    """Read one run directory; raises FileNotFoundError when it has no metrics.jsonl."""
+    metrics = path / METRICS_FILE
+    if not metrics.is_file():
+        raise FileNotFoundError(
+            f"{path} has no {METRICS_FILE}: is it a run directory written by the trainer "
+            "(`<runs_dir>/<run>/`)?"
+        )
+    steps, skipped = read_metrics(metrics)
+    config = path / CONFIG_FILE
+    config_text = config.read_text(errors="replace") if config.is_file() else None
+    return Run(
+        name=name or path.name,
+        path=path,
+        steps=steps,
+        skipped_lines=skipped,
+        config_text=config_text,
+    )
+
+
+def list_runs(runs_dir: Path) -> list[RunInfo]:
+    """Runs under `runs_dir` (folders holding a metrics.jsonl), the latest changed first."""
+    if not runs_dir.is_dir():
+        return []
+    infos = []
+    for folder in runs_dir.iterdir():
+        metrics = folder / METRICS_FILE
+        if not metrics.is_file():
+            continue
+        steps, _ = read_metrics(metrics)
+        infos.append(
+            RunInfo(
+                name=folder.name,
+                path=folder,
+                modified=metrics.stat().st_mtime,
+                steps=len(steps),
+                last=steps[-1] if steps else {},
+            )
+        )
+    return sorted(infos, key=lambda info: info.modified, reverse=True)
+
+
+def run_path(runs_dir: Path, name: str) -> Path:
+    """The folder of run `name`; refuses names that would leave `runs_dir`."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
+        raise ValueError(f"{name!r} is not a run name (a folder name under the runs directory)")
+    return runs_dir / name

@@ -1,0 +1,200 @@
+"""Charts as inline SVG, drawn on the server: no chart library, no JavaScript, no network.
+
+Each chart is a plain SVG string with axes, ticks, a legend and a `<title>` on every marker (the
+browser shows it on hover). Lines are polylines; a stacked panel draws filled areas.
+"""
+
+from __future__ import annotations
+
+import math
+from html import escape
+
+from reins.monitor.panels import Chart, Points, stacked
+
+COLORS = (
+    "#2563eb",
+    "#dc2626",
+    "#16a34a",
+    "#d97706",
+    "#7c3aed",
+    "#0891b2",
+    "#db2777",
+    "#65a30d",
+    "#475569",
+    "#ea580c",
+)
+WIDTH, HEIGHT = 480, 250
+LEFT, RIGHT, BOTTOM = 56, 12, 30
+LEGEND_ROW = 15
+MAX_MARKERS = 300
+"""Series with more points than this get no per-point markers (and hover titles)."""
+
+
+def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """Round tick values covering [low, high]."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return [0.0]
+    if high - low < 1e-12:
+        pad = abs(high) * 0.1 or 1.0
+        low, high = low - pad, high + pad
+    raw = (high - low) / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    start = math.floor(low / step) * step
+    ticks = []
+    value = start
+    while value <= high + step * 0.5:
+        ticks.append(round(value, 12))
+        value += step
+    return ticks
+
+
+def fmt(value: float) -> str:
+    """A short label: 0.25, 1.5k, 2e-05."""
+    if value == 0:
+        return "0"
+    size = abs(value)
+    if size >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    if size >= 1e4:
+        return f"{value / 1e3:.3g}k"
+    if size < 1e-3:
+        return f"{value:.1e}"
+    return f"{value:.4g}"
+
+
+class _Frame:
+    def __init__(self, xs: list[float], ys: list[float], top: float) -> None:
+        self.top = top
+        x_low, x_high = (min(xs), max(xs)) if xs else (0.0, 1.0)
+        if x_high == x_low:
+            x_low, x_high = x_low - 1, x_high + 1
+        y_low, y_high = (min(ys), max(ys)) if ys else (0.0, 1.0)
+        self.y_ticks = nice_ticks(y_low, y_high)
+        self.x_ticks = [t for t in nice_ticks(x_low, x_high, 6) if x_low <= t <= x_high]
+        self.x_low, self.x_high = x_low, x_high
+        self.y_low, self.y_high = self.y_ticks[0], self.y_ticks[-1]
+        if self.y_high == self.y_low:
+            self.y_high = self.y_low + 1
+
+    def x(self, value: float) -> float:
+        span = WIDTH - LEFT - RIGHT
+        return LEFT + (value - self.x_low) / (self.x_high - self.x_low) * span
+
+    def y(self, value: float) -> float:
+        span = HEIGHT - self.top - BOTTOM
+        return HEIGHT - BOTTOM - (value - self.y_low) / (self.y_high - self.y_low) * span
+
+    def path(self, points: Points) -> str:
+        return " ".join(f"{self.x(x):.1f},{self.y(y):.1f}" for x, y in points)
+
+
+def render(chart: Chart) -> str:
+    """The chart as an `<svg>` element."""
+    panel = chart.panel
+    xs = [x for s in chart.series for x, _ in s.points]
+    ys = [y for s in chart.series for _, y in s.points]
+    parts: list[str] = []
+    tops: list[list[float]] = []
+    stack_xs: list[float] = []
+    if panel.kind == "stacked":
+        stack_xs, tops = stacked(chart.series)
+        ys = [0.0, *(v for top in tops for v in top)]
+    if chart.band:
+        ys += [y for side in chart.band for _, y in side]
+    if chart.total:
+        xs += [x for x, _ in chart.total.points]
+        ys += [y for _, y in chart.total.points]
+    names = [s.name for s in chart.series] + ([chart.total.key] if chart.total else [])
+    legend, rows = _legend(names, has_total=chart.total is not None)
+    frame = _Frame(xs, ys, top=34 + rows * LEGEND_ROW)
+    unit = f" ({escape(panel.unit)})" if panel.unit else ""
+    parts.append(f'<text x="{LEFT}" y="16" class="chart-title">{escape(panel.title)}{unit}</text>')
+    for tick in frame.y_ticks:
+        y = frame.y(tick)
+        parts.append(
+            f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" class="tick" '
+            f'text-anchor="end">{fmt(tick)}</text>'
+        )
+    for tick in frame.x_ticks:
+        x = frame.x(tick)
+        parts.append(
+            f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 16}" class="tick" '
+            f'text-anchor="middle">{fmt(tick)}</text>'
+        )
+    parts.append(
+        f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{HEIGHT - BOTTOM}" '
+        f'y2="{HEIGHT - BOTTOM}" class="axis"/>'
+        f'<text x="{WIDTH - RIGHT}" y="{HEIGHT - 2}" class="tick" text-anchor="end">step</text>'
+    )
+    if chart.band:
+        low, high = chart.band
+        outline = frame.path(low + high[::-1])
+        parts.append(f'<polygon points="{outline}" fill="{COLORS[0]}" opacity="0.15"/>')
+    if panel.kind == "stacked":
+        below = [0.0] * len(stack_xs)
+        for i, top in enumerate(tops):
+            color = COLORS[i % len(COLORS)]
+            upper = list(zip(stack_xs, top, strict=True))
+            lower = list(zip(stack_xs, below, strict=True))[::-1]
+            parts.append(
+                f'<polygon points="{frame.path(upper + lower)}" fill="{color}" '
+                f'opacity="0.55" stroke="{color}" stroke-width="1"/>'
+            )
+            below = top
+    else:
+        for i, series in enumerate(chart.series):
+            parts.append(_line(frame, series.points, COLORS[i % len(COLORS)], series.name))
+    if chart.total:
+        parts.append(
+            f'<polyline points="{frame.path(chart.total.points)}" fill="none" stroke="#111827" '
+            'stroke-width="1.5" stroke-dasharray="4 3"/>'
+        )
+    parts.append(legend)
+    body = "".join(parts)
+    label = escape(panel.title)
+    return (
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
+        f'role="img" aria-label="{label}" xmlns="http://www.w3.org/2000/svg">{body}</svg>'
+    )
+
+
+def _line(frame: _Frame, points: Points, color: str, key: str) -> str:
+    out = []
+    if len(points) > 1:
+        out.append(
+            f'<polyline points="{frame.path(points)}" fill="none" stroke="{color}" '
+            'stroke-width="1.8"/>'
+        )
+    if len(points) <= MAX_MARKERS:
+        radius = 2.2 if len(points) > 60 else 3
+        for x, y in points:
+            out.append(
+                f'<circle cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="{radius}" '
+                f'fill="{color}"><title>{escape(key)} at step {fmt(x)}: {y:.6g}</title></circle>'
+            )
+    return "".join(out)
+
+
+def _legend(names: list[str], *, has_total: bool) -> tuple[str, int]:
+    """The legend's SVG and its number of rows (entries wrap at the chart's width)."""
+    out = []
+    x = LEFT
+    row = 0
+    for i, name in enumerate(names):
+        width = 26 + 6 * len(name)
+        if x > LEFT and x + width > WIDTH - RIGHT:
+            x, row = LEFT, row + 1
+        y = 31 + row * LEGEND_ROW
+        is_total = has_total and i == len(names) - 1
+        color = "#111827" if is_total else COLORS[i % len(COLORS)]
+        label = escape(name)
+        dash = ' stroke-dasharray="4 3"' if is_total else ""
+        out.append(
+            f'<line x1="{x}" x2="{x + 14}" y1="{y}" y2="{y}" stroke="{color}" stroke-width="3"'
+            f"{dash}/>"
+            f'<text x="{x + 18}" y="{y + 4}" class="legend">{label}</text>'
+        )
+        x += width
+    return "".join(out), row + 1

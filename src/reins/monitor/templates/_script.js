@@ -1,0 +1,29 @@
+// Live updates by polling: an element with data-poll-url gets its content replaced every
+// data-poll-s seconds while the page's "live" box is ticked; data-version-url reloads the page
+// when the version it answers changes (a rollout that is still running).
+(function () {
+  const live = document.getElementById("live");
+  const isLive = () => !live || live.checked;
+  async function fetchText(url) {
+    const response = await fetch(url, { credentials: "same-origin" });
+    if (response.redirected || response.status === 401) { window.location.reload(); return null; }
+    return response.ok ? response.text() : null;
+  }
+  document.querySelectorAll("[data-poll-url]").forEach((el) => {
+    const every = 1000 * Number(el.dataset.pollS || 5);
+    setInterval(async () => {
+      if (!isLive() || document.hidden) return;
+      const html = await fetchText(el.dataset.pollUrl);
+      if (html !== null) el.innerHTML = html;
+    }, every);
+  });
+  document.querySelectorAll("[data-version-url]").forEach((el) => {
+    const every = 1000 * Number(el.dataset.pollS || 5);
+    setInterval(async () => {
+      if (!isLive() || document.hidden) return;
+      const text = await fetchText(el.dataset.versionUrl);
+      if (text === null) return;
+      if (JSON.parse(text).version !== el.dataset.version) window.location.reload();
+    }, every);
+  });
+})();

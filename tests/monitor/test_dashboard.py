@@ -1,0 +1,186 @@
+"""The dashboard at /ui on a real gateway over loopback, on SQLite and PostgreSQL: auth, the
+rollouts table (filters, sort, search, pages, live fragment), the rollout page, the run pages."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+
+from reins.monitor.dashboard import COOKIE, PAGE_SIZE
+from tests.conftest import Gateway
+from tests.monitor.factory import coding_rollout, many_rollouts, write_run
+
+
+def ids_in(html: str) -> list[str]:
+    return re.findall(r'href="/ui/rollouts/([^"/?]+)"', html)
+
+
+def test_ui_needs_the_admin_key(gateway: Gateway) -> None:
+    anonymous = gateway.client()
+    response = anonymous.get("/ui", follow_redirects=False)
+    assert response.status_code == 303
+    assert response.headers["location"] == "/ui/login?next=/ui"
+    assert gateway.client("wrong").get("/ui").status_code == 401
+    assert anonymous.get("/ui/rows", follow_redirects=False).status_code == 303
+    assert anonymous.get("/metrics").status_code == 401
+
+
+def test_bearer_admin_key_gets_the_dashboard_html(gateway: Gateway) -> None:
+    response = gateway.http.get("/ui")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    assert "<h1>Rollouts</h1>" in response.text
+
+
+def test_login_sets_a_cookie_that_opens_the_dashboard(gateway: Gateway) -> None:
+    browser = gateway.client()
+    wrong = browser.post("/ui/login", data={"key": "nope", "next": "/ui/runs"})
+    assert wrong.status_code == 401
+    assert "not the gateway" in wrong.text
+    response = browser.post(
+        "/ui/login", data={"key": gateway.api_key, "next": "/ui/runs"}, follow_redirects=False
+    )
+    assert response.status_code == 303
+    assert response.headers["location"] == "/ui/runs"
+    cookie = response.cookies[COOKIE]
+    assert gateway.api_key not in cookie
+    assert "httponly" in response.headers["set-cookie"].lower()
+    assert browser.get("/ui/runs").status_code == 200
+    browser.get("/ui/logout")
+    assert browser.get("/ui", follow_redirects=False).status_code == 303
+
+
+def test_login_redirects_only_inside_the_dashboard(gateway: Gateway) -> None:
+    response = gateway.client().post(
+        "/ui/login",
+        data={"key": gateway.api_key, "next": "https://evil.example/"},
+        follow_redirects=False,
+    )
+    assert response.headers["location"] == "/ui"
+
+
+def test_table_shows_reward_calls_tokens_and_versions(gateway: Gateway) -> None:
+    coding_rollout(gateway, "fix-bug-1")
+    html = gateway.http.get("/ui").text
+    row = html[html.index('href="/ui/rollouts/fix-bug-1"') :].split("</tr>")[0]
+    assert "succeeded" in row
+    assert "reward-pos" in row and ">1<" in row
+    assert ">6 <" in row and "(1 failed)" in row  # six model_request events, one failed
+    assert "v3\u2013v4" in row
+    assert "task-17" in row
+    assert "demo</a> · 4" in row
+
+
+def test_table_filters_by_status_mode_run_group_and_search(gateway: Gateway) -> None:
+    many_rollouts(gateway, 20, run="alpha")
+    many_rollouts(gateway, 3, run="beta")
+    get = lambda query: ids_in(gateway.http.get(f"/ui?{query}").text)  # noqa: E731
+    assert sorted(get("run=beta")) == ["beta-s1-r000", "beta-s1-r001", "beta-s1-r002"]
+    assert sorted(get("run=alpha&status=failed")) == ["alpha-s1-r006", "alpha-s1-r013"]
+    assert sorted(get("run=alpha&mode=val")) == ["alpha-s1-r009", "alpha-s1-r019"]
+    assert sorted(get("group=alpha-g1")) == [f"alpha-s1-r00{i}" for i in range(4, 8)]
+    assert get("q=what%20is%2017%20%2B") == ["alpha-s1-r017"]
+    assert get("q=WHAT%20IS%2017%20%2B") == ["alpha-s1-r017"]
+    assert get("q=100%25") == []  # LIKE wildcards are taken literally
+
+
+def test_table_sorts_by_reward_and_pages(gateway: Gateway) -> None:
+    ids = many_rollouts(gateway, PAGE_SIZE + 5, run="big")
+    first = gateway.http.get("/ui?run=big&sort=reward&dir=asc").text
+    assert "page 1 of 2" in first and f"{PAGE_SIZE + 5} rollouts" in first
+    lowest = ids_in(first)[:5]
+    assert all(int(rid[-3:]) % 3 == 0 for rid in lowest)  # reward 0 first
+    second = ids_in(gateway.http.get("/ui?run=big&sort=reward&dir=asc&page=2").text)
+    assert len(second) == 5
+    assert set(ids_in(first)) | set(second) == set(ids)
+
+
+def test_rows_fragment_picks_up_new_rollouts(gateway: Gateway) -> None:
+    many_rollouts(gateway, 2, run="live")
+    before = ids_in(gateway.http.get("/ui/rows?run=live").text)
+    many_rollouts(gateway, 1, run="live", step=2)
+    after = ids_in(gateway.http.get("/ui/rows?run=live").text)
+    assert len(before) == 2 and len(after) == 3
+    assert "<html" not in gateway.http.get("/ui/rows").text
+
+
+def test_rollout_page_shows_calls_boundaries_logprobs_and_logs(gateway: Gateway) -> None:
+    coding_rollout(gateway, "fix-bug-1")
+    html = gateway.http.get("/ui/rollouts/fix-bug-1").text
+    assert html.count('class="card call"') == 6
+    assert "opens sequence 1" in html
+    assert "merged into sequence 1" in html
+    assert "split (unknown)" in html  # the reply was upper-cased before it went back
+    assert "split (branch)" in html  # the summary prompt starts a fresh conversation
+    assert "dropped as a retry: call 4 has the same prompt" in html
+    assert "not trained on: failed call (status 502)" in html
+    assert '<span class="t0 id"' in html  # a token sampled with p < 0.01 stands out
+    assert "tool_result" in html and "sed -i ..." in html
+    assert "3 passed in 0.12s" in html
+    assert "3 training sequences" in html
+    assert "3 earlier messages, as in call 1, not repeated" in html
+
+
+def test_rollout_page_of_an_unknown_rollout_is_404(gateway: Gateway) -> None:
+    assert gateway.http.get("/ui/rollouts/nope").status_code == 404
+
+
+def test_raw_event_returns_the_stored_event(gateway: Gateway) -> None:
+    coding_rollout(gateway, "fix-bug-1")
+    seq = gateway.http.get("/api/rollouts/fix-bug-1/events").json()[0]["seq"]
+    event = gateway.http.get(f"/ui/rollouts/fix-bug-1/events/{seq}").json()
+    assert event["type"] == "model_request"
+    assert event["data"]["prompt_token_ids"]
+    assert gateway.http.get(f"/ui/rollouts/fix-bug-1/events/{seq + 1000}").status_code == 404
+
+
+def test_rollout_version_changes_when_an_event_arrives(gateway: Gateway) -> None:
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    gateway.http.post("/api/rollouts/r/attempts")
+    before = gateway.http.get("/ui/rollouts/r/version").json()["version"]
+    gateway.http.post("/api/rollouts/r/attempt/1/events", json={"type": "note", "data": {}})
+    assert gateway.http.get("/ui/rollouts/r/version").json()["version"] != before
+
+
+def test_run_pages_draw_the_trainers_curves(gateway: Gateway, runs_dir: Path) -> None:
+    write_run(runs_dir, "demo")
+    listing = gateway.http.get("/ui/runs").text
+    assert 'href="/ui/runs/demo"' in listing
+    html = gateway.http.get("/ui/runs/demo").text
+    for title in (
+        "Reward",
+        "Policy entropy",
+        "One-sample-rollout ratio",
+        "Samples per rollout",
+        "Split reasons",
+        "Step time split",
+        "my_custom/accuracy",  # a key no panel names gets a chart of its own
+    ):
+        assert f'aria-label="{title}' in html, title
+    assert "1 unreadable line skipped" in html
+    assert "group_size: 4" in html
+    assert gateway.http.get("/ui/runs/demo/charts").text.count("<svg") >= 7
+    assert gateway.http.get("/ui/runs/missing").status_code == 404
+    assert gateway.http.get("/ui/runs/%2E%2E").status_code == 404
+
+
+def test_dashboard_works_without_runs_dir(gateway: Gateway, runs_dir: Path) -> None:
+    runs_dir.rmdir()
+    assert "No run yet" in gateway.http.get("/ui/runs").text
+    assert gateway.http.get("/ui").status_code == 200
+
+
+def test_ui_escapes_harness_text(gateway: Gateway) -> None:
+    gateway.http.post(
+        "/api/rollouts", json=[{"rollout_id": "x", "input": {"q": "<script>alert(1)</script>"}}]
+    )
+    html = gateway.http.get("/ui/rollouts/x").text
+    assert "<script>alert(1)" not in html
+    assert "&lt;script&gt;alert(1)" in html
+
+
+def test_metrics_need_the_admin_key(gateway: Gateway) -> None:
+    assert httpx.get(f"{gateway.url}/metrics").status_code == 401
+    assert gateway.http.get("/metrics").status_code == 200

@@ -1,0 +1,108 @@
+"""`reins export` (JSONL from a real gateway) and `reins report` (PNG curves)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reins.client import GatewayClient
+from reins.monitor.export import export_rollouts
+from reins.monitor.report import ReportError, write_report
+from tests.conftest import Gateway
+from tests.monitor.factory import coding_rollout, many_rollouts, write_run
+
+
+async def test_export_writes_one_rollout_per_line_with_calls_rewards_and_logs(
+    gateway: Gateway,
+) -> None:
+    coding_rollout(gateway, "fix-bug-1", run="demo")
+    many_rollouts(gateway, 3, run="other")
+    out = io.StringIO()
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        count = await export_rollouts(client, out, run="demo")
+    assert count == 1
+    (line,) = [json.loads(text) for text in out.getvalue().splitlines()]
+    assert line["rollout_id"] == "fix-bug-1" and line["reward"] == 1.0
+    assert line["input"]["repo"] == "acme/shop"
+    (attempt,) = line["attempts"]
+    calls = attempt["calls"]
+    assert len(calls) == 6
+    assert calls[0]["request"]["messages"][1]["content"].startswith("The pager")
+    assert calls[0]["response"]["choices"][0]["message"]["content"].startswith("Let me look")
+    assert calls[0]["prompt_tokens"] > 0 and "prompt_token_ids" not in calls[0]
+    assert [c["sample"]["decision"] if c["sample"] else None for c in calls] == [
+        "first", "merge", "retry", "split", None, "split",
+    ]  # fmt: skip
+    assert calls[1]["low_p_tokens"] == 13
+    assert attempt["split_reasons"] == {"unknown": 1, "branch": 1}
+    assert attempt["rewards"][0]["reason"] == "3 passed"
+    assert "3 passed in 0.12s" in attempt["logs"][0]["tail"]
+    assert attempt["events"][0]["type"] == "tool_result"
+
+
+async def test_export_can_include_token_ids_and_filter_by_status(gateway: Gateway) -> None:
+    many_rollouts(gateway, 14, run="r")
+    out = io.StringIO()
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        count = await export_rollouts(client, out, states=["failed"], tokens=True)
+    lines = [json.loads(text) for text in out.getvalue().splitlines()]
+    assert count == 2 and {line["status"] for line in lines} == {"failed"}
+    call = lines[0]["attempts"][0]["calls"][0]
+    assert len(call["response_token_ids"]) == len(call["response_logprobs"]) > 0
+
+
+def test_export_command_writes_a_file(gateway: Gateway, tmp_path: Path) -> None:
+    many_rollouts(gateway, 3, run="cli")
+    out = tmp_path / "rollouts.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "reins.cli", "export", "--run", "cli", "-o", str(out),
+         "--gateway", gateway.url, "--api-key", gateway.api_key],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "exported 3 rollouts" in result.stderr
+    assert len(out.read_text().splitlines()) == 3
+
+
+def test_export_command_says_when_the_key_is_wrong(gateway: Gateway, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "reins.cli", "export", "--gateway", gateway.url,
+         "--api-key", "wrong", "-o", str(tmp_path / "x.jsonl")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "401" in result.stderr and "admin key" in result.stderr
+
+
+def test_report_writes_a_png_per_chart_and_an_overview(runs_dir: Path, tmp_path: Path) -> None:
+    image = pytest.importorskip("matplotlib.image")
+    written = write_report(write_run(runs_dir, "demo"), tmp_path / "plots")
+    names = [path.name for path in written]
+    assert names[0] == "overview.png"
+    assert {"reward.png", "step-time-split.png", "split-reasons-count-per-step.png"} <= set(names)
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert image.imread(path).std() > 0.01  # something is drawn
+
+
+def test_report_command_defaults_to_the_run_folder(runs_dir: Path) -> None:
+    folder = write_run(runs_dir, "demo", steps=5)
+    result = subprocess.run(
+        [sys.executable, "-m", "reins.cli", "report", "--run", str(folder)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (folder / "report" / "overview.png").exists()
+
+
+def test_report_says_what_is_wrong(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no metrics"):
+        write_report(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "note": "warming up"}\n')
+    with pytest.raises(ReportError, match="no numeric metrics"):
+        write_report(tmp_path)

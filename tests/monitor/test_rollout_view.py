@@ -1,0 +1,147 @@
+"""The rollout page's data (`reins.monitor.rollout.attempt_view`), from events alone."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from reins.monitor.rollout import attempt_view
+from reins.schemas import Event
+from tests.monitor.factory import chat_call
+from tests.stub_engine import decode
+
+USER = {"role": "user", "content": "hi"}
+
+
+def events(*items: dict[str, Any], attempt: int = 1) -> list[Event]:
+    return [
+        Event(
+            seq=i + 1,
+            rollout_id="r",
+            attempt_id=attempt,
+            type=item["type"],
+            data=item["data"],
+            idempotency_key=f"k{i}",
+            created_at=datetime.now(UTC),
+        )
+        for i, item in enumerate(items)
+    ]
+
+
+def test_a_continued_conversation_merges_and_shows_only_new_messages() -> None:
+    second = [USER, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    view = attempt_view("r", 1, events(chat_call([USER], "hello"), chat_call(second, "ok")))
+    first, then = view.calls
+    assert (first.boundary.kind, then.boundary.kind) == ("first", "merge")
+    assert then.boundary.sequence == 1
+    assert then.earlier_messages == 2  # the user turn and the reply it got
+    assert [m.text for m in then.messages] == ["more"]
+    assert view.sequences == 1 and view.split_counts == {}
+
+
+def test_a_changed_history_is_a_split_with_its_reason_and_is_shown_whole() -> None:
+    changed = [USER, {"role": "assistant", "content": "HELLO"}, {"role": "user", "content": "?"}]
+    fresh = [{"role": "user", "content": "a new task entirely, unrelated to the first"}]
+    view = attempt_view(
+        "r",
+        1,
+        events(chat_call([USER], "hello"), chat_call(changed, "x"), chat_call(fresh, "y")),
+    )
+    _, second, third = view.calls
+    assert (second.boundary.kind, second.boundary.reason) == ("split", "unknown")
+    assert (third.boundary.kind, third.boundary.reason) == ("split", "branch")
+    assert view.split_counts == {"unknown": 1, "branch": 1}
+    assert third.earlier_messages == 0
+
+
+def test_split_reasons_come_from_text_when_a_decoder_is_given() -> None:
+    changed = [USER, {"role": "assistant", "content": "HELLO"}, {"role": "user", "content": "?"}]
+    view = attempt_view(
+        "r",
+        1,
+        events(chat_call([USER], "hello"), chat_call(changed, "x")),
+        decode=lambda ids: decode([int(i) for i in ids]),
+    )
+    assert view.calls[1].boundary.reason == "transformed"
+
+
+def test_retried_and_failed_calls_say_why_they_are_not_trained_on() -> None:
+    view = attempt_view(
+        "r",
+        1,
+        events(
+            chat_call([USER], "a"),
+            chat_call([USER], "b"),
+            chat_call([USER], "", status=500, error="boom"),
+        ),
+    )
+    retried, kept, failed = view.calls
+    assert retried.boundary.kind == "retry" and "call 2" in retried.boundary.text
+    assert kept.boundary.kind == "first"
+    assert failed.boundary.kind == "skipped" and "status 500" in failed.boundary.text
+    assert failed.response[0].text == "boom"
+
+
+def test_low_probability_tokens_are_counted_and_carry_their_logprob() -> None:
+    logprobs = [math.log(0.9), math.log(0.005), math.log(0.5)]
+    view = attempt_view("r", 1, events(chat_call([USER], "abc", logprobs=logprobs)))
+    (call,) = view.calls
+    assert call.low_tokens == 1
+    assert call.min_logprob == min(logprobs)
+    assert [round(t.p or 0, 3) for t in call.tokens] == [0.9, 0.005, 0.5]
+    assert all(t.is_id for t in call.tokens)  # no text known without a tokenizer
+
+
+def test_token_text_comes_from_the_engines_logprobs_when_the_harness_asked() -> None:
+    call = chat_call([USER], "ab")
+    call["data"]["response"]["choices"][0]["logprobs"] = {
+        "content": [{"token": "a", "logprob": -0.1}, {"token": "b", "logprob": -0.2}]
+    }
+    (view,) = attempt_view("r", 1, events(call)).calls
+    assert [t.text for t in view.tokens] == ["a", "b"]
+    assert not any(t.is_id for t in view.tokens)
+
+
+def test_a_tokenizer_names_the_tokens_otherwise() -> None:
+    view = attempt_view(
+        "r", 1, events(chat_call([USER], "ab")), token_texts=lambda ids: [chr(i) for i in ids]
+    )
+    assert [t.text for t in view.calls[0].tokens] == ["a", "b"]
+
+
+def test_rewards_logs_and_custom_events_keep_their_order() -> None:
+    view = attempt_view(
+        "r",
+        1,
+        events(
+            chat_call([USER], "a"),
+            {"type": "tool_result", "data": {"exit": 0}},
+            {"type": "reward", "data": {"value": 1.0, "reason": "ok"}},
+            {"type": "agent_log", "data": {"outcome": "crashed", "exit_code": 137, "tail": "OOM"}},
+        ),
+    )
+    assert [item.type for item in view.items] == [
+        "model_request",
+        "tool_result",
+        "reward",
+        "agent_log",
+    ]
+    assert view.rewards[0]["value"] == 1.0
+    assert view.logs[0]["tail"] == "OOM"
+    assert '"exit": 0' in view.items[1].pretty
+
+
+def test_events_of_other_attempts_are_left_out() -> None:
+    mixed = events(chat_call([USER], "a")) + events(chat_call([USER], "b"), attempt=2)
+    for i, event in enumerate(mixed):
+        event.seq = i + 1
+    assert len(attempt_view("r", 2, mixed).calls) == 1
+
+
+def test_a_call_whose_logprobs_do_not_match_its_tokens_does_not_break_the_page() -> None:
+    broken = chat_call([USER], "abc", logprobs=[-0.1])
+    view = attempt_view("r", 1, events(broken))
+    assert view.samples_error is not None and "logprobs" in view.samples_error
+    assert view.calls[0].tokens[0].logprob is None
+    assert view.calls[0].boundary.kind == "skipped"

@@ -1,0 +1,91 @@
+"""Runs on disk, the chart panels, and their SVG drawing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from reins.monitor.panels import Series, charts, stacked
+from reins.monitor.runs import list_runs, load_run, run_path
+from reins.monitor.svg import nice_ticks, render
+from tests.monitor.factory import write_run
+
+
+def test_metrics_are_flattened_and_a_half_written_line_is_skipped(runs_dir: Path) -> None:
+    run = load_run(write_run(runs_dir, "demo", steps=5))
+    assert len(run.steps) == 5
+    assert run.skipped_lines == 1
+    assert run.steps[0]["samples/split_reasons/template"] == 2
+    assert run.series("reward/mean")[0][0] == 1.0
+    assert run.config_text and "group_size" in run.config_text
+
+
+def test_missing_keys_are_skipped_and_unknown_keys_get_their_own_chart(tmp_path: Path) -> None:
+    rows = [
+        {"step": 1, "reward/mean": 0.1, "weird": "text", "flag": True, "x/new": 3},
+        {"step": 2, "reward/mean": None, "x/new": float("nan")},
+        {"step": 3, "reward/mean": 0.3, "x/new": 5},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n\n[1]\n")
+    run = load_run(tmp_path)
+    assert run.skipped_lines == 1  # a JSON line that is not an object
+    found = {chart.panel.title: chart for chart in charts(run)}
+    assert set(found) == {"Reward", "x/new"}
+    assert found["Reward"].series[0].points == [(1.0, 0.1), (3.0, 0.3)]
+    assert found["x/new"].series[0].points == [(1.0, 3.0), (3.0, 5.0)]
+
+
+def test_split_reasons_become_one_series_per_reason_labelled_by_reason(runs_dir: Path) -> None:
+    run = load_run(write_run(runs_dir, "demo", steps=3))
+    chart = next(c for c in charts(run) if c.panel.title.startswith("Split reasons"))
+    assert [s.name for s in chart.series] == ["retokenized", "template", "branch", "unknown"]
+
+
+def test_reward_chart_carries_a_std_band_and_sparse_validation(runs_dir: Path) -> None:
+    run = load_run(write_run(runs_dir, "demo", steps=20))
+    reward = charts(run)[0]
+    assert reward.band is not None and len(reward.band[0]) == 20
+    val = next(s for s in reward.series if s.key == "val/reward_mean")
+    assert [x for x, _ in val.points] == [10.0, 20.0]
+
+
+def test_stacked_parts_add_up_and_a_missing_part_counts_zero() -> None:
+    xs, tops = stacked([Series("a", [(1, 1.0), (2, 2.0)]), Series("b", [(2, 3.0)])])
+    assert xs == [1, 2]
+    assert tops == [[1.0, 2.0], [1.0, 5.0]]
+
+
+def test_svg_draws_every_chart_with_escaped_labels(runs_dir: Path) -> None:
+    run = load_run(write_run(runs_dir, "demo", steps=12))
+    for chart in charts(run):
+        drawing = render(chart)
+        assert drawing.startswith("<svg") and drawing.endswith("</svg>")
+        assert "<polyline" in drawing or "<polygon" in drawing
+    (tmp := runs_dir / "odd").mkdir()
+    (tmp / "metrics.jsonl").write_text(json.dumps({"step": 1, "<b>": 1}) + "\n")
+    assert "&lt;b&gt;" in render(charts(load_run(tmp))[0])
+
+
+def test_nice_ticks_cover_the_range_with_round_steps() -> None:
+    assert nice_ticks(0.03, 0.97) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert nice_ticks(5.0, 5.0)[0] < 5.0 < nice_ticks(5.0, 5.0)[-1]
+
+
+def test_runs_are_listed_latest_first_and_names_cannot_escape(runs_dir: Path) -> None:
+    write_run(runs_dir, "old", steps=2)
+    write_run(runs_dir, "new", steps=3)
+    (runs_dir / "not-a-run").mkdir()
+    old = runs_dir / "old" / "metrics.jsonl"
+    os.utime(old, (1, 1))
+    infos = list_runs(runs_dir)
+    assert [i.name for i in infos] == ["new", "old"]
+    assert infos[0].steps == 3
+    assert list_runs(runs_dir / "missing") == []
+    for bad in ("..", "a/b", ""):
+        with pytest.raises(ValueError):
+            run_path(runs_dir, bad)
+    with pytest.raises(FileNotFoundError, match=r"no metrics\.jsonl"):
+        load_run(runs_dir / "not-a-run")
