@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 VLLM_VENV ?= .venv-vllm
 export REINS_VLLM_VENV := $(abspath $(VLLM_VENV))
 
-.PHONY: setup system-packages vllm-setup demo test test-fast test-vllm lint format bench
+.PHONY: setup system-packages vllm-setup kube-binaries demo test test-fast test-vllm lint format bench screenshots
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,8 +35,13 @@ demo: setup
 
 # Every tier: fast tests plus the real-component ones (PostgreSQL server, crash, schema fuzzing,
 # a real vLLM server).
-test: setup vllm-setup
+test: setup vllm-setup kube-binaries
 	$(PY) -m pytest -m "" -q
+
+# kube-apiserver + kube-controller-manager for the controller's real-apiserver tests, in
+# .cache/k8s/bin: from ../shared/k8s/*.xz when present, else built from Debian's source package.
+kube-binaries:
+	bash scripts/kube-binaries.sh
 
 # The real-vLLM tier alone.
 test-vllm: setup vllm-setup
@@ -54,6 +59,10 @@ lint: setup
 format: setup
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 	$(VENV)/bin/ruff format src tests benchmarks
+
+# The dashboard's screenshots in docs/screenshots, from a real headless Chromium (Debian's).
+screenshots: setup
+	REINS_SCREENSHOT_DIR=docs/screenshots $(PY) -m pytest -m slow -q tests/monitor/test_browser.py
 
 bench: setup
 	$(PY) benchmarks/gateway.py

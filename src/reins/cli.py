@@ -80,9 +80,7 @@ def engine(
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from error
     device_name = next(loaded.model.parameters()).device
-    console.print(
-        f"serving [bold]{loaded.name}[/bold] on {device_name} at http://{host}:{port}/v1"
-    )
+    console.print(f"serving [bold]{loaded.name}[/bold] on {device_name} at http://{host}:{port}/v1")
     try:
         uvicorn.run(create_engine_app(loaded), host=host, port=port, log_level="warning")
     finally:
@@ -131,39 +129,229 @@ def gateway(
 
 
 @app.command()
-def demo(
-    port: Annotated[int, typer.Option(help="Gateway port.")] = 8080,
-    workdir: Annotated[Path, typer.Option(help="Where the demo keeps its files.")] = Path(
-        ".reins/demo"
+def controller(
+    runner: Annotated[str, typer.Option(help="`local` (process pool) or `kubernetes` (Jobs).")],
+    gateway: Annotated[
+        str, typer.Option(envvar="REINS_GATEWAY_URL", help="Gateway URL [env: REINS_GATEWAY_URL]")
+    ],
+    api_key: Annotated[
+        str, typer.Option(envvar="REINS_API_KEY", help="Admin key [env: REINS_API_KEY]")
+    ],
+    agent: Annotated[
+        str | None,
+        typer.Option(help="`module:function` or a command line (a rollout's config.agent wins)."),
+    ] = None,
+    max_parallel: Annotated[int, typer.Option(help="Agents running at once.")] = 8,
+    max_attempts: Annotated[int, typer.Option(help="Attempts before a rollout fails.")] = 3,
+    timeout: Annotated[
+        float | None, typer.Option(help="Seconds per attempt (a rollout's config wins).")
+    ] = None,
+    log_dir: Annotated[Path, typer.Option(help="Agent logs, one folder per attempt.")] = Path(
+        ".reins/agents"
     ),
+    poll_interval: Annotated[float, typer.Option(help="Seconds between gateway reads.")] = 0.25,
+    agent_gateway: Annotated[
+        str | None, typer.Option(help="The gateway URL as agents reach it, if it differs.")
+    ] = None,
+    namespace: Annotated[str, typer.Option(help="kubernetes: the Jobs' namespace.")] = "default",
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="kubernetes: kubeconfig (default: in-cluster, ~/.kube)")
+    ] = None,
+    job_template: Annotated[
+        Path | None, typer.Option(help="kubernetes: Job template YAML (docs/controller.md).")
+    ] = None,
+    network_policy_template: Annotated[
+        Path | None, typer.Option(help="kubernetes: NetworkPolicy template YAML.")
+    ] = None,
+    network_policy: Annotated[
+        bool, typer.Option(help="kubernetes: a NetworkPolicy lets agents reach only the gateway.")
+    ] = True,
+    set_values: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="kubernetes: a template value, KEY=VALUE (VALUE is YAML)."),
+    ] = None,
+    controller_name: Annotated[
+        str, typer.Option(help="kubernetes: labels this controller's Jobs.")
+    ] = "reins",
 ) -> None:
-    """The main job on the embedded defaults.
+    """Run the Rollout Controller: launch an agent for each queued rollout, report how it ended."""
+    from reins.controller.command import ControllerOptions, main, parse_values
 
-    Today it starts the gateway (with its LLM proxy) on SQLite and shows how to drive it: the
-    embedded engine and the trainer are not built yet, and this command says so instead of
-    pretending.
-    """
-    import uvicorn
+    if runner not in ("local", "kubernetes"):
+        console.print(f"[red]error:[/red] --runner is `local` or `kubernetes`, not {runner!r}")
+        raise typer.Exit(2)
+    try:
+        options = ControllerOptions(
+            runner="local" if runner == "local" else "kubernetes",
+            gateway=gateway,
+            api_key=api_key,
+            agent=agent,
+            max_parallel=max_parallel,
+            max_attempts=max_attempts,
+            timeout_s=timeout,
+            log_dir=log_dir,
+            poll_interval_s=poll_interval,
+            agent_gateway=agent_gateway,
+            namespace=namespace,
+            kubeconfig=kubeconfig,
+            job_template=job_template,
+            network_policy_template=network_policy_template,
+            network_policy=network_policy,
+            values=parse_values(set_values or []),
+            controller_name=controller_name,
+        )
+        main(options)
+    except ValueError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from error
 
-    from reins.gateway import GatewaySettings, create_app
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    settings = GatewaySettings(database_url=str(workdir / "gateway.db"), api_key="reins-demo-key")
-    url = f"http://127.0.0.1:{port}"
+@app.command()
+def train(
+    config: Annotated[Path | None, typer.Argument(help="The run's YAML config.")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a field: --set lr=3e-5 --set mode=async"),
+    ] = None,
+    resume: Annotated[bool, typer.Option(help="Go on from the run's latest checkpoint.")] = False,
+    help_config: Annotated[bool, typer.Option(help="List every config field and exit.")] = False,
+) -> None:
+    """Train: declare rollouts, run the harness through the proxy, update, publish; repeat."""
+    from reins.trainer.config import ConfigError, describe_fields, load_config
+
+    if help_config:
+        print(describe_fields())
+        return
+    if config is None:
+        console.print("[red]error:[/red] give the run's config file (see --help-config)")
+        raise typer.Exit(2)
+    try:
+        loaded = load_config(config, set_)
+    except ConfigError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from error
+    _run_training(loaded, resume=resume)
+
+
+def _run_training(config: object, *, resume: bool) -> None:
+    import asyncio
+    import logging
+
+    from reins.trainer.config import TrainConfig
+    from reins.trainer.runtime import ConsoleReporter, train
+
+    assert isinstance(config, TrainConfig)
+    logging.basicConfig(level=logging.WARNING)
     console.print(
-        "[bold yellow]reins demo:[/bold yellow] the embedded engine and the training loop are not "
-        "built yet; this demo serves the gateway and its LLM proxy alone (SQLite at "
-        f"{workdir / 'gateway.db'}).\n"
-        "Try, from another terminal:\n"
-        f"  curl -s -H 'Authorization: Bearer reins-demo-key' -X POST {url}/api/rollouts \\\n"
-        "       -H 'content-type: application/json' "
-        '-d \'[{"rollout_id": "r1", "input": {"q": "2+2"}}]\'\n'
-        f"  curl -s -H 'Authorization: Bearer reins-demo-key' {url}/api/rollouts/r1\n"
-        "  register an OpenAI-compatible engine (e.g. vLLM) with POST /api/models, then point a\n"
-        f"  harness at {url}/proxy/rollout/r1/attempt/1/mode/train/openai/v1\n"
-        f"  open {url}/docs for the whole API.  Ctrl-C stops it."
+        f"run [bold]{config.run_name}[/bold]: {config.steps} steps, {config.mode} mode, "
+        f"{config.tasks_per_step} tasks x {config.group_size} rollouts per step; "
+        f"files in {config.run_dir}"
     )
-    uvicorn.run(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+    try:
+        with ConsoleReporter(console, config.steps, 0) as reporter:
+            asyncio.run(train(config, resume=resume, reporter=reporter))
+    except (FileExistsError, ValueError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from error
+    console.print(
+        f"done: metrics in {config.run_dir / 'metrics.jsonl'}; "
+        f"plots with `reins report --run {config.run_dir}`"
+    )
+
+
+@app.command()
+def demo(
+    example: Annotated[Path, typer.Option(help="The example's config.")] = Path(
+        "examples/recall/config.yaml"
+    ),
+    run_name: Annotated[
+        str | None, typer.Option(help="Name of the run [default: recall-<time>]")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a config field (key=value).")
+    ] = None,
+) -> None:
+    """The main job on the embedded defaults: SQLite gateway, embedded engine, local agents,
+    torch trainer, on the `recall` example (run it from the repository's root)."""
+    import time
+
+    from reins.trainer.config import ConfigError, load_config
+
+    if not example.exists():
+        console.print(
+            f"[red]error:[/red] {example} not found: run `reins demo` from the reins repository's "
+            "root, or pass --example"
+        )
+        raise typer.Exit(2)
+    name = run_name or f"recall-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        loaded = load_config(example, [f"run_name={name}", *(set_ or [])])
+    except ConfigError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from error
+    _run_training(loaded, resume=False)
+
+
+@app.command()
+def export(
+    run: Annotated[
+        str | None, typer.Option(help="Keep rollouts whose metadata.run is this.")
+    ] = None,
+    status: Annotated[
+        list[str] | None, typer.Option(help="Keep these states (repeat for several).")
+    ] = None,
+    mode: Annotated[str | None, typer.Option(help="train or val.")] = None,
+    search: Annotated[str | None, typer.Option(help="Text in the rollout id or input.")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file; - for stdout.")] = Path("-"),
+    tokens: Annotated[bool, typer.Option(help="Include token IDs and logprobs (large).")] = False,
+    gateway_url: Annotated[
+        str, typer.Option("--gateway", envvar="REINS_GATEWAY_URL", help="Gateway URL.")
+    ] = "http://127.0.0.1:8080",
+    api_key: Annotated[
+        str | None, typer.Option(envvar="REINS_API_KEY", help="The gateway's admin key.")
+    ] = None,
+) -> None:
+    """Write rollouts as JSONL, one per line: calls, rewards, events and agent logs."""
+    import sys
+
+    from reins.client import GatewayError
+    from reins.monitor.export import export_to
+
+    if not api_key:
+        console.print("[red]error:[/red] give the gateway's admin key: --api-key or REINS_API_KEY")
+        raise typer.Exit(2)
+    handle = sys.stdout if str(out) == "-" else out.open("w", encoding="utf-8")
+    try:
+        count = export_to(
+            gateway_url, api_key, handle, run=run, states=status or (), mode=mode, search=search,
+            tokens=tokens,
+        )  # fmt: skip
+    except GatewayError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from error
+    finally:
+        if handle is not sys.stdout:
+            handle.close()
+    console.print(f"exported {count} rollouts" + ("" if str(out) == "-" else f" to {out}"))
+
+
+@app.command()
+def report(
+    run: Annotated[Path, typer.Option(help="A run directory (holding metrics.jsonl).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Folder for the PNGs [default: RUN/report]")
+    ] = None,
+) -> None:
+    """Write PNG plots of a run's training curves (matplotlib)."""
+    from reins.monitor.report import ReportError, write_report
+
+    try:
+        written = write_report(run, out)
+    except (ReportError, FileNotFoundError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from error
+    for path in written:
+        print(path)
 
 
 def main() -> None:

@@ -135,7 +135,7 @@ def load_policy(config: TrainConfig) -> tuple[Any, Any, Path]:
 
 
 @contextlib.asynccontextmanager
-async def _gateway(config: TrainConfig, api_key: str) -> AsyncIterator[str]:
+async def _gateway(config: TrainConfig, api_key: str, tokenizer: Path) -> AsyncIterator[str]:
     if config.gateway_url is not None:
         yield config.gateway_url.rstrip("/")
         return
@@ -153,6 +153,7 @@ async def _gateway(config: TrainConfig, api_key: str) -> AsyncIterator[str]:
         runs_dir=config.runs_dir,
         train_sampling=SamplingPolicy(set={"temperature": config.train_temperature, "top_p": 1.0}),
         val_sampling=val_sampling,
+        monitor_tokenizer=str(tokenizer),  # the dashboard shows token text and split reasons
     )
     server = BackgroundServer(create_app(settings)).start()
     try:
@@ -201,7 +202,7 @@ async def train(
     )
     engine = None
     engine_server = None
-    async with _gateway(config, api_key) as gateway_url:
+    async with _gateway(config, api_key, folder) as gateway_url:
         client = GatewayClient(gateway_url, api_key)
         publisher: WeightPublisher
         name = folder.name

@@ -1,0 +1,564 @@
+"""`LocalReconciler`: agents as local processes, at most `max_parallel` at a time.
+
+Each attempt gets a folder `LOG_DIR/<rollout id>/attempt-<n>/`:
+
+- `launch.json`: what was launched, when, with which timeout (written before the spawn);
+- `agent.log`: the agent's stdout and stderr, combined;
+- `pid`: written by a tiny `sh` wrapper as its first act (the wrapper leads the process group);
+- `exit`: the wrapper's last act writes the agent's exit status; the controller writes
+  `timeout`, `stopped` or `signal N` when it killed the group or the wrapper died.
+
+The files are what lets a restarted controller converge: a live wrapper is adopted (polled until
+it exits, its deadline still enforced), an `exit` file is an outcome nobody reported yet, a `pid`
+without a live process and without `exit` is a lost agent. Nothing is launched for an attempt
+that has a `pid` or `exit` file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from reins.controller.loop import (
+    _MODULE_FUNCTION,
+    RUNNING,
+    TAIL_BYTES,
+    AgentLog,
+    Ended,
+    Key,
+    Launch,
+    LaunchError,
+    State,
+    agent_command,
+)
+
+# Runs the agent as its child so that the exit status is written even when no controller is
+# alive to wait for it. `"$@"` is the agent's argv, so nothing of it is parsed by this shell.
+_WRAPPER = 'd=$1; shift\necho $$ > "$d/pid"\n"$@"\nrc=$?\necho $rc > "$d/exit"\nexit $rc\n'
+
+_ATTEMPT_FOLDER = re.compile(r"attempt-\d+")
+_UNSTARTED_GRACE_S = 5.0
+"""A `launch.json` this old without a `pid` means the wrapper never started."""
+
+
+@dataclass
+class _Execution:
+    key: Key
+    folder: Path
+    pid: int
+    deadline: float | None
+    """Wall-clock time past which the agent is killed (time.time()), or None."""
+    timeout_s: float | None
+    incarnation: str | None
+    process: asyncio.subprocess.Process | None = None
+    """None for an agent adopted from a previous controller (not our child)."""
+    monitor: asyncio.Task[None] | None = None
+    ended: Ended | None = None
+
+
+class LocalReconciler:
+    """A local process pool: one process group per attempt, killed whole on timeout or stop."""
+
+    runner = "local"
+
+    def __init__(
+        self,
+        agent: str,
+        max_parallel: int,
+        log_dir: Path,
+        *,
+        workdir: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        python: str = sys.executable,
+        kill_grace_s: float = 2.0,
+        adopt_poll_s: float = 0.2,
+        preload: bool = True,
+    ) -> None:
+        if max_parallel < 1:
+            raise ValueError(f"max_parallel must be at least 1, not {max_parallel}")
+        if not agent.strip():
+            raise ValueError("the agent is empty: give `module:function` or a command line")
+        self.agent = agent
+        """`module:function` or a command line; a rollout's `config.agent` overrides it."""
+        self.max_parallel = max_parallel
+        self.log_dir = Path(log_dir).resolve()
+        self.workdir = Path(workdir or Path.cwd()).resolve()
+        self.env = dict(env or {})
+        """Extra environment for every agent (the contract's variables win over these)."""
+        self.python = python
+        self.kill_grace_s = kill_grace_s
+        self.adopt_poll_s = adopt_poll_s
+        self.preload = preload
+        """`module:function` agents are forked from a zygote that imported their module once
+        (`reins.controller.zygote`), instead of a fresh interpreter per attempt."""
+        self._zygotes: dict[str, _Zygote] = {}
+        self._unloadable: set[str] = set()
+        self._execs: dict[Key, _Execution] = {}
+        self._on_change: Callable[[], None] = lambda: None
+        self._host = socket.gethostname()
+
+    # -- protocol ---------------------------------------------------------------------------
+
+    async def start(self, on_change: Callable[[], None]) -> None:
+        self._on_change = on_change
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Adopt every live agent a previous controller left here, so that the controller can
+        # stop those whose rollout ended meanwhile, and watch the others to their end.
+        for pid_file in self.log_dir.glob("*/attempt-*/pid"):
+            folder = pid_file.parent
+            if not _ATTEMPT_FOLDER.fullmatch(folder.name) or (folder / "exit").exists():
+                continue
+            launched = _read_json(folder / "launch.json")
+            pid = _read_int(pid_file)
+            if launched is None or pid is None or not _alive(pid, folder):
+                continue
+            key = (str(launched["rollout_id"]), int(str(launched["attempt_id"])))
+            if key not in self._execs:
+                self._adopt(key, folder, pid, launched)
+
+    async def close(self) -> None:
+        running = [e for e in self._execs.values() if e.ended is None]
+        await asyncio.gather(*(self._stop(e, "stopped") for e in running))
+        self._execs.clear()
+        for zygote in self._zygotes.values():
+            await zygote.close()
+        self._zygotes.clear()
+
+    def free_slots(self) -> int:
+        return self.max_parallel - sum(1 for e in self._execs.values() if e.ended is None)
+
+    def executions(self) -> Iterable[Key]:
+        return list(self._execs)
+
+    def state(self, key: Key) -> State | None:
+        execution = self._execs.get(key)
+        if execution is None:
+            return None
+        return execution.ended or RUNNING
+
+    def incarnation(self, key: Key) -> str | None:
+        execution = self._execs.get(key)
+        return None if execution is None else execution.incarnation
+
+    async def find(self, key: Key, incarnation: str) -> State | None:
+        known = self.state(key)
+        if known is not None:
+            return known
+        folder = self.folder(key)
+        launched = _read_json(folder / "launch.json")
+        if launched is None or launched.get("incarnation") != incarnation:
+            return None  # nothing, or the files of an older rollout with this id
+        ended = _read_exit(folder)
+        pid = _read_int(folder / "pid")
+        while pid is None and ended is None:
+            started = launched.get("started_at")
+            age = time.time() - (started if isinstance(started, int | float) else 0.0)
+            if age > _UNSTARTED_GRACE_S:
+                return None  # the controller stopped between writing launch.json and spawning
+            await asyncio.sleep(0.1)
+            ended, pid = _read_exit(folder), _read_int(folder / "pid")
+        if ended is None and pid is not None:
+            if _alive(pid, folder):
+                return self._adopt(key, folder, pid, launched).ended or RUNNING
+            ended = _read_exit(folder) or Ended(
+                "lost", None, f"process (pid {pid}) is gone and left no exit status"
+            )
+        assert ended is not None
+        self._execs[key] = _Execution(key, folder, pid or 0, None, None, incarnation, ended=ended)
+        return ended
+
+    async def launch(self, launch: Launch) -> str:
+        key = launch.key
+        folder = self.folder(key)
+        if key in self._execs:
+            return self._where(folder, self._execs[key].pid)
+        if folder.exists():
+            launched = _read_json(folder / "launch.json") or {}
+            if launched.get("incarnation") == launch.incarnation:
+                if await self.find(key, launch.incarnation) is not None:
+                    return self._where(folder)  # launched before: never a second time
+            else:
+                # An older rollout with this id left its files here: keep them, start clean.
+                folder.rename(folder.with_name(f"{folder.name}.replaced-{time.time_ns()}"))
+        agent = launch.agent or self.agent
+        if not agent.strip():
+            raise LaunchError("the rollout's agent is empty")
+        argv = agent_command(agent, self.python)
+        folder.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        _write_json(
+            folder / "launch.json",
+            {
+                "rollout_id": key[0],
+                "attempt_id": key[1],
+                "agent": agent,
+                "argv": argv,
+                "started_at": started,
+                "timeout_s": launch.timeout_s,
+                "incarnation": launch.incarnation,
+            },
+        )
+        env = self._base_env()
+        env.update(launch.env)
+        deadline = started + launch.timeout_s if launch.timeout_s else None
+        pid = await self._fork(agent, folder, env) if self.preload else None
+        if pid is not None:
+            execution = _Execution(
+                key, folder, pid, deadline, launch.timeout_s, launch.incarnation, None
+            )
+            self._execs[key] = execution
+            execution.monitor = asyncio.create_task(self._watch_adopted(execution))
+            return self._where(folder, pid)
+        with (folder / "agent.log").open("ab") as output:
+            process = await asyncio.create_subprocess_exec(
+                "/bin/sh",
+                "-c",
+                _WRAPPER,
+                "reins-agent",
+                str(folder),
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=output,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                cwd=self.workdir,
+                start_new_session=True,  # its own process group, killed whole
+            )
+        execution = _Execution(
+            key, folder, process.pid, deadline, launch.timeout_s, launch.incarnation, process
+        )
+        self._execs[key] = execution
+        execution.monitor = asyncio.create_task(self._watch_child(execution, process))
+        return self._where(folder, process.pid)
+
+    async def agent_log(self, key: Key) -> AgentLog:
+        path = self.folder(key) / "agent.log"
+        return AgentLog(path=str(path), tail=_tail(path))
+
+    async def remove(self, key: Key) -> None:
+        execution = self._execs.pop(key, None)
+        if execution is not None and execution.ended is None:
+            await self._stop(execution, "stopped")
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    async def _fork(self, agent: str, folder: Path, env: Mapping[str, str]) -> int | None:
+        """The pid of the agent forked from its zygote; None when it must run the plain way (a
+        command line, or a module the zygote cannot load: the plain run reports why)."""
+        if not _MODULE_FUNCTION.match(agent) or agent in self._unloadable:
+            return None
+        zygote = self._zygotes.get(agent)
+        if zygote is None:
+            zygote = self._zygotes[agent] = _Zygote(agent, self)
+        try:
+            return await zygote.fork(folder, env)
+        except _CannotLoad:
+            self._unloadable.add(agent)
+            del self._zygotes[agent]
+            return None
+
+    def _base_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "REINS_API_KEY"}  # never the admin key
+        env.update(self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")  # so the log tail is current when it ends
+        return env
+
+    def _where(self, folder: Path, pid: int | None = None) -> str:
+        pid = pid or _read_int(folder / "pid")
+        return f"pid {pid} on {self._host}, log {folder / 'agent.log'}"
+
+    def folder(self, key: Key) -> Path:
+        """Where one attempt's files are (rollout ids are URL-safe, so path-safe too)."""
+        return self.log_dir / key[0] / f"attempt-{key[1]}"
+
+    def _adopt(
+        self, key: Key, folder: Path, pid: int, launched: Mapping[str, object]
+    ) -> _Execution:
+        timeout = launched.get("timeout_s")
+        timeout_s = float(timeout) if isinstance(timeout, int | float) else None
+        started = launched.get("started_at")
+        deadline = (
+            float(started) + timeout_s
+            if timeout_s is not None and isinstance(started, int | float)
+            else None
+        )
+        incarnation = launched.get("incarnation")
+        execution = _Execution(
+            key, folder, pid, deadline, timeout_s, str(incarnation) if incarnation else None
+        )
+        self._execs[key] = execution
+        execution.monitor = asyncio.create_task(self._watch_adopted(execution))
+        return execution
+
+    async def _watch_child(
+        self, execution: _Execution, process: asyncio.subprocess.Process
+    ) -> None:
+        remaining = None if execution.deadline is None else execution.deadline - time.time()
+        try:
+            code = await asyncio.wait_for(process.wait(), remaining)
+        except TimeoutError:
+            await self._kill_group(execution)
+            self._end(execution, _timeout(execution))
+            return
+        _killpg(execution.pid, signal.SIGKILL)  # what the agent left behind in its group
+        ended = _read_exit(execution.folder)
+        if ended is None:
+            # The wrapper itself died (a signal from outside): say so for a later controller.
+            name = _signal_name(-code) if code < 0 else f"status {code}"
+            _write_exit(execution.folder, f"signal {-code}" if code < 0 else str(code))
+            ended = Ended("crashed", None if code < 0 else code, f"was killed ({name})")
+        self._end(execution, ended)
+
+    async def _watch_adopted(self, execution: _Execution) -> None:
+        while _alive(execution.pid, execution.folder):
+            if execution.deadline is not None and time.time() > execution.deadline:
+                await self._kill_group(execution)
+                self._end(execution, _timeout(execution))
+                return
+            await asyncio.sleep(self.adopt_poll_s)
+        _killpg(execution.pid, signal.SIGKILL)
+        ended = _read_exit(execution.folder) or Ended(
+            "lost", None, f"process (pid {execution.pid}) is gone and left no exit status"
+        )
+        self._end(execution, ended)
+
+    def _end(self, execution: _Execution, ended: Ended) -> None:
+        execution.ended = ended
+        self._on_change()
+
+    async def _stop(self, execution: _Execution, why: str) -> None:
+        """Kills a running execution on the controller's behalf (not an outcome of its own)."""
+        monitor = execution.monitor
+        if monitor is not None and monitor is not asyncio.current_task():
+            monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await monitor
+        if execution.ended is None:
+            await self._kill_group(execution)
+            execution.ended = Ended("lost", None, f"was {why} by the controller")
+
+    async def _kill_group(self, execution: _Execution) -> None:
+        """SIGTERM to the whole group, SIGKILL after the grace period; records why in `exit`."""
+        _killpg(execution.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.kill_grace_s
+        process = execution.process
+        while time.monotonic() < deadline:
+            if process is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(process.wait(), deadline - time.monotonic())
+                break
+            if not _alive(execution.pid, execution.folder):
+                break
+            await asyncio.sleep(0.05)
+        _killpg(execution.pid, signal.SIGKILL)
+        if process is not None:
+            await process.wait()
+        # SIGKILL is delivered, not yet acted on: let the group die before saying it is dead.
+        for _ in range(100):
+            if not _group_exists(execution.pid):
+                break
+            await asyncio.sleep(0.01)
+        is_timeout = execution.deadline is not None and time.time() >= execution.deadline
+        _write_exit(execution.folder, "timeout" if is_timeout else "stopped")
+
+
+def _timeout(execution: _Execution) -> Ended:
+    return Ended("timeout", None, f"timed out after {execution.timeout_s:g} s")
+
+
+def _read_exit(folder: Path) -> Ended | None:
+    """The outcome recorded in `exit`, or None while there is none."""
+    try:
+        text = (folder / "exit").read_text().strip()
+    except OSError:
+        return None
+    if not text:
+        return None  # being written
+    if text == "timeout":
+        launched = _read_json(folder / "launch.json") or {}
+        return Ended("timeout", None, f"timed out after {launched.get('timeout_s')} s")
+    if text == "stopped":
+        return Ended("lost", None, "was stopped by the controller")
+    if text.startswith("signal "):
+        return Ended("crashed", None, f"was killed ({_signal_name(int(text.split()[1]))})")
+    code = int(text)
+    if code == 0:
+        return Ended("succeeded", 0, "exited with status 0")
+    return Ended("crashed", code, f"exited with status {code}")
+
+
+def _write_exit(folder: Path, text: str) -> None:
+    tmp = folder / "exit.tmp"
+    tmp.write_text(text + "\n")
+    tmp.replace(folder / "exit")
+
+
+def _alive(pid: int, folder: Path) -> bool:
+    """Whether `pid` is still the wrapper of this attempt (pids are reused, folders are not)."""
+    proc = Path(f"/proc/{pid}")
+    if not Path("/proc/self").exists():  # not Linux: trust the pid
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    try:
+        stat = (proc / "stat").read_text()
+        cmdline = (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[-1].split()
+    if fields[0] == "Z":
+        return False
+    started = _read_text(folder / "pid.start")
+    if started:  # forked by a zygote: same cmdline as its parent; the start time tells it apart
+        return fields[19] == started
+    return str(folder).encode() in cmdline.split(b"\0")
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+class _CannotLoad(Exception):
+    """The zygote cannot import the agent (its log says why)."""
+
+
+class _Zygote:
+    """One `reins.controller.zygote` process per agent: forks a child per attempt."""
+
+    def __init__(self, agent: str, owner: LocalReconciler) -> None:
+        self.agent = agent
+        self.owner = owner
+        self.process: asyncio.subprocess.Process | None = None
+        self.lock = asyncio.Lock()
+
+    async def fork(self, folder: Path, env: Mapping[str, str]) -> int:
+        request = json.dumps(
+            {"folder": str(folder), "env": dict(env), "cwd": str(self.owner.workdir)}
+        )
+        async with self.lock:  # one request, one answer, in order
+            for _ in range(2):  # a zygote that died is started again once
+                process = await self._process()
+                assert process.stdin is not None and process.stdout is not None
+                try:
+                    process.stdin.write(request.encode() + b"\n")
+                    await process.stdin.drain()
+                    line = await process.stdout.readline()
+                except (BrokenPipeError, ConnectionResetError):
+                    line = b""
+                if line:
+                    answer = json.loads(line)
+                    if "pid" not in answer:
+                        raise LaunchError(
+                            f"the agent's zygote could not fork: {answer.get('error')}"
+                        )
+                    return int(answer["pid"])
+                await process.wait()
+                self.process = None
+                if process.returncode == 2:
+                    raise _CannotLoad(self.agent)
+            log = self.owner.log_dir / "zygote.log"
+            raise LaunchError(
+                f"the zygote of agent {self.agent!r} exited ({process.returncode}); its log "
+                f"{log} ends: {_tail(log)[-1000:]}"
+            )
+
+    async def _process(self) -> asyncio.subprocess.Process:
+        if self.process is None or self.process.returncode is not None:
+            self.owner.log_dir.mkdir(parents=True, exist_ok=True)
+            with (self.owner.log_dir / "zygote.log").open("ab") as log:
+                self.process = await asyncio.create_subprocess_exec(
+                    self.owner.python,
+                    "-m",
+                    "reins.controller.zygote",
+                    self.agent,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=log,
+                    env=self.owner._base_env(),
+                    cwd=self.owner.workdir,
+                    start_new_session=True,  # a Ctrl-C at the controller's terminal is ours
+                )
+        return self.process
+
+    async def close(self) -> None:
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        if process.stdin is not None:
+            process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), 5)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as file:
+            file.seek(0, os.SEEK_END)
+            size = file.tell()
+            file.seek(max(0, size - TAIL_BYTES))
+            return file.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_json(path: Path) -> dict[str, object] | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _write_json(path: Path, value: Mapping[str, object]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)

@@ -1,0 +1,92 @@
+"""`python -m reins.controller.run_agent module:function`: runs one `module:function` agent.
+
+The controller starts this in a fresh interpreter with the agent's environment. The function is
+called with the rollout's input (JSON-decoded); it may be sync or async. A number it returns is
+posted as the attempt's `reward` event (`{"value": x, "source": "agent"}`); None means the agent
+reported for itself. An exception prints its traceback (kept in the attempt's log) and exits 1,
+which the controller counts as a crashed attempt.
+
+Only a few standard modules are imported up front (asyncio only for an async agent), so this
+costs little more than the interpreter's own start.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, cast
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or ":" not in argv[0]:
+        print("usage: python -m reins.controller.run_agent module:function", file=sys.stderr)
+        return 2
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the agent's module is found from its working directory
+    function = load_agent(argv[0])
+    if function is None:
+        return 2
+    return call_agent(argv[0], function)
+
+
+def load_agent(agent: str) -> Callable[[Any], Any] | None:
+    """Imports `module:function`; None (after saying why on stderr) when it cannot."""
+    module_name, _, function_name = agent.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as error:
+        print(
+            f"reins: cannot load agent {agent!r}: {error!r}; the module must be importable "
+            f"from {os.getcwd()} (or on PYTHONPATH) and define {function_name}",
+            file=sys.stderr,
+        )
+        return None
+    if not callable(function):
+        print(f"reins: agent {agent!r} is not a function", file=sys.stderr)
+        return None
+    return cast("Callable[[Any], Any]", function)
+
+
+def call_agent(agent: str, function: Callable[[Any], Any]) -> int:
+    """Runs one attempt in this process's environment; returns its exit status."""
+    try:
+        task = json.loads(os.environ["REINS_INPUT"])
+    except KeyError:
+        print(
+            "reins: REINS_INPUT is not set; run agents through `reins controller`", file=sys.stderr
+        )
+        return 2
+    try:
+        result = function(task)
+        if hasattr(result, "__await__"):
+            import asyncio  # only now: its import costs more than the rest of this runner
+
+            result = asyncio.run(_await(result))
+    except Exception:
+        traceback.print_exc()
+        return 1
+    if result is None:
+        return 0
+    if isinstance(result, bool) or not isinstance(result, int | float):
+        print(
+            f"reins: agent {agent} returned {type(result).__name__} {result!r}; return a "
+            "number (the reward) or None (the agent reported its reward itself)",
+            file=sys.stderr,
+        )
+        return 1
+    from reins.agent import report_reward
+
+    report_reward(float(result), source="agent")
+    return 0
+
+
+async def _await(awaitable: object) -> object:
+    return await awaitable  # type: ignore[misc]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,114 @@
+"""`python -m reins.controller.zygote module:function`: a preloaded parent for one agent.
+
+A fresh interpreter per attempt pays for the agent's imports every time: `import openai` alone
+costs about 1.4 s of CPU here, which for a few hundred short rollouts per training run is most of
+two cores. The zygote imports the agent's module once, then forks one child per attempt (a few
+milliseconds each). A child starts its own session (its process group is killed whole on a
+timeout), sends its output to the attempt's `agent.log`, takes the attempt's environment, runs
+the agent exactly as `run_agent` does, and writes its `exit` file as the shell wrapper would (the
+zygote writes its `pid` and `pid.start` before answering); the controller watches it like an
+adopted agent.
+
+Protocol: one JSON request per line on stdin, `{"folder": ..., "env": {...}, "cwd": ...}`, one
+answer per line on stdout, `{"pid": N}` or `{"error": "..."}`. The zygote exits when stdin closes.
+
+Caveat (documented in docs/controller.md): a module that reads the environment at import time sees
+the controller's environment, not the attempt's; such agents can opt out (`--no-preload`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (field 22 of /proc/PID/stat): with the pid, a process's
+    identity (pids are reused, this pair is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text + "\n")
+    tmp.replace(path)
+
+
+def _child(agent: str, function: Any, request: dict[str, Any]) -> None:
+    """Runs in the forked child; never returns."""
+    code = 1
+    try:
+        os.setsid()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the agent's own subprocesses are waited
+        folder = Path(request["folder"])
+        log = os.open(folder / "agent.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        sys.stdin = open(0)  # noqa: SIM115 (the child's whole life)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        from reins.controller.run_agent import call_agent
+
+        code = call_agent(agent, function)
+    except BaseException as error:  # the child must reach os._exit whatever happens
+        print(f"reins: the agent's process failed before it ran: {error!r}", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            _write(Path(request["folder"]) / "exit", str(code))
+        finally:
+            os._exit(code)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or ":" not in argv[0]:
+        print("usage: python -m reins.controller.zygote module:function", file=sys.stderr)
+        return 2
+    agent = argv[0]
+    from reins.controller.run_agent import load_agent
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    function = load_agent(agent)
+    if function is None:
+        return 2
+    # Children are reaped by the kernel: the controller learns their end from their files.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    out = sys.stdout
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+        except (ValueError, OSError) as error:
+            out.write(json.dumps({"error": repr(error)}) + "\n")
+            out.flush()
+            continue
+        if pid == 0:
+            _child(agent, function, request)
+        # Written here, before the answer, so the controller never sees a pid it cannot check.
+        folder = Path(request["folder"])
+        _write(folder / "pid.start", process_start_time(pid) or "")
+        _write(folder / "pid", str(pid))
+        out.write(json.dumps({"pid": pid}) + "\n")
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,94 @@
+"""Agents (`module:function`) the controller tests launch, as `tests.controller.agents:NAME`.
+
+Each runs in a fresh interpreter started by the controller, with the agent environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from reins.agent import AgentContext, report_reward
+
+
+def succeed(task: dict[str, Any]) -> float:
+    return float(task.get("reward", 1.0))
+
+
+async def succeed_async(task: dict[str, Any]) -> float:
+    import asyncio  # here, not above: the other agents start faster without it
+
+    await asyncio.sleep(0.01)
+    return 0.5
+
+
+def report_itself(task: dict[str, Any]) -> None:
+    report_reward(0.25, reason="graded by the agent")
+
+
+def return_text(task: dict[str, Any]) -> str:
+    return "not a reward"
+
+
+def record_env(task: dict[str, Any]) -> float:
+    """Writes its environment (the REINS_/OPENAI_ part, and whether the admin key leaked)."""
+    context = AgentContext.from_env()
+    names = [n for n in os.environ if n.startswith(("REINS_", "OPENAI_"))]
+    Path(task["out"]).write_text(
+        json.dumps(
+            {
+                "env": {n: os.environ[n] for n in names},
+                "context_input": context.input,
+                "cwd": os.getcwd(),
+            }
+        )
+    )
+    return 1.0
+
+
+def crash_once(task: dict[str, Any]) -> float:
+    if os.environ["REINS_ATTEMPT_ID"] == "1":
+        print("working on it", flush=True)
+        raise RuntimeError("the first attempt crashes on purpose")
+    return 1.0
+
+
+def spawn_and_hang(task: dict[str, Any]) -> float:
+    """Starts a grandchild (pid written to task['pid_file']) and hangs on attempt 1."""
+    if task.get("only_first") and os.environ["REINS_ATTEMPT_ID"] != "1":
+        return 1.0
+    child = subprocess.Popen(["sleep", "1000"])
+    Path(task["pid_file"]).write_text(f"{os.getpid()} {child.pid}")
+    print("hanging", flush=True)
+    time.sleep(1000)
+    return 1.0
+
+
+def timed(task: dict[str, Any]) -> float:
+    """Sleeps `task['sleep']` seconds, appending `start end` to task['log']."""
+    start = time.time()
+    time.sleep(float(task["sleep"]))
+    with open(task["log"], "a") as file:
+        file.write(f"{start} {time.time()}\n")
+    return 1.0
+
+
+def scale(task: dict[str, Any]) -> float:
+    """The 200-rollout test's agent: records each launch once, crashes once if asked."""
+    attempt = os.environ["REINS_ATTEMPT_ID"]
+    marker = Path(task["markers"]) / f"{os.environ['REINS_ROLLOUT_ID']}.{attempt}"
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        with open(Path(task["markers"]) / "DUPLICATES", "a") as file:
+            file.write(f"{marker.name}\n")  # the same attempt launched twice
+    time.sleep(float(task.get("sleep", 0.3)))
+    if task.get("crash") and attempt == "1":
+        print(f"crashing attempt {attempt} on purpose", file=sys.stderr)
+        sys.exit(3)
+    return 1.0

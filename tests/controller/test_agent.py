@@ -1,0 +1,130 @@
+"""`reins.agent`: the harness-side helpers, against a real gateway."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from reins.agent import AgentContext, AgentEnvError, ReportError, emit_event, report_reward
+from tests.conftest import ADMIN_KEY
+from tests.support import free_port
+
+
+def context_for(gateway_url: str, rollout_id: str = "r-1", attempt_id: int = 1) -> AgentContext:
+    """Declares a rollout, opens its attempt, and builds the environment an agent would get."""
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    httpx.post(
+        f"{gateway_url}/api/rollouts",
+        json=[{"rollout_id": rollout_id, "input": {"q": 1}}],
+        headers=admin,
+    ).raise_for_status()
+    attempt = httpx.post(
+        f"{gateway_url}/api/rollouts/{rollout_id}/attempts",
+        json={"attempt_id": attempt_id},
+        headers=admin,
+    ).json()
+    return AgentContext.from_env(
+        {
+            "OPENAI_BASE_URL": (
+                f"{gateway_url}/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/train/openai/v1"
+            ),
+            "OPENAI_API_KEY": attempt["token"],
+            "REINS_GATEWAY_URL": gateway_url,
+            "REINS_ROLLOUT_ID": rollout_id,
+            "REINS_ATTEMPT_ID": str(attempt_id),
+            "REINS_MODE": "train",
+            "REINS_INPUT": json.dumps({"q": 1}),
+        }
+    )
+
+
+def events(gateway_url: str, rollout_id: str) -> list[dict[str, object]]:
+    answer = httpx.get(
+        f"{gateway_url}/api/rollouts/{rollout_id}/events",
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+    )
+    return [{"type": e["type"], "data": e["data"]} for e in answer.json()]
+
+
+def test_from_env_names_what_is_missing() -> None:
+    with pytest.raises(AgentEnvError, match=r"OPENAI_API_KEY, REINS_GATEWAY_URL.*reins controller"):
+        AgentContext.from_env({"OPENAI_BASE_URL": "http://x"})
+
+
+def test_from_env_decodes_the_input_and_attempt() -> None:
+    env = {
+        "OPENAI_BASE_URL": "http://gw/proxy/rollout/r/attempt/2/mode/val/openai/v1",
+        "OPENAI_API_KEY": "rk-at-x",
+        "REINS_GATEWAY_URL": "http://gw/",
+        "REINS_ROLLOUT_ID": "r",
+        "REINS_ATTEMPT_ID": "2",
+        "REINS_MODE": "val",
+        "REINS_INPUT": '{"question": "2+2", "tags": [1, 2]}',
+    }
+    context = AgentContext.from_env(env)
+    assert context.attempt_id == 2 and context.gateway_url == "http://gw"
+    assert context.input == {"question": "2+2", "tags": [1, 2]}
+    with pytest.raises(AgentEnvError, match="REINS_INPUT is not JSON"):
+        AgentContext.from_env({**env, "REINS_INPUT": "{nope"})
+
+
+def test_rewards_and_events_are_posted_with_the_scoped_token(gateway_url: str) -> None:
+    context = context_for(gateway_url)
+    emit_event("tool_call", {"name": "bash", "ok": True}, context=context)
+    report_reward(0.75, reason="3 of 4 tests", context=context)
+    assert events(gateway_url, "r-1") == [
+        {"type": "tool_call", "data": {"name": "bash", "ok": True}},
+        {"type": "reward", "data": {"value": 0.75, "source": "agent", "reason": "3 of 4 tests"}},
+    ]
+
+
+def test_a_token_of_another_attempt_is_refused_at_once(gateway_url: str) -> None:
+    context = context_for(gateway_url)
+    other = AgentContext(**{**context.__dict__, "attempt_id": 2})
+    with pytest.raises(ReportError, match=r"refused the reward event.*403"):
+        report_reward(1.0, context=other)
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    bodies: list[dict[str, object]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).bodies.append(body)
+        self.send_response(503 if len(type(self).bodies) == 1 else 200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"error": "busy"}' if len(type(self).bodies) == 1 else b"{}")
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def flaky_server() -> Iterator[str]:
+    _Flaky.bodies = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_retry_after_a_5xx_carries_the_same_idempotency_key(flaky_server: str) -> None:
+    context = AgentContext(flaky_server, "tok", flaky_server, "r", 1, "train", None)
+    report_reward(1.0, context=context)
+    first, second = _Flaky.bodies
+    assert first == second and first["idempotency_key"]
+
+
+def test_an_unreachable_gateway_fails_after_the_retries() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    context = AgentContext(url, "tok", url, "r", 1, "train", None)
+    with pytest.raises(ReportError, match="could not post the reward event"):
+        emit_event("reward", {"value": 1.0}, context=context, retries=1)

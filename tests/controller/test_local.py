@@ -1,0 +1,419 @@
+"""The controller with `LocalReconciler`: real gateway, real agent processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reins.client import GatewayClient
+from reins.controller import Controller, LocalReconciler
+from reins.controller.loop import AGENT_LAUNCH, AGENT_LOG
+from reins.gateway import GatewaySettings
+from reins.schemas import REWARD, RolloutConfig, RolloutSpec
+from tests.conftest import ADMIN_KEY, serve
+from tests.controller.conftest import ROOT, running, wait_for, wait_terminal
+
+AGENTS = "tests.controller.agents"
+
+
+def controller(
+    client: GatewayClient,
+    gateway_url: str,
+    log_dir: Path,
+    agent: str = f"{AGENTS}:succeed",
+    *,
+    max_parallel: int = 4,
+    max_attempts: int = 3,
+    timeout_s: float | None = None,
+) -> Controller:
+    reconciler = LocalReconciler(agent, max_parallel, log_dir, workdir=ROOT, kill_grace_s=0.5)
+    return Controller(
+        client,
+        reconciler,
+        gateway_url=gateway_url,
+        max_attempts=max_attempts,
+        default_timeout_s=timeout_s,
+        poll_interval_s=0.1,
+    )
+
+
+def start_cli_controller(
+    gateway_url: str, log_dir: Path, agent: str, max_parallel: int = 4
+) -> subprocess.Popen[bytes]:
+    """`reins controller --runner local` as a user starts it, in its own process."""
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "reins.cli", "controller", "--runner", "local",
+            "--gateway", gateway_url, "--api-key", ADMIN_KEY, "--agent", agent,
+            "--max-parallel", str(max_parallel), "--log-dir", str(log_dir),
+            "--poll-interval", "0.1",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=(log_dir.parent / "controller.log").open("ab"),
+    )  # fmt: skip
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+async def test_agent_gets_its_environment_and_its_return_value_becomes_the_reward(
+    client: GatewayClient, gateway_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REINS_API_KEY", "the-admin-key-must-not-leak")
+    out = tmp_path / "env.json"
+    task = {"out": str(out), "nested": [1, {"a": "b"}]}
+    await client.create_rollouts([RolloutSpec(rollout_id="r-env", input=task, mode="val")])
+    async with running(controller(client, gateway_url, tmp_path / "logs", f"{AGENTS}:record_env")):
+        rollouts = await wait_terminal(client, ["r-env"])
+
+    assert rollouts["r-env"].status.state == "succeeded"
+    detail = await client.get_rollout("r-env")
+    (attempt,) = detail.attempts
+    seen = json.loads(out.read_text())
+    env = seen["env"]
+    assert env["OPENAI_BASE_URL"] == (
+        f"{gateway_url}/proxy/rollout/r-env/attempt/1/mode/val/openai/v1"
+    )
+    assert env["OPENAI_API_KEY"] == attempt.token
+    assert env["REINS_GATEWAY_URL"] == gateway_url
+    assert (env["REINS_ROLLOUT_ID"], env["REINS_ATTEMPT_ID"], env["REINS_MODE"]) == (
+        "r-env",
+        "1",
+        "val",
+    )
+    assert json.loads(env["REINS_INPUT"]) == task == seen["context_input"]
+    assert "REINS_API_KEY" not in env  # agents hold their scoped token, never the admin key
+    assert seen["cwd"] == str(ROOT)
+
+    events = await client.get_events("r-env")
+    assert [e.type for e in events] == [AGENT_LAUNCH, REWARD, AGENT_LOG]
+    assert events[1].data == {"value": 1.0, "source": "agent"}
+    agent_log = events[2].data
+    assert agent_log["outcome"] == "succeeded" and agent_log["exit_code"] == 0
+    assert agent_log["path"] == str((tmp_path / "logs/r-env/attempt-1/agent.log").resolve())
+
+
+async def test_a_crash_opens_a_new_attempt_and_keeps_the_log(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    await client.create_rollouts([RolloutSpec(rollout_id="r-crash", input={})])
+    async with running(controller(client, gateway_url, tmp_path / "logs", f"{AGENTS}:crash_once")):
+        rollouts = await wait_terminal(client, ["r-crash"])
+
+    assert rollouts["r-crash"].status.state == "succeeded"
+    first, second = (await client.get_rollout("r-crash")).attempts
+    assert first.state == "failed" and second.state == "succeeded"
+    assert first.reason is not None
+    assert "attempt 1 of 3: the agent exited with status 1" in first.reason
+    (crash_log,) = await client.get_events("r-crash", attempt_id=1, types=[AGENT_LOG])
+    assert crash_log.data["outcome"] == "crashed" and crash_log.data["exit_code"] == 1
+    assert "RuntimeError: the first attempt crashes on purpose" in crash_log.data["tail"]
+    assert "working on it" in await asyncio.to_thread(Path(crash_log.data["path"]).read_text)
+
+
+async def test_a_command_line_agent_fails_the_rollout_after_max_attempts(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    failing = "echo nope from $REINS_ROLLOUT_ID >&2; exit 7"
+    await client.create_rollouts(
+        [
+            RolloutSpec(rollout_id="r-ok", input={}, config=RolloutConfig(agent="exit 0")),
+            RolloutSpec(rollout_id="r-bad", input={}, config=RolloutConfig(agent=failing)),
+        ]
+    )
+    # The controller's own agent would fail: the rollouts' config.agent must win.
+    async with running(
+        controller(client, gateway_url, tmp_path / "logs", "exit 99", max_attempts=2)
+    ):
+        rollouts = await wait_terminal(client, ["r-ok", "r-bad"])
+
+    assert rollouts["r-ok"].status.state == "succeeded"
+    bad = rollouts["r-bad"]
+    assert bad.status.state == "failed" and bad.attempt_count == 2
+    assert bad.status.reason is not None
+    assert "attempt 2 of 2: the agent exited with status 7" in bad.status.reason
+    logs = await client.get_events("r-bad", all_attempts=True, types=[AGENT_LOG])
+    assert [(e.attempt_id, e.data["exit_code"]) for e in logs] == [(1, 7), (2, 7)]
+    assert all("nope from r-bad" in e.data["tail"] for e in logs)
+
+
+async def test_a_timeout_kills_the_whole_process_group(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "pids"
+    await client.create_rollouts(
+        [
+            RolloutSpec(
+                rollout_id="r-slow",
+                input={"pid_file": str(pid_file)},
+                config=RolloutConfig(timeout_s=1.5),
+            )
+        ]
+    )
+    agent = f"{AGENTS}:spawn_and_hang"
+    async with running(controller(client, gateway_url, tmp_path / "logs", agent, max_attempts=1)):
+        rollouts = await wait_terminal(client, ["r-slow"])
+
+    rollout = rollouts["r-slow"]
+    assert rollout.status.state == "failed"
+    assert rollout.status.reason is not None and "timed out after 1.5 s" in rollout.status.reason
+    agent_pid, grandchild_pid = map(int, pid_file.read_text().split())
+    assert not alive(agent_pid) and not alive(grandchild_pid)
+    (agent_log,) = await client.get_events("r-slow", types=[AGENT_LOG])
+    assert agent_log.data["outcome"] == "timeout" and agent_log.data["exit_code"] is None
+    assert "hanging" in agent_log.data["tail"]
+
+
+async def test_async_functions_self_reports_and_bad_return_values(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    specs = {
+        "r-async": f"{AGENTS}:succeed_async",
+        "r-self": f"{AGENTS}:report_itself",
+        "r-text": f"{AGENTS}:return_text",
+        "r-missing": f"{AGENTS}:no_such_function",
+    }
+    await client.create_rollouts(
+        [
+            RolloutSpec(rollout_id=rid, input={}, config=RolloutConfig(agent=agent))
+            for rid, agent in specs.items()
+        ]
+    )
+    async with running(controller(client, gateway_url, tmp_path / "logs", max_attempts=1)):
+        rollouts = await wait_terminal(client, specs)
+
+    rewards = {rid: [e.data for e in await client.get_events(rid, types=[REWARD])] for rid in specs}
+    assert rollouts["r-async"].status.state == "succeeded"
+    assert rewards["r-async"] == [{"value": 0.5, "source": "agent"}]
+    assert rollouts["r-self"].status.state == "succeeded"
+    assert rewards["r-self"] == [
+        {"value": 0.25, "source": "agent", "reason": "graded by the agent"}
+    ]
+    for rid, says in (("r-text", "return a number"), ("r-missing", "cannot load agent")):
+        assert rollouts[rid].status.state == "failed" and rewards[rid] == []
+        (agent_log,) = await client.get_events(rid, types=[AGENT_LOG])
+        assert says in agent_log.data["tail"]
+
+
+async def test_no_more_agents_run_at_once_than_max_parallel(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "intervals"
+    ids = [f"r-{i}" for i in range(5)]
+    await client.create_rollouts(
+        [RolloutSpec(rollout_id=rid, input={"sleep": 0.3, "log": str(log)}) for rid in ids]
+    )
+    async with running(
+        controller(client, gateway_url, tmp_path / "logs", f"{AGENTS}:timed", max_parallel=2)
+    ):
+        rollouts = await wait_terminal(client, ids)
+
+    assert {r.status.state for r in rollouts.values()} == {"succeeded"}
+    intervals = [tuple(map(float, line.split())) for line in log.read_text().splitlines()]
+    assert len(intervals) == 5
+    overlap = max(sum(1 for s, e in intervals if s <= t < e) for t, _ in intervals)
+    assert overlap <= 2
+
+
+async def test_an_agent_whose_rollout_ends_at_the_gateway_is_killed(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "pids"
+    await client.create_rollouts(
+        [RolloutSpec(rollout_id="r-cancel", input={"pid_file": str(pid_file)})]
+    )
+    ctl = controller(client, gateway_url, tmp_path / "logs", f"{AGENTS}:spawn_and_hang")
+    async with running(ctl):
+        await wait_for(pid_file.exists, what="the agent starting")
+        agent_pid, grandchild_pid = map(int, pid_file.read_text().split())
+        await client.set_status("r-cancel", "failed", reason="cancelled by the trainer")
+        await wait_for(lambda: not alive(agent_pid) and not alive(grandchild_pid), what="the kill")
+        await wait_for(lambda: ctl.stats.removed == 1, what="the removal")
+    rollout = (await client.get_rollout("r-cancel")).rollout
+    assert rollout.status.reason == "cancelled by the trainer" and rollout.attempt_count == 1
+
+
+async def test_stopping_the_controller_kills_its_agents(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "pids"
+    await client.create_rollouts(
+        [RolloutSpec(rollout_id="r-stop", input={"pid_file": str(pid_file)})]
+    )
+    async with running(
+        controller(client, gateway_url, tmp_path / "logs", f"{AGENTS}:spawn_and_hang")
+    ):
+        await wait_for(pid_file.exists, what="the agent starting")
+    agent_pid, grandchild_pid = map(int, pid_file.read_text().split())
+    assert not alive(agent_pid) and not alive(grandchild_pid)
+    exit_file = tmp_path / "logs/r-stop/attempt-1/exit"
+    assert exit_file.read_text().strip() == "stopped"
+
+
+async def test_a_new_controller_adopts_running_agents_and_launches_nothing_twice(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "intervals"
+    ids = [f"r-{i}" for i in range(3)]
+    await client.create_rollouts(
+        [RolloutSpec(rollout_id=rid, input={"sleep": 1.5, "log": str(log)}) for rid in ids]
+    )
+    first = controller(client, gateway_url, tmp_path / "logs", f"{AGENTS}:timed")
+    await first.reconcile_once()
+    await first.wait_idle()
+    assert first.stats.launched == 3
+    # The first controller stops dead here (no shutdown: its agents keep running).
+    second = controller(client, gateway_url, tmp_path / "logs", f"{AGENTS}:timed")
+    async with running(second):
+        rollouts = await wait_terminal(client, ids)
+
+    assert second.stats.adopted == 3 and second.stats.launched == 0
+    for rid in ids:
+        assert rollouts[rid].status.state == "succeeded" and rollouts[rid].attempt_count == 1
+        assert len(await client.get_events(rid, types=[AGENT_LAUNCH])) == 1
+    assert len(log.read_text().splitlines()) == 3
+
+
+async def test_an_agent_that_vanished_while_no_controller_ran_is_retried(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "pids"
+    task = {"pid_file": str(pid_file), "only_first": True}
+    await client.create_rollouts([RolloutSpec(rollout_id="r-lost", input=task)])
+    log_dir = tmp_path / "logs"
+    first = start_cli_controller(gateway_url, log_dir, f"{AGENTS}:spawn_and_hang")
+    try:
+        await wait_for(pid_file.exists, what="the agent starting")
+    finally:
+        os.kill(first.pid, signal.SIGKILL)  # the controller dies: nobody watches its agent
+        first.wait(timeout=30)
+    wrapper_pid = int((log_dir / "r-lost/attempt-1/pid").read_text())
+    os.killpg(wrapper_pid, signal.SIGKILL)  # and the agent dies without an exit status
+    await wait_for(lambda: not alive(wrapper_pid), what="the kill")
+
+    second = controller(client, gateway_url, log_dir, f"{AGENTS}:spawn_and_hang")
+    async with running(second):
+        rollouts = await wait_terminal(client, ["r-lost"])
+
+    assert rollouts["r-lost"].status.state == "succeeded"
+    first_attempt, second_attempt = (await client.get_rollout("r-lost")).attempts
+    assert first_attempt.reason is not None and "left no exit status" in first_attempt.reason
+    assert second_attempt.state == "succeeded"
+    (lost_log,) = await client.get_events("r-lost", attempt_id=1, types=[AGENT_LOG])
+    assert lost_log.data["outcome"] == "lost"
+
+
+async def test_an_attempt_opened_but_never_launched_is_launched_once(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    await client.create_rollouts([RolloutSpec(rollout_id="r-open", input={})])
+    await client.open_attempt("r-open", attempt_id=1)  # a controller that stopped right here
+    async with running(controller(client, gateway_url, tmp_path / "logs")) as ctl:
+        rollouts = await wait_terminal(client, ["r-open"])
+    assert rollouts["r-open"].status.state == "succeeded"
+    assert rollouts["r-open"].attempt_count == 1
+    assert ctl.stats.launched == 1
+
+
+async def test_an_input_too_large_for_the_environment_fails_with_the_reason(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    await client.create_rollouts([RolloutSpec(rollout_id="r-big", input={"blob": "x" * 200_000})])
+    async with running(controller(client, gateway_url, tmp_path / "logs")):
+        rollouts = await wait_terminal(client, ["r-big"])
+    reason = rollouts["r-big"].status.reason
+    assert rollouts["r-big"].status.state == "failed"
+    assert reason is not None and "REINS_INPUT" in reason and "131072 bytes" in reason
+
+
+async def test_an_idle_controller_only_polls(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    ctl = controller(client, gateway_url, tmp_path / "logs")
+    async with running(ctl):
+        await asyncio.sleep(1.0)
+    assert ctl.stats.launched == 0 and ctl.stats.errors == 0
+    assert ctl.stats.passes <= 1.0 / ctl.poll_interval_s + 2
+
+
+async def test_files_left_by_an_older_rollout_with_the_same_id_are_set_aside(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    log_dir = tmp_path / "logs"
+    older = GatewaySettings(
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'older.db'}", api_key=ADMIN_KEY
+    )
+    with serve(older) as server:  # another gateway database, the same rollout id, one log dir
+        older_url = f"http://127.0.0.1:{server.port}"
+        async with GatewayClient(older_url, ADMIN_KEY) as older_client:
+            await older_client.create_rollouts(
+                [RolloutSpec(rollout_id="r-same", input={}, config=RolloutConfig(agent="exit 0"))]
+            )
+            async with running(controller(older_client, older_url, log_dir)):
+                await wait_terminal(older_client, ["r-same"])
+
+    marker = tmp_path / "ran"
+    agent = f"touch {marker}; exit 5"
+    await client.create_rollouts(
+        [RolloutSpec(rollout_id="r-same", input={}, config=RolloutConfig(agent=agent))]
+    )
+    async with running(controller(client, gateway_url, log_dir, max_attempts=1)):
+        rollouts = await wait_terminal(client, ["r-same"])
+
+    # Its own agent ran; the older rollout's success was not reported for it.
+    assert rollouts["r-same"].status.state == "failed" and marker.exists()
+    assert [p.name.split(".")[0] for p in (log_dir / "r-same").iterdir()] == ["attempt-1"] * 2
+
+
+def test_the_command_says_what_is_missing() -> None:
+    base = [sys.executable, "-m", "reins.cli", "controller", "--gateway", "http://127.0.0.1:9"]
+    for args, says in (
+        (["--runner", "local", "--api-key", "k"], "--agent is required with --runner local"),
+        (["--runner", "kubernetes", "--api-key", "k"], "pass --set image=..."),
+    ):
+        done = subprocess.run(base + args, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and says in done.stderr
+
+
+async def test_function_agents_fork_from_a_preloaded_zygote(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    ids = ["r-z1", "r-z2"]
+    await client.create_rollouts([RolloutSpec(rollout_id=rid, input={}) for rid in ids])
+    ctl = controller(client, gateway_url, tmp_path / "logs")
+    async with running(ctl):
+        rollouts = await wait_terminal(client, ids)
+        zygote = ctl.reconciler._zygotes[f"{AGENTS}:succeed"].process  # type: ignore[attr-defined]
+        assert zygote is not None and zygote.returncode is None  # one zygote served both
+    assert all(rollouts[rid].status.state == "succeeded" for rid in ids)
+    for rid in ids:
+        folder = tmp_path / "logs" / rid / "attempt-1"
+        assert (folder / "pid.start").read_text().strip()  # forked: identified by start time
+        assert (folder / "exit").read_text().strip() == "0"
+
+
+async def test_without_preload_function_agents_run_in_a_fresh_interpreter(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    await client.create_rollouts([RolloutSpec(rollout_id="r-plain", input={})])
+    reconciler = LocalReconciler(
+        f"{AGENTS}:succeed", 2, tmp_path / "logs", workdir=ROOT, preload=False
+    )
+    ctl = Controller(client, reconciler, gateway_url=gateway_url, poll_interval_s=0.1)
+    async with running(ctl):
+        rollouts = await wait_terminal(client, ["r-plain"])
+    assert rollouts["r-plain"].status.state == "succeeded"
+    assert not (tmp_path / "logs/r-plain/attempt-1/pid.start").exists()

@@ -1,0 +1,161 @@
+"""Job and NetworkPolicy templates, rendered without a cluster."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from reins.controller.kubernetes import KubernetesReconciler
+from reins.controller.loop import Launch, LaunchError, agent_command
+from reins.controller.templates import TemplateError, placeholders, render
+
+ENV = {"REINS_MODE": "train", "OPENAI_API_KEY": "rk-at-token", "REINS_INPUT": "{}"}
+
+
+def reconciler(**options: object) -> KubernetesReconciler:
+    settings: dict[str, object] = {
+        "namespace": "agents",
+        "gateway_url": "http://10.0.0.7:8080",
+        "agent": "my_agent:run",
+        "values": {"image": "registry.local/agent:1"},
+        **options,
+    }
+    return KubernetesReconciler(**settings)  # type: ignore[arg-type]
+
+
+def launch(rollout_id: str = "r-1", attempt_id: int = 1, timeout_s: float | None = 12.2) -> Launch:
+    return Launch(
+        rollout_id, attempt_id, agent=None, env=ENV, timeout_s=timeout_s, incarnation="t0"
+    )
+
+
+def test_a_whole_placeholder_becomes_the_typed_value_and_a_partial_one_text() -> None:
+    template = 'a: "{{items}}"\nb: "job-{{n}}-x"\nc: "{{ n }}"\nd: plain\n'
+    assert render(template, {"items": [1, {"k": "v"}], "n": 7}) == {
+        "a": [1, {"k": "v"}],
+        "b": "job-7-x",
+        "c": 7,
+        "d": "plain",
+    }
+    assert placeholders(template) == {"items", "n"}
+
+
+def test_a_value_is_never_read_as_yaml() -> None:
+    rendered = render('cmd: "echo {{text}}"\n', {"text": "x\ninjected: true"})
+    assert rendered == {"cmd": "echo x\ninjected: true"}
+
+
+def test_a_missing_value_and_bad_yaml_are_named() -> None:
+    with pytest.raises(TemplateError, match=r"uses \{\{image\}\}, which has no value"):
+        render('image: "{{image}}"', {})
+    with pytest.raises(TemplateError, match="not valid YAML"):
+        render("a: [unclosed", {})
+
+
+def test_a_template_value_missing_at_start_says_which_flag_to_pass() -> None:
+    with pytest.raises(ValueError, match=re.escape("--set image=...")):
+        reconciler(values={})
+
+
+def test_the_job_gets_every_field_reins_relies_on_whatever_the_template_says() -> None:
+    template = """
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: mine
+  labels: {team: rl}
+spec:
+  backoffLimit: 6
+  template:
+    metadata:
+    spec:
+      restartPolicy: OnFailure
+      containers:
+        - name: agent
+          image: "{{image}}"
+          command: "{{command}}"
+          env:
+            - {name: OPENAI_API_KEY, value: stale}
+            - {name: KEEP, value: me}
+"""
+    job = reconciler(job_template=template, ttl_after_finished_s=600).render_job(launch())
+    assert re.fullmatch(r"reins-r-1-[0-9a-f]{8}-1", job["metadata"]["name"])
+    assert job["metadata"]["namespace"] == "agents"
+    assert job["metadata"]["labels"]["team"] == "rl"
+    assert job["metadata"]["labels"]["reins.dev/attempt"] == "1"
+    assert job["metadata"]["annotations"] == {
+        "reins.dev/rollout-id": "r-1",
+        "reins.dev/rollout-created": "t0",
+    }
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["activeDeadlineSeconds"] == 13
+    assert job["spec"]["ttlSecondsAfterFinished"] == 600
+    pod = job["spec"]["template"]
+    assert pod["metadata"]["labels"]["reins.dev/role"] == "agent"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "reins.controller.run_agent", "my_agent:run"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {**ENV, "KEEP": "me"}
+
+
+def test_no_timeout_means_no_deadline_and_a_rollout_agent_wins() -> None:
+    rec = reconciler()
+    agent = "python grade.py --fast"
+    job = rec.render_job(Launch("r-1", 2, agent, env=ENV, timeout_s=None, incarnation="t"))
+    assert "activeDeadlineSeconds" not in job["spec"]
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command == ["/bin/sh", "-c", "python grade.py --fast"]
+
+
+def test_a_command_placeholder_without_any_agent_cannot_launch() -> None:
+    with pytest.raises(LaunchError, match=r"\{\{command\}\}"):
+        reconciler(agent=None).render_job(launch())
+
+
+def test_job_names_are_valid_unique_and_stable() -> None:
+    rec = reconciler()
+    long_id = "Run:" + "x" * 150
+    names = {rec.job_name(key) for key in [("r-1", 1), ("R-1", 1), ("r-1", 2), (long_id, 1)]}
+    assert len(names) == 4
+    for name in names:
+        assert len(name) <= 63 and name == name.lower() and name[0].isalnum()
+    assert rec.job_name(("r-1", 1)) == reconciler().job_name(("r-1", 1))
+    other = reconciler(controller_name="other")
+    assert other.job_name(("r-1", 1)) != rec.job_name(("r-1", 1))
+
+
+def test_the_network_policy_admits_only_the_gateway_and_dns() -> None:
+    policy = reconciler().render_network_policy()
+    assert policy["metadata"]["namespace"] == "agents"
+    assert policy["spec"]["podSelector"]["matchLabels"]["reins.dev/role"] == "agent"
+    assert policy["spec"]["ingress"] == []
+    gateway, dns = policy["spec"]["egress"]
+    assert gateway == {
+        "to": [{"ipBlock": {"cidr": "10.0.0.7/32"}}],
+        "ports": [{"protocol": "TCP", "port": 8080}],
+    }
+    assert {p["port"] for p in dns["ports"]} == {53}
+
+
+def test_a_gateway_by_name_is_reached_through_its_pods_labels() -> None:
+    policy = reconciler(gateway_url="http://reins-gateway.rl.svc:80").render_network_policy()
+    (peer,) = policy["spec"]["egress"][0]["to"]
+    assert peer == {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "reins-gateway"}}}
+    custom = reconciler(
+        gateway_url="http://gw:80",
+        values={"image": "x", "gateway_peers": [{"ipBlock": {"cidr": "192.0.2.0/28"}}]},
+    ).render_network_policy()
+    assert custom["spec"]["egress"][0]["to"] == [{"ipBlock": {"cidr": "192.0.2.0/28"}}]
+
+
+def test_agents_run_as_module_function_or_shell_command() -> None:
+    assert agent_command("pkg.mod:solve", "py") == [
+        "py",
+        "-m",
+        "reins.controller.run_agent",
+        "pkg.mod:solve",
+    ]
+    assert agent_command("./run.sh --x 1", "py") == ["/bin/sh", "-c", "./run.sh --x 1"]
+    assert agent_command("echo a:b", "py") == ["/bin/sh", "-c", "echo a:b"]
