@@ -2,8 +2,9 @@
 
 It is an ordinary agent: it reads `OPENAI_BASE_URL` / `OPENAI_API_KEY` (the controller points them
 at the gateway's proxy for this rollout) and knows nothing of reins but `report_reward`.
-Reward (verifiable): 1 when the second answer is exactly the word, 0.25 when it only contains it,
-plus 0.1 when the first answer is exactly "OK"; at most 1.
+Reward (verifiable): 1 when the second answer is exactly the word, 0.5 when it contains the word in
+at most three words, 0.25 when it contains it in more; plus 0.1 when the first answer is exactly
+"OK"; at most 1.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ def score(word: str, first: str, second: str) -> float:
         return re.sub(r"[^a-z]", "", text.lower())
 
     answer = normalize(second)
-    reward = 1.0 if answer == word else 0.25 if word in answer else 0.0
+    if answer == word:
+        reward = 1.0
+    elif word in answer:
+        reward = 0.5 if len(second.split()) <= 3 else 0.25
+    else:
+        reward = 0.0
     if normalize(first) == "ok":
         reward += 0.1
     return min(reward, 1.0)

@@ -137,3 +137,19 @@ def test_saved_weights_load_as_a_plain_model(tiny_model_dir: Path, tmp_path: Pat
     saved = reloaded.state_dict()
     for name, value in backend.model.state_dict().items():
         torch.testing.assert_close(value, saved[name], msg=name)
+
+
+def test_logprobs_are_those_of_the_sampling_temperature(tiny_model_dir: Path) -> None:
+    from reins.trainer.backend import _pack
+
+    cold, hot = load(tiny_model_dir), load(tiny_model_dir, temperature=0.5)
+    sequence = make_batch().sequences[0]
+    tensors = _pack([sequence], cold.device)
+    with torch.no_grad():
+        at_one, _ = cold._response_logprobs(cold.model, tensors, with_entropy=False)
+        at_half, _ = hot._response_logprobs(hot.model, tensors, with_entropy=False)
+        hidden = cold.model.model(input_ids=tensors.input_ids).last_hidden_state
+        logits = cold.model.lm_head(hidden[:, :-1][tensors.response_positions]).float()
+    expected = torch.log_softmax(logits / 0.5, -1).gather(-1, tensors.targets[:, None])[:, 0]
+    torch.testing.assert_close(at_half, expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(at_one, at_half)

@@ -41,6 +41,9 @@ class BackendConfig(BaseModel):
     kl_to_initial: bool = False
     kl_coef: float = 0.0
     gradient_checkpointing: bool = False
+    temperature: float = 1.0
+    """The sampling temperature of `train` calls: the policy is softmax(logits / temperature), as
+    the engine's logprobs are."""
 
 
 @dataclass
@@ -234,7 +237,7 @@ class TorchBackend:
         ).last_hidden_state
         # Token t is predicted at position t - 1.
         selected = hidden[:, :-1][tensors.response_positions]
-        logits = base.get_output_embeddings()(selected).float()
+        logits = base.get_output_embeddings()(selected).float() / self.config.temperature
         all_logprobs = torch.log_softmax(logits, dim=-1)
         logprobs = all_logprobs.gather(-1, tensors.targets[:, None]).squeeze(-1)
         if not with_entropy:

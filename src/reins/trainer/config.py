@@ -62,7 +62,8 @@ class TrainConfig(BaseModel):
     val_temperature: float | None = Field(default=0.0, ge=0)
     """Temperature the gateway sets on `val` calls (None: the harness's own)."""
     train_temperature: float = Field(default=1.0, gt=0)
-    """Temperature the gateway sets on `train` calls (1: logprobs are the policy's own)."""
+    """Temperature the gateway sets on `train` calls; the trainer's policy is
+    softmax(logits / train_temperature), the distribution the engine sampled from."""
 
     # -- agents ------------------------------------------------------------------------------
     agent: str

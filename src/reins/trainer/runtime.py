@@ -68,6 +68,11 @@ class ConsoleReporter:
     def phase(self, step: int, name: str) -> None:
         self.progress.update(self.task, phase=f"[cyan]{name}[/cyan]")
 
+    def services(self, gateway_url: str, api_key: str) -> None:
+        self.console.print(
+            f"dashboard: {gateway_url}/ui (admin key {api_key}); gateway API {gateway_url}/docs"
+        )
+
     def rollouts(self, done: int, total: int) -> None:
         self.progress.update(self.task, phase=f"[cyan]rollouts {done}/{total}[/cyan]")
 
@@ -180,7 +185,12 @@ async def train(
     torch.manual_seed(config.seed)
 
     model, tokenizer, folder = load_policy(config)
-    backend = TorchBackend(model, BackendConfig.model_validate(config.model_dump()))
+    backend = TorchBackend(
+        model,
+        BackendConfig.model_validate(
+            {**config.model_dump(), "temperature": config.train_temperature}
+        ),
+    )
     train_tasks = load_tasks(config.tasks)
     val_tasks = load_tasks(config.val_tasks) if config.val_tasks else []
     stream = TaskStream(train_tasks, config.seed)
@@ -204,6 +214,9 @@ async def train(
     engine_server = None
     async with _gateway(config, api_key, folder) as gateway_url:
         client = GatewayClient(gateway_url, api_key)
+        announce = getattr(reporter, "services", None)
+        if announce is not None:
+            announce(gateway_url, api_key)
         publisher: WeightPublisher
         name = folder.name
         if config.engine_url is None:
