@@ -1,5 +1,5 @@
 """Fixtures of the real-engine tier: one vLLM server for the whole session (about a minute to
-start on two cores), and the default model's tokenizer."""
+start on two cores), the default model's tokenizer, and one embedded engine (about 3 s)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from reins.engine.prepare import prepare_default_model
+from tests.embedded_support import ServedEngine, served_engine
 from tests.vllm_support import INSTALL_HINT, VllmServer, vllm_python, vllm_venv
 
 
@@ -33,3 +34,14 @@ def tokenizer(vllm_server: VllmServer) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(vllm_server.model_dir)
+
+
+@pytest.fixture(scope="session")
+def embedded() -> Iterator[ServedEngine]:
+    """One embedded engine (the default model in float32, so that its logprobs can be checked
+    against a recomputed forward pass) served on loopback for the whole session.
+
+    Tests that change its weights use their own engine instead.
+    """
+    with served_engine(dtype="float32") as served:
+        yield served

@@ -34,42 +34,105 @@ class SamplingParams:
         return generator
 
 
+CANDIDATES = (64, 1024)
+"""Top-p and top-k look for their tokens among the 64, then the 1024 most likely tokens (a partial
+sort); only a row whose kept set may be wider than that sorts the whole vocabulary."""
+BLOCK = 256
+"""Inverse-CDF sampling first finds the block of this many tokens where the draw falls, then the
+token inside it: float64 sums of a few hundred values instead of a cumulative sum over the whole
+vocabulary."""
+
+
 def sample_next(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
 ) -> tuple[list[int], list[float]]:
-    """One token per row of `logits` ([rows, vocab]), and its logprob (see the module docstring)."""
+    """One token per row of `logits` ([rows, vocab]), and its logprob (see the module docstring).
+
+    A sampled row draws one uniform number from its generator (the global one when it has none)
+    and takes the token where that number falls in the row's cumulative distribution: one random
+    number per token, where `torch.multinomial` draws one per vocabulary entry.
+    """
     logits = logits.float()
     temperatures = torch.tensor([p.temperature for p in params], dtype=torch.float32)
     greedy = temperatures <= 0
     scale = torch.where(greedy, torch.ones_like(temperatures), temperatures)
     logprobs = torch.log_softmax(logits / scale[:, None], dim=-1)
 
-    probs = logprobs.exp()
-    truncated = [p.top_p < 1.0 or p.top_k > 0 for p in params]
-    if any(truncated):
-        probs = _truncate(probs, params)
-
-    tokens: list[int] = []
-    for row, generator in enumerate(generators):
-        if bool(greedy[row]):
-            tokens.append(int(torch.argmax(logits[row])))
+    tokens = torch.zeros(len(params), dtype=torch.long)
+    sampled = [row for row, p in enumerate(params) if p.temperature > 0]
+    if len(sampled) < len(params):
+        rows = torch.nonzero(greedy)[:, 0]
+        tokens[rows] = logits[rows].argmax(dim=-1)
+    for group in (
+        [row for row in sampled if not _truncates(params[row])],
+        [row for row in sampled if _truncates(params[row])],
+    ):
+        if not group:
+            continue
+        index = torch.tensor(group)
+        probs = logprobs.exp() if len(group) == len(params) else logprobs[index].exp()
+        uniforms = torch.tensor(
+            [
+                float(torch.rand((), generator=generators[row], dtype=torch.float64))
+                for row in group
+            ],
+            dtype=torch.float64,
+        )
+        if _truncates(params[group[0]]):
+            tokens[index] = _sample_truncated(probs, [params[row] for row in group], uniforms)
         else:
-            tokens.append(int(torch.multinomial(probs[row], 1, generator=generator)))
-    chosen = torch.tensor(tokens)
-    picked = logprobs[torch.arange(len(tokens)), chosen]
-    return tokens, picked.tolist()
+            tokens[index] = _inverse_cdf(probs, uniforms)
+    picked = logprobs.gather(1, tokens[:, None])[:, 0]
+    return tokens.tolist(), picked.tolist()
 
 
-def _truncate(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Top-k then top-p (nucleus) per row; the most likely token always survives."""
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    ranks = torch.arange(probs.shape[-1])[None, :]
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else probs.shape[-1] for p in params])
+def _truncates(params: SamplingParams) -> bool:
+    return params.top_p < 1.0 or params.top_k > 0
+
+
+def _sample_truncated(
+    probs: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor
+) -> torch.Tensor:
+    """Top-k then top-p (nucleus) per row, the most likely token always kept; then inverse-CDF
+    sampling among the kept tokens."""
+    vocab = probs.shape[-1]
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
     top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    for width in (*(w for w in CANDIDATES if w < vocab), vocab):
+        if width == vocab:
+            values, order = torch.sort(probs, dim=-1, descending=True)
+            break
+        values, order = torch.topk(probs, width, dim=-1)
+        # The tokens past the candidates are dropped when the candidates hold top_p of the mass
+        # or top_k tokens.
+        if bool(((values.sum(dim=-1) >= top_p) | (top_k <= width)).all()):
+            break
+    ranks = torch.arange(values.shape[-1])[None, :]
+    mass_before = values.cumsum(dim=-1) - values
     drop = (ranks >= top_k[:, None]) | (mass_before >= top_p[:, None])
     drop[:, 0] = False
-    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-    return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    chosen = _inverse_cdf(values.masked_fill(drop, 0.0), uniforms)
+    return order.gather(1, chosen[:, None])[:, 0]
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the token whose interval of the cumulative distribution holds `uniform * total`
+    (float64). A token of probability 0 has an empty interval and is never chosen."""
+    rows, width = probs.shape
+    blocks = -(-width // BLOCK)
+    if width % BLOCK:
+        probs = torch.nn.functional.pad(probs, (0, blocks * BLOCK - width))
+    grid = probs.view(rows, blocks, BLOCK)
+    block_cdf = grid.sum(dim=-1).double().cumsum(dim=-1)
+    total = block_cdf[:, -1]
+    # u < 1, but u * total may round up to total: keep the target inside the distribution.
+    targets = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
+    block = torch.searchsorted(block_cdf, targets[:, None], right=True)[:, 0]
+    before = torch.nn.functional.pad(block_cdf, (1, 0)).gather(1, block[:, None])[:, 0]
+    inner = grid[torch.arange(rows), block].double().cumsum(dim=-1)
+    last = inner[:, -1]
+    inside = torch.minimum(targets - before, torch.nextafter(last, torch.zeros_like(last)))
+    offset = torch.searchsorted(inner, inside[:, None], right=True)[:, 0]
+    return block * BLOCK + offset

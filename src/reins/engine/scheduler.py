@@ -13,6 +13,7 @@ ones, as in vLLM's in-place weight update; it records the version it started wit
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from collections import deque
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from reins.engine.sampling import SamplingParams, sample_next
 
@@ -74,6 +76,9 @@ class BatchScheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self.weights_lock = weights_lock or threading.Lock()
         self.steps = 0
+        # transformers 5 renamed `past_key_values` to `cache` (the old name warns on every call).
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
         self._waiting: deque[Sequence] = deque()
         self._active: list[Sequence] = []
         self._cache: DynamicCache | None = None
@@ -161,14 +166,14 @@ class BatchScheduler:
             ids[row, longest - n :] = torch.tensor(sequence.prompt_ids)
             mask[row, longest - n :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        cache = _new_cache()
         out = self.model(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
             position_ids=positions.to(device),
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self._cache_kwarg: cache},
         )
         self._sample(joining, out.logits[:, -1, :])
         self._join(joining, cache, mask.to(device))
@@ -183,8 +188,8 @@ class BatchScheduler:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=self._cache,
             use_cache=True,
+            **{self._cache_kwarg: self._cache},
         )
         self._mask = mask
         self.steps += 1
@@ -267,6 +272,70 @@ def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
     shape = list(tensor.shape)
     shape[axis] = missing
     return torch.cat([tensor.new_zeros(shape), tensor], dim=axis)
+
+
+class _RoomyLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+    """A cache layer whose keys and values are views of buffers with room to grow along the
+    sequence axis: a decode step writes its one new position in place, where `DynamicLayer`
+    concatenates (copies) the whole cache of every layer at every step.
+
+    When the scheduler replaces `keys`/`values` (a sequence joins or leaves the batch), the next
+    update moves them into a new buffer.
+    """
+
+    _room: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        old_keys, old_values = self.keys, self.values
+        if not self.is_initialized or old_keys is None or old_values is None:
+            self.lazy_initialization(key_states, value_states)
+            old_keys = old_values = None
+        length = old_keys.shape[-2] if old_keys is not None and old_keys.numel() else 0
+        needed = length + key_states.shape[-2]
+        room = self._room
+        if room is None or not _front_of(room, old_keys, old_values, needed):
+            batch, heads, _, dim = key_states.shape
+            capacity = needed + max(64, needed // 4)
+            room = (
+                key_states.new_empty(batch, heads, capacity, dim),
+                value_states.new_empty(batch, heads, capacity, value_states.shape[-1]),
+            )
+            if length and old_keys is not None and old_values is not None:
+                room[0][:, :, :length] = old_keys
+                room[1][:, :, :length] = old_values
+            self._room = room
+        room[0][:, :, length:needed] = key_states
+        room[1][:, :, length:needed] = value_states
+        keys, values = room[0][:, :, :needed], room[1][:, :, :needed]
+        self.keys, self.values = keys, values
+        return keys, values
+
+
+def _front_of(
+    room: tuple[torch.Tensor, torch.Tensor],
+    keys: torch.Tensor | None,
+    values: torch.Tensor | None,
+    needed: int,
+) -> bool:
+    """Whether `keys` and `values` are still the front of `room`, which has space for `needed`."""
+    if keys is None or values is None or keys.numel() == 0:
+        return False
+    return all(
+        part.data_ptr() == buffer.data_ptr()
+        and part.shape[:2] == buffer.shape[:2]
+        and part.stride() == buffer.stride()
+        and buffer.shape[2] >= needed
+        for part, buffer in zip((keys, values), room, strict=True)
+    )
+
+
+def _new_cache() -> DynamicCache:
+    cache = DynamicCache()
+    if hasattr(cache, "layer_class_to_replicate") and not cache.layers:
+        cache.layer_class_to_replicate = _RoomyLayer
+    return cache
 
 
 def _layers(cache: DynamicCache) -> list[Any]:

@@ -1,0 +1,59 @@
+"""The embedded engine in the test process: the default model behind its OpenAI API on loopback.
+
+Loading the default model takes about 3 s on two cores, so the tiers that use it (`tests/engine`,
+`tests/harness`) each hold one engine for the whole session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from reins.engine.api import create_engine_app
+from reins.engine.embedded import EmbeddedEngine
+from reins.serving import BackgroundServer
+
+# Nothing outside this machine can be reached: the model comes from the local cache only.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@dataclass
+class ServedEngine:
+    """An `EmbeddedEngine` and the uvicorn server (a thread of this process) that serves it."""
+
+    engine: EmbeddedEngine
+    server: BackgroundServer
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL (`.../v1`)."""
+        return f"{self.server.url}/v1"
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def idle(self) -> bool:
+        """No sequence running or waiting."""
+        return self.engine.scheduler.load() == (0, 0)
+
+
+@contextlib.contextmanager
+def served_engine(**options: Any) -> Iterator[ServedEngine]:
+    """The default model (prepared once into the local cache, never from a hub), served;
+    `options` go to `EmbeddedEngine.load` (`dtype=...`)."""
+    engine = EmbeddedEngine.load(**options)
+    server = BackgroundServer(create_engine_app(engine)).start()
+    try:
+        yield ServedEngine(engine, server)
+    finally:
+        server.stop()
+        engine.close()

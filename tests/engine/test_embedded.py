@@ -1,0 +1,593 @@
+"""The embedded engine (the real default model, SmolLM2-135M-Instruct, in float32) behind its
+OpenAI API: batching never changes what is sampled, logprobs are the policy's own, sampling
+settings, streaming, tools, weight updates and errors. Nothing is stubbed.
+
+Generations are kept short (a few to a few dozen tokens) so the tier stays fast on two cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+
+from reins.engine.api import WEIGHT_VERSION_HEADER
+from reins.engine.chat import (
+    TOOL_CALL_OPEN,
+    parse_tool_calls,
+    prepare_messages,
+    template_knows_tools,
+)
+from reins.engine.embedded import EmbeddedEngine, Token
+from reins.engine.prepare import prepare_default_model
+from reins.engine.sampling import SamplingParams
+from tests.embedded_support import ServedEngine, served_engine
+
+COUNTING = "Counting: 1, 2, 3,"
+"""Greedy decoding continues it with ` 4, 5, 6, 7, ...` and does not end early."""
+PROMPTS = [
+    COUNTING,
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea, there lived",
+    "def fibonacci(n):",
+]
+OPEN_QUESTION = [{"role": "user", "content": "Write a short poem about the sea."}]
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def weather_call(city: str, call_id: str) -> dict[str, Any]:
+    arguments = json.dumps({"city": city})
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": arguments},
+            }
+        ],
+    }
+
+
+FEW_SHOT_TOOL_USE = [
+    {"role": "user", "content": "Weather in Rome?"},
+    weather_call("Rome", "call_1"),
+    {"role": "user", "content": "Weather in Oslo?"},
+    weather_call("Oslo", "call_2"),
+    {"role": "user", "content": "Weather in Paris?"},
+]
+"""A history in which the assistant always answered with a tool call: greedy decoding makes the
+default model answer the last question with a `<tool_call>` for Paris."""
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def post(served: ServedEngine, route: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{served.base_url}{route}", json=body, timeout=300)
+
+
+def complete(served: ServedEngine, prompt: str | list[int], **fields: Any) -> dict[str, Any]:
+    response = post(served, "/completions", {"model": served.name, "prompt": prompt, **fields})
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def chat(served: ServedEngine, messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+    body = {"model": served.name, "messages": messages, **fields}
+    response = post(served, "/chat/completions", body)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def stream_chunks(served: ServedEngine, route: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    chunks = []
+    with httpx.stream("POST", f"{served.base_url}{route}", json=body, timeout=300) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                break
+            chunks.append(json.loads(line.removeprefix("data: ")))
+    return chunks
+
+
+def ids(served: ServedEngine, text: str) -> list[int]:
+    return list(served.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens)
+
+
+async def generate_tokens(
+    engine: EmbeddedEngine,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    on_token: Callable[[int], None] | None = None,
+) -> list[int]:
+    tokens: list[int] = []
+    async for item in engine.generate(prompt_ids, [params]):
+        if isinstance(item, Token):
+            tokens.append(item.token_id)
+            if on_token is not None:
+                on_token(len(tokens))
+    return tokens
+
+
+def recomputed_logits(engine: EmbeddedEngine, prompt: list[int], response: list[int]) -> Any:
+    """Logits that predicted each response token, from one plain forward pass (no cache)."""
+    with torch.inference_mode():
+        logits = engine.model(torch.tensor([prompt + response[:-1]])).logits[0].float()
+    return logits[len(prompt) - 1 :]
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 60) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+# -- batching ---------------------------------------------------------------------------------
+
+
+async def test_batched_greedy_output_equals_one_at_a_time(embedded: ServedEngine) -> None:
+    engine = embedded.engine
+    prompts = [ids(embedded, text) for text in PROMPTS]
+    alone = [await generate_tokens(engine, prompt, greedy(10)) for prompt in prompts]
+    steps_before = engine.scheduler.steps
+    together = await asyncio.gather(*(generate_tokens(engine, p, greedy(10)) for p in prompts))
+    assert list(together) == alone
+    # They shared decode steps: one at a time would take one step per token after the first.
+    assert engine.scheduler.steps - steps_before < sum(len(t) - 1 for t in alone)
+
+
+async def test_a_request_joining_a_running_batch_gets_its_one_at_a_time_output(
+    embedded: ServedEngine,
+) -> None:
+    engine = embedded.engine
+    first, second = ids(embedded, PROMPTS[0]), ids(embedded, PROMPTS[2])
+    first_alone = await generate_tokens(engine, first, greedy(16))
+    second_alone = await generate_tokens(engine, second, greedy(8))
+
+    running = asyncio.Event()
+    first_task = asyncio.create_task(
+        generate_tokens(engine, first, greedy(16), lambda n: n == 4 and running.set())
+    )
+    await running.wait()
+    assert engine.scheduler.load()[0] == 1  # the first request is mid-generation
+    second_joined = await generate_tokens(engine, second, greedy(8))
+    assert await first_task == first_alone
+    assert second_joined == second_alone
+
+
+# -- logprobs and sampling --------------------------------------------------------------------
+
+
+def test_logprobs_are_log_softmax_of_the_models_logits_at_temperature_1(
+    embedded: ServedEngine,
+) -> None:
+    prompt = ids(embedded, "The weather today is")
+    answer = complete(embedded, prompt, temperature=1.0, seed=11, max_tokens=8, logprobs=0)
+    choice = answer["choices"][0]
+    logits = recomputed_logits(embedded.engine, prompt, choice["token_ids"])
+    expected = torch.log_softmax(logits, dim=-1)[
+        range(len(choice["token_ids"])), choice["token_ids"]
+    ]
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+def test_logprobs_at_a_temperature_are_untruncated_by_top_p(embedded: ServedEngine) -> None:
+    prompt = ids(embedded, "Once upon a time")
+    temperature, top_p = 0.7, 0.5
+    answer = complete(
+        embedded,
+        prompt,
+        temperature=temperature,
+        top_p=top_p,
+        seed=5,
+        max_tokens=12,
+        logprobs=0,
+    )
+    choice = answer["choices"][0]
+    tokens, reported = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    logprobs = torch.log_softmax(
+        recomputed_logits(embedded.engine, prompt, tokens) / temperature, -1
+    )
+    positions = range(len(tokens))
+    assert reported == pytest.approx(logprobs[positions, tokens].tolist(), abs=1e-4)
+
+    # Each token was drawn from the nucleus, whose renormalised logprob is not what is reported.
+    sorted_probs, order = logprobs.exp().sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    truncated = []
+    for row, token in enumerate(tokens):
+        nucleus = order[row][mass_before[row] < top_p].tolist()
+        assert token in nucleus
+        kept_mass = float(logprobs[row, nucleus].exp().sum())
+        truncated.append(float(logprobs[row, token]) - math.log(kept_mass))
+    assert max(abs(a - b) for a, b in zip(reported, truncated, strict=True)) > 1e-3
+
+
+def test_greedy_logprobs_are_those_of_temperature_1(embedded: ServedEngine) -> None:
+    prompt = ids(embedded, COUNTING)
+    choice = complete(embedded, prompt, temperature=0, max_tokens=6, logprobs=0)["choices"][0]
+    logits = recomputed_logits(embedded.engine, prompt, choice["token_ids"])
+    assert choice["token_ids"] == logits.argmax(-1).tolist()
+    expected = torch.log_softmax(logits, -1)[range(6), choice["token_ids"]]
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+def test_same_seed_samples_the_same_tokens(embedded: ServedEngine) -> None:
+    def sample(seed: int) -> list[int]:
+        answer = chat(embedded, OPEN_QUESTION, temperature=1.0, seed=seed, max_tokens=16)
+        tokens: list[int] = answer["choices"][0]["token_ids"]
+        return tokens
+
+    assert sample(123) == sample(123)
+    assert sample(123) != sample(124)
+
+
+async def test_a_seeded_request_samples_the_same_tokens_in_a_batch(embedded: ServedEngine) -> None:
+    engine = embedded.engine
+    prompt = ids(embedded, PROMPTS[2])
+    seeded = SamplingParams(temperature=1.0, max_tokens=12, seed=99)
+    alone = await generate_tokens(engine, prompt, seeded)
+    unseeded = SamplingParams(temperature=1.0, max_tokens=12)
+    in_batch, *_ = await asyncio.gather(
+        generate_tokens(engine, prompt, seeded),
+        *(generate_tokens(engine, ids(embedded, text), unseeded) for text in PROMPTS[:3]),
+    )
+    assert in_batch == alone
+
+
+def test_text_stops_before_a_stop_string(embedded: ServedEngine) -> None:
+    unstopped = complete(embedded, COUNTING, temperature=0, max_tokens=20)["choices"][0]
+    assert unstopped["text"].startswith(" 4, 5, 6, 7, 8,")
+    choice = complete(embedded, COUNTING, temperature=0, max_tokens=20, stop=["7,", "never"])
+    stopped = choice["choices"][0]
+    assert stopped["text"] == " 4, 5, 6, "
+    assert stopped["finish_reason"] == "stop"
+    # Generation ended with the token that completed the stop string, which is kept.
+    assert embedded.engine.decode(stopped["token_ids"]) == " 4, 5, 6, 7,"
+
+
+def test_max_tokens_ends_with_finish_reason_length(embedded: ServedEngine) -> None:
+    answer = complete(embedded, COUNTING, temperature=0, max_tokens=5)
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert len(choice["token_ids"]) == 5
+    assert answer["usage"]["completion_tokens"] == 5
+
+
+# -- streaming --------------------------------------------------------------------------------
+
+
+def test_streamed_chat_equals_the_non_streamed_answer(embedded: ServedEngine) -> None:
+    body = {
+        "model": embedded.name,
+        "messages": OPEN_QUESTION,
+        "temperature": 1.0,
+        "seed": 77,
+        "max_tokens": 16,
+        "logprobs": True,
+    }
+    response = post(embedded, "/chat/completions", body)
+    assert response.status_code == 200
+    whole = response.json()
+    chunks = stream_chunks(
+        embedded,
+        "/chat/completions",
+        {**body, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    expected = whole["choices"][0]
+    with_choices = [c for c in chunks if c["choices"]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in with_choices)
+    token_ids = [t for c in with_choices for t in c["choices"][0]["token_ids"]]
+    logprobs = [
+        item["logprob"]
+        for c in with_choices
+        if c["choices"][0]["logprobs"]
+        for item in c["choices"][0]["logprobs"]["content"]
+    ]
+    assert text == expected["message"]["content"]
+    assert token_ids == expected["token_ids"]
+    assert logprobs == [item["logprob"] for item in expected["logprobs"]["content"]]
+    assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    assert with_choices[-1]["choices"][0]["finish_reason"] == expected["finish_reason"]
+    assert chunks[-1]["usage"] == whole["usage"]
+
+
+def test_streamed_text_never_shows_the_stop_string(embedded: ServedEngine) -> None:
+    body = {"model": embedded.name, "prompt": COUNTING, "temperature": 0, "max_tokens": 20}
+    chunks = stream_chunks(embedded, "/completions", {**body, "stop": "7,", "stream": True})
+    assert "".join(c["choices"][0]["text"] for c in chunks) == " 4, 5, 6, "
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+# -- prompts ----------------------------------------------------------------------------------
+
+
+def test_completions_take_a_token_id_prompt(embedded: ServedEngine) -> None:
+    prompt = ids(embedded, "The capital of France is")
+    choice = complete(embedded, prompt, temperature=0, max_tokens=4)["choices"][0]
+    assert choice["prompt_token_ids"] == prompt
+    assert choice["text"] == embedded.engine.decode(choice["token_ids"])
+    assert (
+        choice["text"]
+        == complete(embedded, "The capital of France is", temperature=0, max_tokens=4)["choices"][
+            0
+        ]["text"]
+    )
+
+
+def test_chat_prompt_is_the_models_own_chat_template(embedded: ServedEngine) -> None:
+    answer = chat(embedded, OPEN_QUESTION, temperature=0, max_tokens=2)
+    rendered = embedded.tokenizer.apply_chat_template(
+        OPEN_QUESTION, add_generation_prompt=True, tokenize=False
+    )
+    assert answer["prompt_token_ids"] == ids(embedded, rendered)
+    assert rendered.endswith("<|im_start|>assistant\n")
+
+
+# -- tools ------------------------------------------------------------------------------------
+
+
+def test_default_template_ignores_tools_so_the_engine_describes_them() -> None:
+    template = (prepare_default_model() / "chat_template.jinja").read_text()
+    assert not template_knows_tools(template)
+    messages = prepare_messages(
+        [{"role": "user", "content": "Weather in Paris?"}], [WEATHER_TOOL], native_tools=False
+    )
+    assert messages[0]["role"] == "system"
+    assert "<tools>" in messages[0]["content"]
+    assert json.dumps(WEATHER_TOOL) in messages[0]["content"]
+    assert TOOL_CALL_OPEN in messages[0]["content"]
+
+
+def test_tool_calls_and_results_in_the_history_are_written_in_the_hermes_form() -> None:
+    messages = prepare_messages(
+        [
+            {"role": "user", "content": "Weather in Rome?"},
+            weather_call("Rome", "call_1"),
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+        ],
+        [WEATHER_TOOL],
+        native_tools=False,
+    )
+    assert messages[2] == {
+        "role": "assistant",
+        "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n'
+        "</tool_call>",
+    }
+    assert messages[3] == {"role": "user", "content": "<tool_response>\nSunny\n</tool_response>"}
+
+
+def test_a_tool_call_block_in_the_text_becomes_tool_calls() -> None:
+    content, calls = parse_tool_calls(
+        'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        "</tool_call>"
+    )
+    assert content == "Let me look."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
+
+
+def test_a_tool_call_block_that_is_not_json_stays_text() -> None:
+    text = "<tool_call>get_weather(Paris)</tool_call>"
+    assert parse_tool_calls(text) == (text, [])
+
+
+def test_tools_are_described_in_the_rendered_prompt(embedded: ServedEngine) -> None:
+    question = [{"role": "user", "content": "Weather in Paris?"}]
+    with_tools = chat(embedded, question, tools=[WEATHER_TOOL], temperature=0, max_tokens=1)
+    without = chat(embedded, question, temperature=0, max_tokens=1)
+    prompt = embedded.tokenizer.decode(with_tools["prompt_token_ids"])
+    assert "<tools>" in prompt and '"name": "get_weather"' in prompt
+    assert "<tools>" not in embedded.tokenizer.decode(without["prompt_token_ids"])
+
+
+def test_a_generated_tool_call_is_answered_as_tool_calls(embedded: ServedEngine) -> None:
+    answer = chat(embedded, FEW_SHOT_TOOL_USE, tools=[WEATHER_TOOL], temperature=0, max_tokens=32)
+    choice = answer["choices"][0]
+    assert TOOL_CALL_OPEN in embedded.engine.decode(choice["token_ids"])
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+
+
+def test_a_streamed_tool_call_arrives_as_a_tool_calls_delta(embedded: ServedEngine) -> None:
+    body = {
+        "model": embedded.name,
+        "messages": FEW_SHOT_TOOL_USE,
+        "tools": [WEATHER_TOOL],
+        "temperature": 0,
+        "max_tokens": 32,
+        "stream": True,
+    }
+    chunks = stream_chunks(embedded, "/chat/completions", body)
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert TOOL_CALL_OPEN not in content
+    (last,) = [c for c in chunks if c["choices"][0]["delta"].get("tool_calls")]
+    (call,) = last["choices"][0]["delta"]["tool_calls"]
+    assert call["index"] == 0
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert last["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_tool_choice_none_leaves_the_tools_out(embedded: ServedEngine) -> None:
+    answer = chat(
+        embedded,
+        [{"role": "user", "content": "Hi"}],
+        tools=[WEATHER_TOOL],
+        tool_choice="none",
+        temperature=0,
+        max_tokens=1,
+    )
+    assert "<tools>" not in embedded.tokenizer.decode(answer["prompt_token_ids"])
+
+
+# -- weight updates ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_engine() -> Iterator[ServedEngine]:
+    """An engine of its own: these tests change its weights."""
+    with served_engine(dtype="float32") as served:
+        yield served
+
+
+def greedy_answer(served: ServedEngine) -> tuple[int, list[int]]:
+    """(weight version header, greedy token IDs) of one fixed completion."""
+    response = post(
+        served,
+        "/completions",
+        {"model": served.name, "prompt": COUNTING, "temperature": 0, "max_tokens": 6},
+    )
+    assert response.status_code == 200
+    return int(response.headers[WEIGHT_VERSION_HEADER]), response.json()["choices"][0]["token_ids"]
+
+
+def test_updating_weights_in_place_bumps_the_version_and_changes_outputs(
+    own_engine: ServedEngine,
+) -> None:
+    engine = own_engine.engine
+    version, before = greedy_answer(own_engine)
+    assert version == engine.weight_version
+    norm = engine.model.model.norm.weight
+    with engine.updating_weights(), torch.no_grad():
+        norm.mul_(-1)  # negates every logit: greedy picks other tokens
+    assert greedy_answer(own_engine)[0] == version + 1
+    assert greedy_answer(own_engine)[1] != before
+    with engine.updating_weights(), torch.no_grad():
+        norm.mul_(-1)
+    assert greedy_answer(own_engine) == (version + 2, before)
+
+
+def test_load_weights_from_a_folder_bumps_the_version_and_changes_outputs(
+    own_engine: ServedEngine, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    engine = own_engine.engine
+    version, before = greedy_answer(own_engine)
+    changed = AutoModelForCausalLM.from_pretrained(prepare_default_model(), dtype=torch.float32)
+    with torch.no_grad():
+        changed.model.norm.weight.mul_(-1)
+    changed.save_pretrained(tmp_path / "changed")
+
+    assert engine.load_weights(tmp_path / "changed") == version + 1
+    new_version, after = greedy_answer(own_engine)
+    assert new_version == version + 1
+    assert after != before
+    assert engine.load_weights(prepare_default_model()) == version + 2
+    assert greedy_answer(own_engine) == (version + 2, before)
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def assert_openai_error(response: httpx.Response, status: int, says: str) -> None:
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert says in error["message"]
+    assert error["code"] == status
+    assert isinstance(error["type"], str)
+
+
+def test_unknown_model_is_404(embedded: ServedEngine) -> None:
+    response = post(embedded, "/chat/completions", {"model": "gpt-9", "messages": OPEN_QUESTION})
+    assert_openai_error(response, 404, "gpt-9")
+    client = openai.OpenAI(base_url=embedded.base_url, api_key="x", max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-9", prompt="hi", max_tokens=1)
+
+
+def test_too_long_prompt_is_400(embedded: ServedEngine) -> None:
+    too_long = [42] * (embedded.engine.max_model_len + 1)
+    response = post(embedded, "/completions", {"model": embedded.name, "prompt": too_long})
+    assert_openai_error(response, 400, "maximum context length")
+
+
+def test_max_tokens_beyond_the_context_is_400(embedded: ServedEngine) -> None:
+    body = {
+        "model": embedded.name,
+        "prompt": [42] * 10,
+        "max_tokens": embedded.engine.max_model_len,
+    }
+    assert_openai_error(post(embedded, "/completions", body), 400, "maximum context length")
+
+
+def test_body_that_is_not_json_is_400(embedded: ServedEngine) -> None:
+    response = httpx.post(
+        f"{embedded.base_url}/chat/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
+    assert_openai_error(response, 400, "not JSON")
+
+
+def test_invalid_field_is_400(embedded: ServedEngine) -> None:
+    body = {"model": embedded.name, "messages": OPEN_QUESTION, "temperature": "hot"}
+    assert_openai_error(post(embedded, "/chat/completions", body), 400, "temperature")
+
+
+def test_models_lists_the_served_name(embedded: ServedEngine) -> None:
+    models = httpx.get(f"{embedded.base_url}/models").json()
+    assert [m["id"] for m in models["data"]] == [embedded.name]
+
+
+# -- clients that go away ---------------------------------------------------------------------
+
+
+def test_a_client_that_hangs_up_mid_stream_frees_its_batch_slot(embedded: ServedEngine) -> None:
+    engine = embedded.engine
+    assert embedded.idle()
+    steps_before = engine.scheduler.steps
+    body = {
+        "model": embedded.name,
+        "prompt": COUNTING,
+        "temperature": 0,
+        "max_tokens": 400,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{embedded.base_url}/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(3):
+            next(line for line in lines if line.startswith("data: "))
+        assert engine.scheduler.load() == (1, 0)
+    # The connection is closed: the sequence leaves the batch long before its 400 tokens.
+    assert wait_until(embedded.idle)
+    assert engine.scheduler.steps - steps_before < 300

@@ -1,0 +1,96 @@
+"""Sampling one token per row (`reins.engine.sampling`): pure functions on logits, no model."""
+
+from __future__ import annotations
+
+import torch
+
+from reins.engine.sampling import SamplingParams, sample_next
+
+
+def draws(logits: torch.Tensor, params: SamplingParams, rows: int, seed: int = 0) -> list[int]:
+    """`rows` independent draws from one distribution, in one batched call."""
+    torch.manual_seed(seed)
+    tokens, _ = sample_next(logits.expand(rows, -1), [params] * rows, [None] * rows)
+    return tokens
+
+
+def distribution(vocab: int, mass: dict[int, float]) -> torch.Tensor:
+    """Logits whose softmax puts `mass` on the given tokens and (almost) none elsewhere."""
+    logits = torch.full((1, vocab), -1e4)
+    for token, probability in mass.items():
+        logits[0, token] = torch.log(torch.tensor(probability))
+    return logits
+
+
+def test_sampled_frequencies_follow_the_distribution() -> None:
+    # Tokens in different 256-token blocks of the inverse-CDF search, and a vocabulary that is
+    # not a multiple of the block.
+    mass = {3: 0.1, 255: 0.2, 256: 0.3, 599: 0.4}
+    tokens = draws(distribution(600, mass), SamplingParams(temperature=1.0), rows=20_000)
+    for token, probability in mass.items():
+        frequency = tokens.count(token) / len(tokens)
+        sigma = (probability * (1 - probability) / len(tokens)) ** 0.5
+        assert abs(frequency - probability) < 5 * sigma, (token, frequency)
+    assert set(tokens) == set(mass)
+
+
+def test_top_k_and_top_p_never_sample_a_dropped_token() -> None:
+    logits = distribution(1000, {10: 0.5, 20: 0.3, 30: 0.15, 40: 0.05})
+    assert set(draws(logits, SamplingParams(top_k=2), rows=2000)) == {10, 20}
+    # Nucleus 0.6: token 10 (mass before it 0) and 20 (0.5 < 0.6); 30 has 0.8 before it.
+    assert set(draws(logits, SamplingParams(top_p=0.6), rows=2000)) == {10, 20}
+    # The most likely token always stays, however small top_p is.
+    assert set(draws(logits, SamplingParams(top_p=0.01), rows=200)) == {10}
+
+
+def test_a_nucleus_wider_than_the_candidates_is_found_by_a_full_sort() -> None:
+    vocab = 5000
+    logits = torch.linspace(0.0, 0.01, vocab)[None, :]  # nearly flat; token vocab-1 most likely
+    probs = torch.softmax(logits[0], dim=-1).flip(0)  # by rank
+    nucleus = int(((probs.cumsum(0) - probs) < 0.5).sum())
+    assert nucleus > 2000
+    ranks = [vocab - 1 - token for token in draws(logits, SamplingParams(top_p=0.5), rows=4000)]
+    assert max(ranks) < nucleus
+    assert max(ranks) > 1024  # beyond the partial sort's candidates
+
+
+def test_greedy_rows_take_the_argmax() -> None:
+    logits = torch.randn(3, 700)
+    tokens, logprobs = sample_next(logits, [SamplingParams(temperature=0.0)] * 3, [None] * 3)
+    assert tokens == logits.argmax(dim=-1).tolist()
+    expected = torch.log_softmax(logits, dim=-1)[range(3), tokens]
+    assert logprobs == expected.tolist()
+
+
+def test_reported_logprob_is_of_the_tempered_distribution_before_truncation() -> None:
+    logits = torch.randn(4, 700) * 4
+    params = [
+        SamplingParams(temperature=0.5, top_p=0.3),
+        SamplingParams(temperature=1.0, top_k=3),
+        SamplingParams(temperature=2.0),
+        SamplingParams(temperature=0.0),
+    ]
+    tokens, logprobs = sample_next(logits, params, [None] * 4)
+    for row, p in enumerate(params):
+        scale = p.temperature if p.temperature > 0 else 1.0
+        expected = torch.log_softmax(logits[row] / scale, dim=-1)[tokens[row]]
+        assert abs(logprobs[row] - float(expected)) < 1e-6
+
+
+def test_a_seeded_row_samples_the_same_tokens_whatever_else_is_in_the_batch() -> None:
+    logits = torch.randn(1, 900)
+    seeded = SamplingParams(temperature=1.0, seed=42)
+
+    def run(rows: int) -> list[int]:
+        params = [seeded] + [SamplingParams(temperature=1.0)] * (rows - 1)
+        generator = seeded.generator()
+        out = []
+        for _ in range(20):
+            tokens, _ = sample_next(
+                logits.expand(rows, -1), params, [generator] + [None] * (rows - 1)
+            )
+            out.append(tokens[0])
+        return out
+
+    assert run(1) == run(5)
+    assert len(set(run(1))) > 1

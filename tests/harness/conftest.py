@@ -1,0 +1,146 @@
+"""Real harnesses against the real stack: harness -> gateway proxy -> embedded engine.
+
+One embedded engine (the default model, the engine's default dtype) and one gateway (SQLite in a
+temp folder) serve the whole session; each test gets a rollout attempt of its own and reads back
+what the proxy recorded for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from reins.engine.chat import parse_tool_calls
+from reins.gateway import GatewaySettings
+from tests.conftest import ADMIN_KEY, serve
+from tests.embedded_support import ServedEngine, served_engine
+
+# The harnesses run offline: no price tables, traces or hub downloads.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("MSWEA_CONFIGURED", "true")
+os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
+os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
+os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+
+
+@dataclass(frozen=True)
+class Received:
+    """What the harness got back from one call: text, or tool calls (and the text beside them)."""
+
+    content: str | None
+    tool_calls: tuple[tuple[str, Any], ...] = ()
+    """(name, parsed arguments) of each call."""
+
+    @classmethod
+    def text(cls, content: str | None) -> Received:
+        return cls(content or "")
+
+    @classmethod
+    def calls(cls, content: str | None, calls: list[tuple[str, str]]) -> Received:
+        """`calls`: (name, arguments as the JSON text the harness received)."""
+        return cls(content or None, tuple((name, json.loads(args)) for name, args in calls))
+
+
+@dataclass
+class Rollout:
+    """One rollout attempt on the gateway, and the proxy URL a harness is pointed at."""
+
+    gateway_url: str
+    rollout_id: str
+    token: str
+    engine: ServedEngine
+    mode: str = "train"
+
+    @property
+    def base_url(self) -> str:
+        return (
+            f"{self.gateway_url}/proxy/rollout/{self.rollout_id}/attempt/1/mode/{self.mode}"
+            "/openai/v1"
+        )
+
+    @property
+    def model(self) -> str:
+        return self.engine.name
+
+    def calls(self) -> list[dict[str, Any]]:
+        """The `model_request` events' data, in call order."""
+        response = httpx.get(
+            f"{self.gateway_url}/api/rollouts/{self.rollout_id}/events",
+            params={"type": "model_request"},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=30,
+        )
+        response.raise_for_status()
+        return [event["data"] for event in response.json()]
+
+    def assert_recorded_as_received(self, received: list[Received]) -> None:
+        """Call after call, the recorded response token IDs decode to exactly what the harness
+        received: the same text, or text that parses to the same tool calls."""
+        calls = self.calls()
+        assert len(calls) == len(received), [c["response"] for c in calls]
+        assert any(got.content or got.tool_calls for got in received), "every answer was empty"
+        for number, (call, got) in enumerate(zip(calls, received, strict=True), start=1):
+            assert call["status"] == 200, f"call {number}: {call.get('error')}"
+            assert call["prompt_token_ids"], f"call {number} has no prompt token IDs"
+            assert len(call["response_logprobs"]) == len(call["response_token_ids"])
+            assert call["model_version"] == self.engine.engine.weight_version
+            decoded = self.engine.engine.decode(call["response_token_ids"])
+            if got.tool_calls:
+                content, parsed = parse_tool_calls(decoded)
+                calls_seen = [
+                    (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed
+                ]
+                assert calls_seen == list(got.tool_calls), f"call {number}"
+                assert content == got.content, f"call {number}"
+            else:
+                assert decoded == got.content, f"call {number}"
+
+
+@pytest.fixture(scope="session")
+def embedded() -> Iterator[ServedEngine]:
+    with served_engine() as served:
+        yield served
+
+
+@pytest.fixture(scope="session")
+def gateway_url(embedded: ServedEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    database = tmp_path_factory.mktemp("harness-gateway") / "gateway.db"
+    settings = GatewaySettings(database_url=str(database), api_key=ADMIN_KEY)
+    with serve(settings) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        httpx.post(
+            f"{url}/api/models",
+            json={"model": embedded.name, "endpoint": embedded.base_url, "engine": "embedded"},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        ).raise_for_status()
+        yield url
+
+
+def open_rollout(gateway_url: str, engine: ServedEngine, mode: str = "train") -> Rollout:
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    rollout_id = f"harness-{uuid.uuid4().hex[:12]}"
+    httpx.post(
+        f"{gateway_url}/api/rollouts", json=[{"rollout_id": rollout_id}], headers=admin
+    ).raise_for_status()
+    attempt = httpx.post(f"{gateway_url}/api/rollouts/{rollout_id}/attempts", headers=admin)
+    attempt.raise_for_status()
+    return Rollout(gateway_url, rollout_id, attempt.json()["token"], engine, mode)
+
+
+@pytest.fixture
+def rollout(gateway_url: str, embedded: ServedEngine) -> Rollout:
+    """A rollout attempt in `train` mode: the proxy samples at temperature 1."""
+    return open_rollout(gateway_url, embedded)
+
+
+@pytest.fixture
+def val_rollout(gateway_url: str, embedded: ServedEngine) -> Rollout:
+    """A rollout attempt in `val` mode: the harness's own sampling settings are kept."""
+    return open_rollout(gateway_url, embedded, mode="val")

@@ -1,0 +1,151 @@
+"""The `openai` SDK, pointed at the gateway proxy in front of the embedded engine: plain,
+streamed and tool-calling conversations are recorded token for token as the SDK received them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+
+from tests.harness.conftest import Received, Rollout
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = ["Name a colour.", "And another one?", "Which of the two do you like best?"]
+MAX_TOKENS = 24
+
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def weather_call(city: str, call_id: str) -> dict[str, Any]:
+    arguments = json.dumps({"city": city})
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": arguments},
+            }
+        ],
+    }
+
+
+FEW_SHOT_TOOL_USE = [
+    {"role": "user", "content": "Weather in Rome?"},
+    weather_call("Rome", "call_1"),
+    {"role": "user", "content": "Weather in Oslo?"},
+    weather_call("Oslo", "call_2"),
+    {"role": "user", "content": "Weather in Paris?"},
+]
+"""The test puts earlier tool calls in the history (a 135M model rarely makes one on its own);
+greedy decoding then answers the last question with a tool call of its own."""
+
+
+def client(rollout: Rollout) -> openai.OpenAI:
+    return openai.OpenAI(base_url=rollout.base_url, api_key=rollout.token, timeout=300)
+
+
+def received_of(message: Any) -> Received:
+    if message.tool_calls:
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls]
+        return Received.calls(message.content, calls)
+    return Received.text(message.content)
+
+
+def test_plain_conversation(rollout: Rollout) -> None:
+    sdk = client(rollout)
+    messages: list[Any] = []
+    received = []
+    for question in QUESTIONS:
+        messages.append({"role": "user", "content": question})
+        completion = sdk.chat.completions.create(
+            model=rollout.model, messages=messages, max_tokens=MAX_TOKENS
+        )
+        message = completion.choices[0].message
+        received.append(received_of(message))
+        messages.append({"role": "assistant", "content": message.content})
+    rollout.assert_recorded_as_received(received)
+
+
+def test_streamed_conversation(rollout: Rollout) -> None:
+    sdk = client(rollout)
+    messages: list[Any] = []
+    received = []
+    for question in QUESTIONS:
+        messages.append({"role": "user", "content": question})
+        pieces = []
+        for chunk in sdk.chat.completions.create(
+            model=rollout.model, messages=messages, max_tokens=MAX_TOKENS, stream=True
+        ):
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+        text = "".join(pieces)
+        received.append(Received.text(text))
+        messages.append({"role": "assistant", "content": text})
+    rollout.assert_recorded_as_received(received)
+    assert all(call["stream"] for call in rollout.calls())
+
+
+def test_tool_calling_conversation(val_rollout: Rollout) -> None:
+    """`val` mode keeps the SDK's temperature 0, so the model's own tool call is certain."""
+    sdk = client(val_rollout)
+    messages: list[Any] = list(FEW_SHOT_TOOL_USE)
+    first = sdk.chat.completions.create(
+        model=val_rollout.model,
+        messages=messages,
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        temperature=0,
+        max_tokens=32,
+    )
+    message = first.choices[0].message
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert message.tool_calls is not None
+    (call,) = message.tool_calls
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    received = [received_of(message)]
+
+    messages.append(message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"})
+    pieces: list[str] = []
+    streamed_calls: dict[int, list[str]] = {}
+    for chunk in sdk.chat.completions.create(
+        model=val_rollout.model,
+        messages=messages,
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        temperature=0,
+        max_tokens=MAX_TOKENS,
+        stream=True,
+    ):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is None:
+            continue
+        pieces.append(delta.content or "")
+        for piece in delta.tool_calls or ():
+            name, arguments = streamed_calls.setdefault(piece.index, ["", ""])
+            function = piece.function
+            streamed_calls[piece.index] = [
+                name + (function.name or "" if function else ""),
+                arguments + (function.arguments or "" if function else ""),
+            ]
+    text = "".join(pieces)
+    if streamed_calls:
+        pairs = [(name, arguments) for name, arguments in streamed_calls.values()]
+        received.append(Received.calls(text, pairs))
+    else:
+        received.append(Received.text(text))
+    val_rollout.assert_recorded_as_received(received)
