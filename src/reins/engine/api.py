@@ -11,6 +11,7 @@ are always returned (the proxy removes what the harness did not ask for); logpro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -80,6 +81,7 @@ def create_engine_app(engine: EmbeddedEngine) -> Starlette:
             Route("/v1/chat/completions", api.chat, methods=["POST"]),
             Route("/v1/completions", api.completions, methods=["POST"]),
             Route("/health", api.health, methods=["GET"]),
+            Route("/reins/load_weights", api.load_weights, methods=["POST"]),
         ]
     )
 
@@ -93,6 +95,20 @@ class _Api:
     def __init__(self, engine: EmbeddedEngine) -> None:
         self.engine = engine
         self.native_tools = template_knows_tools(getattr(engine.tokenizer, "chat_template", None))
+
+    async def load_weights(self, request: Request) -> Response:
+        """`{"path": MODEL_FOLDER}`: loads those weights in place (`ReloadPublisher`)."""
+        try:
+            body = await _json(request)
+            path = body.get("path") if isinstance(body, dict) else None
+            if not isinstance(path, str) or not path:
+                raise EngineError(400, 'the body must be {"path": "<a saved model folder>"}')
+            version = await asyncio.to_thread(self.engine.load_weights, path)
+        except EngineError as error:
+            return _error(error.status, error.message)
+        except OSError as error:
+            return _error(400, f"cannot load weights from that folder: {error}")
+        return JSONResponse({"weight_version": version})
 
     async def health(self, _: Request) -> Response:
         return Response(status_code=200)
