@@ -92,3 +92,8 @@ def scale(task: dict[str, Any]) -> float:
         print(f"crashing attempt {attempt} on purpose", file=sys.stderr)
         sys.exit(3)
     return 1.0
+
+
+def exit_with(task: dict[str, Any]) -> float:
+    """Ends the process with `sys.exit(task["status"])`, as some harness CLIs do."""
+    sys.exit(task["status"])

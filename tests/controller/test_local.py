@@ -417,3 +417,22 @@ async def test_without_preload_function_agents_run_in_a_fresh_interpreter(
         rollouts = await wait_terminal(client, ["r-plain"])
     assert rollouts["r-plain"].status.state == "succeeded"
     assert not (tmp_path / "logs/r-plain/attempt-1/pid.start").exists()
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["forked", "fresh"])
+async def test_sys_exit_in_an_agent_is_its_exit_status(
+    client: GatewayClient, gateway_url: str, tmp_path: Path, preload: bool
+) -> None:
+    rid = f"r-exit-{preload}"
+    await client.create_rollouts([RolloutSpec(rollout_id=rid, input={"status": 5})])
+    reconciler = LocalReconciler(
+        f"{AGENTS}:exit_with", 2, tmp_path / "logs", workdir=ROOT, preload=preload
+    )
+    ctl = Controller(
+        client, reconciler, gateway_url=gateway_url, max_attempts=1, poll_interval_s=0.1
+    )
+    async with running(ctl):
+        rollouts = await wait_terminal(client, [rid])
+    reason = rollouts[rid].status.reason
+    assert reason is not None and "the agent exited with status 5" in reason
+    assert (tmp_path / "logs" / rid / "attempt-1" / "exit").read_text().strip() == "5"

@@ -42,6 +42,16 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def _exit_status(code: object) -> int:
+    """The status Python's own exit gives `SystemExit(code)`."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
 def _child(agent: str, function: Any, request: dict[str, Any]) -> None:
     """Runs in the forked child; never returns."""
     code = 1
@@ -61,6 +71,8 @@ def _child(agent: str, function: Any, request: dict[str, Any]) -> None:
         from reins.controller.run_agent import call_agent
 
         code = call_agent(agent, function)
+    except SystemExit as exit_:  # sys.exit(N) in the agent: status N, as in a fresh interpreter
+        code = _exit_status(exit_.code)
     except BaseException as error:  # the child must reach os._exit whatever happens
         print(f"reins: the agent's process failed before it ran: {error!r}", file=sys.stderr)
     finally:
