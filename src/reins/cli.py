@@ -52,7 +52,10 @@ def engine(
     served_model_name: Annotated[
         str | None, typer.Option(help="The model's name in the API [default: the folder's name]")
     ] = None,
-    dtype: Annotated[str, typer.Option(help="bfloat16, float16 or float32.")] = "bfloat16",
+    dtype: Annotated[
+        str,
+        typer.Option(help="auto (float32 on CPU, bfloat16 on GPU), bfloat16, float16 or float32."),
+    ] = "auto",
     device: Annotated[
         str | None, typer.Option(help="cpu, cuda, cuda:1... [default: cuda if present]")
     ] = None,

@@ -2,7 +2,9 @@
 OpenAI API: batching never changes what is sampled, logprobs are the policy's own, sampling
 settings, streaming, tools, weight updates and errors. Nothing is stubbed.
 
-Generations are kept short (a few to a few dozen tokens) so the tier stays fast on two cores.
+Generations are kept short (a few to a few dozen tokens); the tests that take more than a few
+seconds on two cores (several generations, long few-shot prompts, a second engine) are marked
+`slow` and run with `make test`.
 """
 
 from __future__ import annotations
@@ -159,6 +161,7 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 60) -> bool:
 # -- batching ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_batched_greedy_output_equals_one_at_a_time(embedded: ServedEngine) -> None:
     engine = embedded.engine
     prompts = [ids(embedded, text) for text in PROMPTS]
@@ -170,6 +173,7 @@ async def test_batched_greedy_output_equals_one_at_a_time(embedded: ServedEngine
     assert engine.scheduler.steps - steps_before < sum(len(t) - 1 for t in alone)
 
 
+@pytest.mark.slow
 async def test_a_request_joining_a_running_batch_gets_its_one_at_a_time_output(
     embedded: ServedEngine,
 ) -> None:
@@ -246,16 +250,19 @@ def test_greedy_logprobs_are_those_of_temperature_1(embedded: ServedEngine) -> N
     assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected.tolist(), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_same_seed_samples_the_same_tokens(embedded: ServedEngine) -> None:
     def sample(seed: int) -> list[int]:
-        answer = chat(embedded, OPEN_QUESTION, temperature=1.0, seed=seed, max_tokens=16)
+        answer = chat(embedded, OPEN_QUESTION, temperature=1.0, seed=seed, max_tokens=12)
         tokens: list[int] = answer["choices"][0]["token_ids"]
         return tokens
 
-    assert sample(123) == sample(123)
-    assert sample(123) != sample(124)
+    first = sample(123)
+    assert sample(123) == first
+    assert sample(124) != first
 
 
+@pytest.mark.slow
 async def test_a_seeded_request_samples_the_same_tokens_in_a_batch(embedded: ServedEngine) -> None:
     engine = embedded.engine
     prompt = ids(embedded, PROMPTS[2])
@@ -417,6 +424,7 @@ def test_tools_are_described_in_the_rendered_prompt(embedded: ServedEngine) -> N
     assert "<tools>" not in embedded.tokenizer.decode(without["prompt_token_ids"])
 
 
+@pytest.mark.slow
 def test_a_generated_tool_call_is_answered_as_tool_calls(embedded: ServedEngine) -> None:
     answer = chat(embedded, FEW_SHOT_TOOL_USE, tools=[WEATHER_TOOL], temperature=0, max_tokens=32)
     choice = answer["choices"][0]
@@ -428,6 +436,7 @@ def test_a_generated_tool_call_is_answered_as_tool_calls(embedded: ServedEngine)
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
 
 
+@pytest.mark.slow
 def test_a_streamed_tool_call_arrives_as_a_tool_calls_delta(embedded: ServedEngine) -> None:
     body = {
         "model": embedded.name,
@@ -480,6 +489,7 @@ def greedy_answer(served: ServedEngine) -> tuple[int, list[int]]:
     return int(response.headers[WEIGHT_VERSION_HEADER]), response.json()["choices"][0]["token_ids"]
 
 
+@pytest.mark.slow
 def test_updating_weights_in_place_bumps_the_version_and_changes_outputs(
     own_engine: ServedEngine,
 ) -> None:
@@ -496,6 +506,7 @@ def test_updating_weights_in_place_bumps_the_version_and_changes_outputs(
     assert greedy_answer(own_engine) == (version + 2, before)
 
 
+@pytest.mark.slow
 def test_load_weights_from_a_folder_bumps_the_version_and_changes_outputs(
     own_engine: ServedEngine, tmp_path: Path
 ) -> None:

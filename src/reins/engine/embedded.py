@@ -80,22 +80,28 @@ class EmbeddedEngine:
         cls,
         path: str | Path | None = None,
         *,
-        dtype: str = "bfloat16",
+        dtype: str = "auto",
         device: str | None = None,
         name: str | None = None,
         **options: Any,
     ) -> EmbeddedEngine:
-        """Loads a model folder (default: the prepared default model) on `device` (cuda if any)."""
+        """Loads a model folder (default: the prepared default model) on `device` (cuda if any).
+
+        `dtype="auto"` is float32 on CPU (faster than bfloat16 once requests are batched on CPUs
+        without native bf16 matmuls, and logprobs exact; see docs/engine.md) and bfloat16 on GPU.
+        """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if path is None:
             from reins.engine.prepare import prepare_default_model
 
             path = prepare_default_model()
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-        folder = Path(path)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dtype == "auto":
+            dtype = "float32" if torch.device(device).type == "cpu" else "bfloat16"
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, not {dtype!r}")
+        folder = Path(path)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
         model = model.to(device)
