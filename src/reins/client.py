@@ -62,6 +62,7 @@ class GatewayClient:
         backoff_s: float = 0.1,
         max_backoff_s: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_connections: int = 16,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.max_retries = max_retries
@@ -74,7 +75,12 @@ class GatewayClient:
             headers={"Authorization": f"Bearer {api_key}"},
             timeout=timeout_s,
             transport=transport,
-            limits=httpx.Limits(max_connections=100, max_keepalive_connections=100),
+            # Small on purpose: httpcore checks every pooled connection's socket on each request
+            # (a few syscalls each); with the controller's bursts the pool grew to ~64
+            # connections and those checks took a quarter of its thread's time (py-spy).
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
         )
 
     async def __aenter__(self) -> Self:

@@ -70,6 +70,21 @@ def test_equal_rewards_give_zero_advantage_under_std_normalization() -> None:
     assert adv.tolist() == [0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("reward", [0.2, 0.1, 0.7, 1 / 11])
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_equal_inexact_rewards_give_exactly_zero_advantage(
+    reward: float, normalize_std: bool
+) -> None:
+    # The float mean of eight 0.2s is 0.2 + 3e-17; the advantage must still be exactly 0 (the
+    # trainer skips such sequences), next to a group with real variance.
+    rewards = np.array([reward] * 8 + [0.0, 1.0])
+    groups = np.array([0] * 8 + [1, 1])
+    grpo = grpo_advantages(rewards, groups, normalize_std=normalize_std)
+    assert grpo[:8].tolist() == [0.0] * 8 and grpo[8] < 0 < grpo[9]
+    rloo = rloo_advantages(rewards, groups)
+    assert rloo[:8].tolist() == [0.0] * 8 and rloo[8] < 0 < rloo[9]
+
+
 def test_rloo_baseline_leaves_the_rollout_out() -> None:
     adv = rloo_advantages(np.array([3.0, 0.0, 0.0]), np.array([0, 0, 0]))
     assert adv.tolist() == pytest.approx([3.0, -1.5, -1.5])

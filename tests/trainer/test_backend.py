@@ -153,3 +153,47 @@ def test_logprobs_are_those_of_the_sampling_temperature(tiny_model_dir: Path) ->
     expected = torch.log_softmax(logits / 0.5, -1).gather(-1, tensors.targets[:, None])[:, 0]
     torch.testing.assert_close(at_half, expected, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(at_one, at_half)
+
+
+def test_zero_advantage_sequences_are_never_run(tiny_model_dir: Path) -> None:
+    from dataclasses import replace
+
+    batch = make_batch(groups=2, per_group=2)
+    flat_group = [i for i, s in enumerate(batch.sequences) if s.group_id == "g1"]
+    # g1's rollouts all got the same reward: advantage 0. Its tokens are then irrelevant: the
+    # update with them replaced by other tokens must be the same (they are never run).
+    zeroed = [
+        replace(s, advantage=0.0) if i in flat_group else s for i, s in enumerate(batch.sequences)
+    ]
+    scrambled = [
+        replace(s, token_ids=(s.token_ids + 7) % 4000) if i in flat_group else s
+        for i, s in enumerate(zeroed)
+    ]
+    first, second = load(tiny_model_dir), load(tiny_model_dir)
+    stats = first.train_step(replace(batch, sequences=zeroed))
+    second.train_step(replace(batch, sequences=scrambled))
+    assert stats.skipped_sequences == len(flat_group) > 0
+    assert stats.response_tokens == sum(
+        int(s.loss_mask[1:].sum()) for i, s in enumerate(zeroed) if i not in flat_group
+    )
+    for a, b in zip(parameters(first), parameters(second), strict=True):
+        assert torch.equal(a, b)
+    # With a KL penalty every sequence has a gradient: none is skipped.
+    with_kl = load(tiny_model_dir, kl_coef=0.1).train_step(replace(batch, sequences=zeroed))
+    assert with_kl.skipped_sequences == 0
+
+
+def test_a_step_with_every_sequence_skipped_still_steps_the_optimizer(
+    tiny_model_dir: Path,
+) -> None:
+    from dataclasses import replace
+
+    batch = make_batch(groups=1, per_group=2)
+    flat = replace(batch, sequences=[replace(s, advantage=0.0) for s in batch.sequences])
+    backend = load(tiny_model_dir, weight_decay=0.1)
+    before = parameters(backend)
+    stats = backend.train_step(flat)
+    assert stats.skipped_sequences == len(flat.sequences) and stats.optimizer_steps == 1
+    # As on a zero gradient: AdamW's decoupled weight decay alone moves the weights.
+    for a, b in zip(before, parameters(backend), strict=True):
+        torch.testing.assert_close(b, a * (1 - 1e-3 * 0.1))

@@ -46,6 +46,18 @@ def _dense(groups: IndexArray) -> IndexArray:
     return np.unique(np.asarray(groups), return_inverse=True)[1].astype(np.intp)
 
 
+def _uniform(rewards: FloatArray, groups: IndexArray) -> NDArray[np.bool_]:
+    """Per element: whether every reward of its group is the same."""
+    dense = _dense(groups)
+    count = int(dense.max()) + 1 if len(dense) else 0
+    low = np.full(count, np.inf)
+    high = np.full(count, -np.inf)
+    np.minimum.at(low, dense, rewards)
+    np.maximum.at(high, dense, rewards)
+    uniform: NDArray[np.bool_] = (low == high)[dense]
+    return uniform
+
+
 def _group_stats(
     rewards: FloatArray, groups: IndexArray
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
@@ -67,7 +79,9 @@ def grpo_advantages(
     rewards = np.asarray(rewards, dtype=np.float64)
     # paper section 2.2: the group baseline r-bar is the mean reward of the group's elements
     _, _, mean = _group_stats(rewards, groups)
-    centered = rewards - mean
+    # Exactly 0 in a group of equal rewards: the float mean of eight 0.2s is not 0.2, and
+    # dividing that 3e-17 by (std + eps) would make it a nonzero advantage.
+    centered = np.where(_uniform(rewards, groups), 0.0, rewards - mean)
     if not normalize_std:
         return centered
     dense = _dense(groups)
@@ -82,7 +96,7 @@ def rloo_advantages(rewards: FloatArray, groups: IndexArray) -> FloatArray:
     others = n - 1.0
     # leave-one-out baseline: (sum_g - r_i) / (n_g - 1)
     baseline = np.divide(total - rewards, others, out=rewards.copy(), where=others > 0)
-    return rewards - baseline
+    return np.where(_uniform(rewards, groups), 0.0, rewards - baseline)
 
 
 def advantages(

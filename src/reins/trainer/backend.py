@@ -60,14 +60,14 @@ class StepStats:
     response_tokens: int = 0
     trained_tokens: int = 0
     optimizer_steps: int = 0
+    skipped_sequences: int = 0
+    """Sequences with advantage 0 (and no KL penalty): no gradient, so no forward or backward."""
 
     def as_metrics(self) -> dict[str, float]:
-        out = {
-            "loss": self.loss,
-            "policy/entropy": self.entropy,
-            "policy/clip_fraction": self.clip_fraction,
-            "policy/grad_norm": self.grad_norm,
-        }
+        out = {"loss": self.loss, "policy/grad_norm": self.grad_norm}
+        if self.response_tokens:  # measured on the sequences that were run
+            out["policy/entropy"] = self.entropy
+            out["policy/clip_fraction"] = self.clip_fraction
         if self.logprob_gap is not None:
             out["policy/logprob_gap"] = self.logprob_gap
         if self.kl_initial is not None:
@@ -131,6 +131,7 @@ class TorchBackend:
 
     def train_step(self, batch: Batch) -> StepStats:
         sums = _Sums()
+        skipped = 0
         self.model.train()
         try:
             old = self._recomputed_old_logprobs(batch) if self._needs_recompute(batch) else None
@@ -141,6 +142,11 @@ class TorchBackend:
                     plan.micro_batches[self.rank] if self.rank < len(plan.micro_batches) else ()
                 )
                 for micro in micro_batches:
+                    kept = [i for i in micro if self._contributes(batch.sequences[i])]
+                    skipped += len(micro) - len(kept)
+                    if not kept:
+                        continue
+                    micro = kept
                     sequences = [batch.sequences[i] for i in micro]
                     olds = [old[i] for i in micro] if old is not None else None
                     self._accumulate(sequences, olds, sums, measure_gap=position == 0)
@@ -159,7 +165,15 @@ class TorchBackend:
             response_tokens=sums.tokens,
             trained_tokens=sums.trained,
             optimizer_steps=len(grad_norms),
+            skipped_sequences=skipped,
         )
+
+    def _contributes(self, sequence: TrainingSequence) -> bool:
+        """Whether the sequence has a gradient: PPO's token loss is 0 for advantage 0, so only
+        a KL penalty would give one. Skipping the others changes no weight: the optimizer still
+        steps on the same (summed) gradient; a group whose rollouts all got the same reward
+        costs nothing."""
+        return sequence.advantage != 0 or self.config.kl_coef > 0
 
     def _needs_recompute(self, batch: Batch) -> bool:
         # With one mini-batch, the weights have not moved when each micro-batch runs its forward:
@@ -167,10 +181,12 @@ class TorchBackend:
         return self.config.old_logprobs == "recompute" and len(batch.minibatches) > 1
 
     def _step(self) -> float:
-        if self.world_size > 1:
-            for parameter in self.parameters:
-                if parameter.grad is None:
-                    parameter.grad = torch.zeros_like(parameter)
+        for parameter in self.parameters:
+            # A rank (or a step) that ran no sequence still steps, on a zero gradient: AdamW's
+            # moments and weight decay move as they would have, and all ranks stay in lockstep.
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+            if self.world_size > 1:
                 dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
         norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.config.grad_clip)
         self.optimizer.step()
@@ -251,6 +267,9 @@ class TorchBackend:
         out: list[np.ndarray[Any, Any]] = []
         with torch.no_grad():
             for sequence in batch.sequences:
+                if not self._contributes(sequence):
+                    out.append(np.zeros(len(sequence.token_ids), dtype=np.float32))
+                    continue
                 tensors = _pack([sequence], self.device)
                 logprobs, _ = self._response_logprobs(self.model, tensors, with_entropy=False)
                 aligned = np.zeros(len(sequence.token_ids), dtype=np.float32)

@@ -409,6 +409,7 @@ class Trainer:
             record["samples/merge_token_saving"] = sample_metrics.merge_token_saving
             record["samples/mixed_version_sequences"] = sample_metrics.mixed_version_sequences
             record.update(stats.as_metrics())
+            record["samples/zero_advantage_skipped"] = stats.skipped_sequences
             busy = timings.get("time/rollout", 0.0) + update_s
             record["throughput/tokens_per_s"] = stats.trained_tokens / update_s if update_s else 0.0
             record["throughput/rollout_tokens_per_s"] = (
