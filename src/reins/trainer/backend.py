@@ -146,9 +146,8 @@ class TorchBackend:
                     skipped += len(micro) - len(kept)
                     if not kept:
                         continue
-                    micro = kept
-                    sequences = [batch.sequences[i] for i in micro]
-                    olds = [old[i] for i in micro] if old is not None else None
+                    sequences = [batch.sequences[i] for i in kept]
+                    olds = [old[i] for i in kept] if old is not None else None
                     self._accumulate(sequences, olds, sums, measure_gap=position == 0)
                 grad_norms.append(self._step())
             self.steps_done += 1
