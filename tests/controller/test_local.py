@@ -436,3 +436,22 @@ async def test_sys_exit_in_an_agent_is_its_exit_status(
     reason = rollouts[rid].status.reason
     assert reason is not None and "the agent exited with status 5" in reason
     assert (tmp_path / "logs" / rid / "attempt-1" / "exit").read_text().strip() == "5"
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfds are Linux-only")
+async def test_a_pidfd_wakes_the_watch_when_the_agent_exits() -> None:
+    from reins.controller.local import _open_pidfd, _readable
+
+    process = await asyncio.create_subprocess_exec("sleep", "0.5")
+    pidfd = _open_pidfd(process.pid)
+    assert pidfd is not None
+    try:
+        started = asyncio.get_running_loop().time()
+        await _readable(pidfd, 0.05)  # still running: returns at the timeout
+        assert process.returncode is None
+        await _readable(pidfd, 30)  # returns at the exit, long before the timeout
+        waited = asyncio.get_running_loop().time() - started
+        assert 0.3 < waited < 10
+    finally:
+        os.close(pidfd)
+        await process.wait()
