@@ -7,6 +7,7 @@ Loading the default model takes about 3 s on two cores, so the tiers that use it
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,3 +58,45 @@ def served_engine(**options: Any) -> Iterator[ServedEngine]:
     finally:
         server.stop()
         engine.close()
+
+
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def weather_call(city: str, call_id: str) -> dict[str, Any]:
+    """An assistant message that calls `get_weather` for `city`."""
+    arguments = json.dumps({"city": city})
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": arguments},
+            }
+        ],
+    }
+
+
+FEW_SHOT_TOOL_USE = [
+    {"role": "user", "content": "Weather in Rome?"},
+    weather_call("Rome", "call_1"),
+    {"role": "user", "content": "Weather in Oslo?"},
+    weather_call("Oslo", "call_2"),
+    {"role": "user", "content": "Weather in Paris?"},
+]
+"""A history in which the assistant always answered with a tool call (a 135M model rarely makes
+one on its own): greedy decoding makes the default model answer the last question with a
+`<tool_call>` for Paris."""

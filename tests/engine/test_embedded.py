@@ -32,7 +32,13 @@ from reins.engine.chat import (
 from reins.engine.embedded import EmbeddedEngine, Token
 from reins.engine.prepare import prepare_default_model
 from reins.engine.sampling import SamplingParams
-from tests.embedded_support import ServedEngine, served_engine
+from tests.embedded_support import (
+    FEW_SHOT_TOOL_USE,
+    WEATHER_TOOL,
+    ServedEngine,
+    served_engine,
+    weather_call,
+)
 
 COUNTING = "Counting: 1, 2, 3,"
 """Greedy decoding continues it with ` 4, 5, 6, 7, ...` and does not end early."""
@@ -43,46 +49,6 @@ PROMPTS = [
     "def fibonacci(n):",
 ]
 OPEN_QUESTION = [{"role": "user", "content": "Write a short poem about the sea."}]
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-
-
-def weather_call(city: str, call_id: str) -> dict[str, Any]:
-    arguments = json.dumps({"city": city})
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": call_id,
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": arguments},
-            }
-        ],
-    }
-
-
-FEW_SHOT_TOOL_USE = [
-    {"role": "user", "content": "Weather in Rome?"},
-    weather_call("Rome", "call_1"),
-    {"role": "user", "content": "Weather in Oslo?"},
-    weather_call("Oslo", "call_2"),
-    {"role": "user", "content": "Weather in Paris?"},
-]
-"""A history in which the assistant always answered with a tool call: greedy decoding makes the
-default model answer the last question with a `<tool_call>` for Paris."""
-
 
 # -- helpers ----------------------------------------------------------------------------------
 

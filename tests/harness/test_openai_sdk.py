@@ -3,57 +3,18 @@ streamed and tool-calling conversations are recorded token for token as the SDK 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import openai
 import pytest
 
+from tests.embedded_support import FEW_SHOT_TOOL_USE, WEATHER_TOOL
 from tests.harness.conftest import Received, Rollout
 
 pytestmark = pytest.mark.slow
 
 QUESTIONS = ["Name a colour.", "And another one?", "Which of the two do you like best?"]
 MAX_TOKENS = 24
-
-WEATHER_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-
-
-def weather_call(city: str, call_id: str) -> dict[str, Any]:
-    arguments = json.dumps({"city": city})
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": call_id,
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": arguments},
-            }
-        ],
-    }
-
-
-FEW_SHOT_TOOL_USE = [
-    {"role": "user", "content": "Weather in Rome?"},
-    weather_call("Rome", "call_1"),
-    {"role": "user", "content": "Weather in Oslo?"},
-    weather_call("Oslo", "call_2"),
-    {"role": "user", "content": "Weather in Paris?"},
-]
-"""The test puts earlier tool calls in the history (a 135M model rarely makes one on its own);
-greedy decoding then answers the last question with a tool call of its own."""
 
 
 def client(rollout: Rollout) -> openai.OpenAI:
