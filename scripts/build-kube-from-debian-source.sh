@@ -20,10 +20,16 @@ echo "kube: installing golang-go, rsync, jq, make (Debian)..." >&2
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     golang-go rsync jq make patch >/dev/null
-# deb-src entries in a private apt config: /etc/apt is left as it is.
-cat > "$W/apt/etc/src.sources" <<'SRC'
+# deb-src entries in a private apt config (/etc/apt is left as it is), on the Debian archive
+# this machine's apt already uses: read from its sources, never named here.
+MIRROR=$(grep -h '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' \
+    | grep -v security | head -n 1)
+[ -n "$MIRROR" ] || MIRROR=$(awk '$1=="deb" && $0 !~ /security/ {print $2; exit}' \
+    /etc/apt/sources.list 2>/dev/null)
+[ -n "$MIRROR" ] || { echo "kube: no Debian archive found in the apt sources" >&2; exit 1; }
+cat > "$W/apt/etc/src.sources" <<SRC
 Types: deb-src
-URIs: http://deb.debian.org/debian
+URIs: $MIRROR
 Suites: bookworm
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
