@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 VLLM_VENV ?= .venv-vllm
 export REINS_VLLM_VENV := $(abspath $(VLLM_VENV))
 
-.PHONY: setup system-packages vllm-setup kube-binaries demo test test-fast test-vllm lint format bench screenshots
+.PHONY: setup system-packages vllm-setup kube-binaries cli-harnesses demo test test-fast test-vllm lint format bench screenshots
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,21 +35,26 @@ demo: setup
 
 # Every tier: fast tests plus the real-component ones (PostgreSQL server, crash, schema fuzzing,
 # a real vLLM server).
-test: setup vllm-setup kube-binaries
-	$(PY) -m pytest -m "" -q
+test: setup vllm-setup kube-binaries cli-harnesses
+	$(PY) -m pytest -m ""
 
 # kube-apiserver + kube-controller-manager for the controller's real-apiserver tests, in
 # .cache/k8s/bin: from ../shared/k8s/*.xz when present, else built from Debian's source package.
 kube-binaries:
 	bash scripts/kube-binaries.sh
 
+# Claude Code, Codex CLI and OpenCode at pinned versions, with npm into .cache/cli-harnesses, for
+# the coding-agent harness tests (docs/harnesses.md). Needs node 18+ (20 is what we test).
+cli-harnesses:
+	bash scripts/install-cli-harnesses.sh
+
 # The real-vLLM tier alone.
 test-vllm: setup vllm-setup
-	$(PY) -m pytest -m vllm -q
+	$(PY) -m pytest -m vllm
 
 # The fast tier alone (plain `pytest`).
 test-fast: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
@@ -62,7 +67,7 @@ format: setup
 
 # The dashboard's screenshots in docs/screenshots, from a real headless Chromium (Debian's).
 screenshots: setup
-	REINS_SCREENSHOT_DIR=docs/screenshots $(PY) -m pytest -m slow -q tests/monitor/test_browser.py
+	REINS_SCREENSHOT_DIR=docs/screenshots $(PY) -m pytest -m slow tests/monitor/test_browser.py
 
 bench: setup
 	$(PY) benchmarks/gateway.py

@@ -12,9 +12,15 @@ any OpenAI client. These helpers are for the few lines that grade the result::
 Calls are synchronous (harness code is often not async), use the attempt's scoped token (which
 may post events to its own attempt and nothing else), and are retried on transport errors and
 5xx answers with one idempotency key chosen before the first try, so a retry is stored once.
+
 This module imports only the standard library: an agent is one short process per attempt, and
 on this project's 2-core machines `import httpx` alone costs 0.25-0.35 s of CPU per attempt,
 `urllib.request` under 0.1 s.
+
+Coding-agent CLIs (docs/harnesses.md): Claude Code reads `ANTHROPIC_BASE_URL` and the token from
+the environment as it is; Codex ignores `OPENAI_BASE_URL` and needs `write_codex_config`; OpenCode
+needs `write_opencode_home`. `cli_home_env` gives any of them a home of its own and switches off
+every call they would make beyond the proxy (updates, telemetry, model lists, plugin installs).
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Union
+from pathlib import Path
+from typing import Any, Literal, Union
 
 Json = Union[dict[str, "Json"], list["Json"], str, int, float, bool, None]  # noqa: UP007
 
@@ -44,6 +51,7 @@ _VARIABLES = {
     "mode": "REINS_MODE",
     "input": "REINS_INPUT",
 }
+_OPENAI_SUFFIX = "/openai/v1"
 
 
 class AgentEnvError(RuntimeError):
@@ -98,6 +106,40 @@ class AgentContext:
             mode=env["REINS_MODE"],
             input=value,
         )
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """The same proxy for Anthropic clients (`ANTHROPIC_BASE_URL`): `.../mode/{mode}/anthropic`,
+        under which they call `/v1/messages`."""
+        return anthropic_base_url(self.openai_base_url)
+
+    def env(self) -> dict[str, str]:
+        """The variables the controller sets for this context (docs/controller.md): what a harness
+        started from an agent, or by a test, needs."""
+        return {
+            "OPENAI_BASE_URL": self.openai_base_url,
+            "OPENAI_API_KEY": self.api_key,
+            "ANTHROPIC_BASE_URL": self.anthropic_base_url,
+            "ANTHROPIC_AUTH_TOKEN": self.api_key,
+            "ANTHROPIC_API_KEY": self.api_key,
+            "REINS_GATEWAY_URL": self.gateway_url,
+            "REINS_ROLLOUT_ID": self.rollout_id,
+            "REINS_ATTEMPT_ID": str(self.attempt_id),
+            "REINS_MODE": self.mode,
+            "REINS_INPUT": json.dumps(self.input, separators=(",", ":")),
+        }
+
+
+def anthropic_base_url(openai_base_url: str) -> str:
+    """The gateway proxy's Anthropic base URL beside its OpenAI one (`.../openai/v1` becomes
+    `.../anthropic`); Anthropic clients append `/v1/messages` themselves."""
+    base = openai_base_url.rstrip("/")
+    if not base.endswith(_OPENAI_SUFFIX):
+        raise ValueError(
+            f"{openai_base_url!r} is not a reins proxy URL: it should end with {_OPENAI_SUFFIX} "
+            "(the OPENAI_BASE_URL that `reins controller` sets)"
+        )
+    return base[: -len(_OPENAI_SUFFIX)] + "/anthropic"
 
 
 def emit_event(
@@ -155,3 +197,208 @@ def _message(body: bytes) -> str:
     if isinstance(parsed, dict) and "error" in parsed:
         return str(parsed["error"])
     return str(parsed)[:300]
+
+
+# --- Coding-agent CLIs (docs/harnesses.md) -------------------------------------------------------
+
+CLI_VERSIONS: Mapping[str, str] = {
+    "@anthropic-ai/claude-code": "2.1.197",
+    "@openai/codex": "0.171.0",
+    "opencode-ai": "1.18.33",
+}
+"""The npm packages and versions `scripts/install-cli-harnesses.sh` pins (a test keeps them equal):
+the configurations below were checked against these versions."""
+
+OpenCodeProvider = Literal["chat", "responses", "messages"]
+"""OpenCode's three ways to reach the proxy: chat completions, the Responses API, Anthropic
+Messages."""
+
+OPENCODE_PACKAGES: Mapping[str, str] = {
+    "chat": "@ai-sdk/openai-compatible",
+    "responses": "@ai-sdk/openai",
+    "messages": "@ai-sdk/anthropic",
+}
+"""The AI SDK provider package (bundled in OpenCode, no install) that speaks each wire API."""
+
+_OFFLINE = {
+    # Claude Code: the one switch that removes every call beyond the API (bootstrap, MCP
+    # registry, metrics, event logging); the other three are subsets of it, kept for older builds.
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    # OpenCode: the models.dev catalogue, self-update, LSP server downloads, share links. Its npm
+    # install of a plugin is stopped by the seeded config folder (`write_opencode_home`).
+    "OPENCODE_DISABLE_MODELS_FETCH": "1",
+    "OPENCODE_DISABLE_AUTOUPDATE": "1",
+    "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    "OPENCODE_DISABLE_SHARE": "1",
+    # Codex has no such variables: its plugin sync and analytics are off in `write_codex_config`.
+}
+
+
+def cli_home_env(home: str | Path) -> dict[str, str]:
+    """Creates `home` (and `home/tmp`) and returns the variables that keep a coding-agent CLI there
+    and on the proxy: HOME, TMPDIR, the XDG folders and CODEX_HOME inside it, and the switches
+    that stop Claude Code's and OpenCode's own outbound calls.
+
+    Add them to an environment that already holds the proxy's variables (`AgentContext.env()`,
+    which the controller sets). A fresh home per run keeps runs apart: these CLIs keep sessions,
+    caches and config in HOME, and write to TMPDIR (OpenCode a 5 MB library per run).
+    """
+    root = Path(home).resolve()
+    tmp = root / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return {
+        "HOME": str(root),
+        "TMPDIR": str(tmp),
+        "XDG_CONFIG_HOME": str(root / ".config"),
+        "XDG_DATA_HOME": str(root / ".local" / "share"),
+        "XDG_STATE_HOME": str(root / ".local" / "state"),
+        "XDG_CACHE_HOME": str(root / ".cache"),
+        "CODEX_HOME": str(root / ".codex"),
+        **_OFFLINE,
+    }
+
+
+def codex_config(
+    base_url: str,
+    model: str,
+    *,
+    env_key: str = "OPENAI_API_KEY",
+    instructions_file: str | Path | None = None,
+    lean: bool = False,
+) -> str:
+    """Codex's `config.toml` for the proxy at `base_url` (the proxy's OpenAI base, `.../openai/v1`).
+
+    Codex ignores `OPENAI_BASE_URL` (it would call its vendor's API), so the proxy is a provider of
+    its own, `local`, speaking the Responses API (`wire_api = "chat"` is refused by Codex), with the
+    key read from `env_key`. Update checks, analytics, feedback and plugins (which fetch a
+    plugin catalogue from three hosts) are off: with them, Codex makes no call but the model's.
+
+    `instructions_file` replaces Codex's 17k-character system prompt. `lean` also drops the
+    permission, environment and skills sections, web search, the user-question tool, multi-agent
+    and goals: about 4.6k characters of request in all, for small-context models.
+    """
+    top: dict[str, str | bool] = {
+        "model": model,
+        "model_provider": "local",
+        "check_for_update_on_startup": False,
+    }
+    if instructions_file is not None:
+        top["model_instructions_file"] = str(Path(instructions_file).resolve())
+    features: dict[str, str | bool] = {"plugins": False}
+    tables: dict[str, dict[str, str | bool]] = {
+        "model_providers.local": {
+            "name": "reins gateway",
+            "base_url": base_url.rstrip("/"),
+            "env_key": env_key,
+            "wire_api": "responses",
+        },
+        "analytics": {"enabled": False},
+        "feedback": {"enabled": False},
+        "features": features,
+    }
+    if lean:
+        top.update(
+            include_permissions_instructions=False,
+            include_environment_context=False,
+            web_search="disabled",
+        )
+        features.update(multi_agent=False, goals=False)
+        tables["skills"] = {"include_instructions": False}
+        tables["tools.experimental_request_user_input"] = {"enabled": False}
+    lines = [f"{key} = {_toml(value)}" for key, value in top.items()]
+    for name, table in tables.items():
+        lines += ["", f"[{name}]", *(f"{key} = {_toml(value)}" for key, value in table.items())]
+    return "\n".join(lines) + "\n"
+
+
+def write_codex_config(codex_home: str | Path, base_url: str, model: str, **options: Any) -> Path:
+    """Writes `codex_config(base_url, model, **options)` as `codex_home/config.toml` (CODEX_HOME;
+    `cli_home_env` puts it at `HOME/.codex`) and returns its path."""
+    folder = Path(codex_home)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.toml"
+    path.write_text(codex_config(base_url, model, **options))
+    return path
+
+
+def opencode_config(
+    provider: OpenCodeProvider,
+    base_url: str,
+    model: str,
+    *,
+    api_key_env: str | None = None,
+    context_limit: int = 32768,
+    output_limit: int = 4096,
+    prompt: str | None = None,
+    tools: Sequence[str] | None = None,
+) -> dict[str, Json]:
+    """OpenCode's `opencode.json` for the proxy (`base_url` is its OpenAI base, `.../openai/v1`):
+    one provider, `local`, whose only model is `model`, used for titles too.
+
+    `provider` picks the wire API: `chat` and `responses` call `base_url`, `messages` calls the
+    Anthropic base plus `/v1` (OpenCode's Anthropic SDK wants the `/v1` in its base URL, unlike
+    Claude Code). The key comes from `api_key_env` (default OPENAI_API_KEY, ANTHROPIC_API_KEY for
+    `messages`: the controller sets both to the scoped token). `output_limit` is the `max_tokens`
+    it asks for; `prompt` replaces the agent's system prompt (about 9.6k characters); `tools`
+    keeps only the named tools (of bash, edit, glob, grep, read, skill, task, todowrite, webfetch,
+    write).
+    """
+    if provider not in OPENCODE_PACKAGES:
+        raise ValueError(
+            f"provider must be one of {', '.join(OPENCODE_PACKAGES)}, not {provider!r}"
+        )
+    endpoint = base_url.rstrip("/")
+    if provider == "messages":
+        endpoint = anthropic_base_url(base_url) + "/v1"
+    key = api_key_env or ("ANTHROPIC_API_KEY" if provider == "messages" else "OPENAI_API_KEY")
+    config: dict[str, Json] = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            "local": {
+                "npm": OPENCODE_PACKAGES[provider],
+                "name": "reins gateway",
+                "options": {"baseURL": endpoint, "apiKey": "{env:" + key + "}"},
+                "models": {
+                    model: {
+                        "name": model,
+                        "limit": {"context": context_limit, "output": output_limit},
+                    }
+                },
+            }
+        },
+        "model": f"local/{model}",
+        "small_model": f"local/{model}",
+        "autoupdate": False,
+        "share": "disabled",
+    }
+    if prompt is not None:
+        config["agent"] = {"build": {"prompt": prompt}}
+    if tools is not None:
+        config["tools"] = {"*": False, **dict.fromkeys(tools, True)}
+    return config
+
+
+def write_opencode_home(home: str | Path, config: Mapping[str, Json]) -> Path:
+    """Writes `config` as `home/.config/opencode/opencode.json` and seeds that folder so OpenCode
+    finds its plugin package installed (otherwise every run starts `npm install
+    @opencode-ai/plugin` there, a registry call); returns the config's path. `home` is the HOME
+    of `cli_home_env`."""
+    folder = Path(home) / ".config" / "opencode"
+    (folder / "node_modules").mkdir(parents=True, exist_ok=True)
+    plugin = {"@opencode-ai/plugin": CLI_VERSIONS["opencode-ai"]}
+    (folder / "package.json").write_text(json.dumps({"dependencies": plugin}))
+    lock = {"lockfileVersion": 3, "packages": {"": {"dependencies": plugin}}}
+    (folder / "package-lock.json").write_text(json.dumps(lock))
+    path = folder / "opencode.json"
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def _toml(value: str | bool) -> str:
+    """A TOML value: JSON's string escapes are TOML basic-string escapes."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value)

@@ -61,6 +61,10 @@ def engine(
     ] = None,
     max_batch: Annotated[int, typer.Option(help="Sequences decoded together.")] = 16,
     max_model_len: Annotated[int, typer.Option(help="Prompt + response tokens, at most.")] = 4096,
+    prefix_cache_gb: Annotated[
+        float,
+        typer.Option(help="GiB of KV kept to reuse across calls sharing a prefix (0: off)."),
+    ] = 2.0,
 ) -> None:
     """Serve the embedded engine: an OpenAI-compatible API on Hugging Face transformers."""
     import uvicorn
@@ -78,6 +82,7 @@ def engine(
                 name=served_model_name,
                 max_batch=max_batch,
                 max_model_len=max_model_len,
+                prefix_cache_gb=prefix_cache_gb,
             )
     except (ModelPreparationError, ValueError, OSError) as error:
         console.print(f"[red]error:[/red] {error}")

@@ -36,9 +36,10 @@ def return_text(task: dict[str, Any]) -> str:
 
 
 def record_env(task: dict[str, Any]) -> float:
-    """Writes its environment (the REINS_/OPENAI_ part, and whether the admin key leaked)."""
+    """Writes its environment (the REINS_/OPENAI_/ANTHROPIC_ part, and whether the admin key
+    leaked)."""
     context = AgentContext.from_env()
-    names = [n for n in os.environ if n.startswith(("REINS_", "OPENAI_"))]
+    names = [n for n in os.environ if n.startswith(("REINS_", "OPENAI_", "ANTHROPIC_"))]
     Path(task["out"]).write_text(
         json.dumps(
             {

@@ -88,6 +88,10 @@ async def test_agent_gets_its_environment_and_its_return_value_becomes_the_rewar
         f"{gateway_url}/proxy/rollout/r-env/attempt/1/mode/val/openai/v1"
     )
     assert env["OPENAI_API_KEY"] == attempt.token
+    assert env["ANTHROPIC_BASE_URL"] == (
+        f"{gateway_url}/proxy/rollout/r-env/attempt/1/mode/val/anthropic"
+    )
+    assert env["ANTHROPIC_AUTH_TOKEN"] == env["ANTHROPIC_API_KEY"] == attempt.token
     assert env["REINS_GATEWAY_URL"] == gateway_url
     assert (env["REINS_ROLLOUT_ID"], env["REINS_ATTEMPT_ID"], env["REINS_MODE"]) == (
         "r-env",

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import openai
@@ -26,6 +28,31 @@ def base_url(gateway: Gateway, stub: StubEngine) -> str:
     gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
     gateway.http.post("/api/rollouts/r/attempts")
     return f"{gateway.url}/proxy/rollout/r/attempt/1/mode/train/openai/v1"
+
+
+T = TypeVar("T")
+
+
+def until(
+    read: Callable[[], T],
+    done: Callable[[T], object],
+    what: str = "condition",
+    timeout_s: float = 10,
+) -> T:
+    """Polls `read()` until `done(value)`; fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = read()
+        if done(value):
+            return value
+        assert time.monotonic() < deadline, f"{what}: still {value!r} after {timeout_s} s"
+        time.sleep(0.02)
+
+
+def stub_calls(gateway: Gateway) -> int:
+    """The calls of rollout r the proxy has recorded (each after the engine answered)."""
+    events = gateway.http.get("/api/rollouts/r/events", params={"type": "model_request"})
+    return len(events.json())
 
 
 def in_thread(target: object) -> tuple[threading.Thread, dict[str, object]]:
@@ -52,11 +79,11 @@ def test_openai_client_with_default_timeout_rides_through_a_pause(
     thread, out = in_thread(
         lambda: client.chat.completions.create(model="policy", messages=MESSAGES)  # type: ignore[arg-type]
     )
-    time.sleep(1.5)
-    assert thread.is_alive(), "a call must wait while the gateway is paused"
-    status = gateway.http.get("/api/admission").json()
+    status = until(lambda: gateway.http.get("/api/admission").json(), lambda s: s["held"] == 1)
     assert status["paused"] is True
-    assert status["held"] == 1
+    assert thread.is_alive(), "a call must wait while the gateway is paused"
+    assert "done_at" not in out
+    assert stub_calls(gateway) == 0, "a held call must not reach the engine"
     resumed_at = time.monotonic()
     gateway.http.post("/api/admission/resume")
     thread.join(timeout=30)
@@ -76,17 +103,17 @@ def test_drain_returns_once_calls_in_flight_finish(gateway: Gateway, base_url: s
             timeout=30,
         )
     )
-    deadline = time.monotonic() + 10
-    while gateway.http.get("/api/admission").json()["in_flight"] == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    until(lambda: gateway.http.get("/api/admission").json()["in_flight"], bool)
     gateway.http.post("/api/admission/pause")
     drained = gateway.http.post("/api/admission/drain", params={"timeout_s": 30}).json()
     assert drained["drained"] is True
     assert drained["in_flight"] == 0
+    # The call in flight (held 1 s by the engine) had finished and was recorded when drain
+    # answered; a drain that returned early would find it missing.
+    assert stub_calls(gateway) == 1
     thread.join(timeout=30)
+    assert not thread.is_alive()
     assert out["value"].status_code == 200  # type: ignore[attr-defined]
-    assert float(out["done_at"]) <= time.monotonic()
     gateway.http.post("/api/admission/resume")
 
 
@@ -99,12 +126,13 @@ def test_drain_reports_a_timeout(gateway: Gateway, base_url: str) -> None:
             timeout=30,
         )
     )
-    while gateway.http.get("/api/admission").json()["in_flight"] == 0:
-        time.sleep(0.02)
+    until(lambda: gateway.http.get("/api/admission").json()["in_flight"], bool)
     drained = gateway.http.post("/api/admission/drain", params={"timeout_s": 0.2}).json()
     assert drained["drained"] is False
     assert drained["in_flight"] == 1
+    assert stub_calls(gateway) == 0, "drain answered before the call in flight finished"
     thread.join(timeout=30)
+    assert not thread.is_alive()
 
 
 def test_a_stream_counts_as_in_flight_until_its_end(gateway: Gateway, base_url: str) -> None:
@@ -119,10 +147,11 @@ def test_a_stream_counts_as_in_flight_until_its_end(gateway: Gateway, base_url: 
         assert gateway.http.get("/api/admission").json()["in_flight"] == 1
         for _ in lines:
             pass
-    deadline = time.monotonic() + 5
-    while gateway.http.get("/api/admission").json()["in_flight"] != 0:
-        assert time.monotonic() < deadline, "the stream's admission slot was not released"
-        time.sleep(0.02)
+    until(
+        lambda: gateway.http.get("/api/admission").json()["in_flight"],
+        lambda n: n == 0,
+        "the stream's admission slot was not released",
+    )
 
 
 def test_a_call_held_past_the_bound_gets_503_with_retry_after(

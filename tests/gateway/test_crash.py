@@ -8,6 +8,7 @@ retries (which reuse the event's idempotency key).
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import Counter
 
@@ -38,6 +39,15 @@ async def _post_until(
         return client.retries
 
 
+async def _until_every_client_is_acked(acked: dict[str, list[str]], more: int) -> None:
+    """Returns once every client got `more` acknowledgements past its count now (bounded)."""
+    wanted = {rid: len(keys) + more for rid, keys in acked.items()}
+    deadline = time.monotonic() + 60
+    while any(len(acked[rid]) < count for rid, count in wanted.items()):
+        assert time.monotonic() < deadline, "the clients stopped getting acknowledgements"
+        await asyncio.sleep(0.02)
+
+
 async def test_acknowledged_events_survive_sigkill_exactly_once(database_url: str) -> None:
     gateway = GatewayProcess(database_url=database_url, api_key="crash-key", port=free_port())
     await asyncio.to_thread(gateway.start)
@@ -54,12 +64,12 @@ async def test_acknowledged_events_survive_sigkill_exactly_once(database_url: st
         ]
         kills_done = 0
         for _ in range(KILLS):
-            await asyncio.sleep(1.0)
+            # Killed while every client is posting (and, after a restart, posting again).
+            await _until_every_client_is_acked(acked, 5)
             gateway.kill()
             kills_done += 1
-            await asyncio.sleep(0.3)
             await asyncio.to_thread(gateway.start)
-        await asyncio.sleep(1.0)
+        await _until_every_client_is_acked(acked, 5)
         stop.set()
         retries = await asyncio.gather(*writers)
         assert kills_done == KILLS

@@ -69,3 +69,44 @@ def test_an_oversize_chunked_body_is_413(tmp_path: Path) -> None:
             headers={"Authorization": f"Bearer {ADMIN_KEY}", "content-type": "application/json"},
         )
     assert response.status_code == 413
+
+
+def test_the_openapi_schema_needs_the_admin_key(gateway: Gateway) -> None:
+    anonymous = gateway.client().get("/openapi.json")
+    assert anonymous.status_code == 401
+    assert anonymous.headers["www-authenticate"] == "Bearer"
+    schema = gateway.http.get("/openapi.json")
+    assert schema.status_code == 200
+    assert "/api/rollouts" in schema.json()["paths"]
+
+
+def test_no_docs_page_that_needs_a_cdn_is_served(gateway: Gateway) -> None:
+    """FastAPI's /docs and /redoc load their scripts from a CDN, which fails offline."""
+    for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        assert gateway.client().get(path).status_code == 404, path
+        assert gateway.http.get(path).status_code == 404, path
+
+
+def test_a_huge_dashboard_page_number_is_the_last_page(gateway: Gateway) -> None:
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    for page in (str(10**18), str(10**30), "-5"):
+        response = gateway.http.get("/ui", params={"page": page})
+        assert response.status_code == 200, (page, response.text[:300])
+        assert 'href="/ui/rollouts/r"' in response.text
+        assert gateway.http.get("/ui/rows", params={"page": page}).status_code == 200
+
+
+def test_a_huge_event_seq_is_404(gateway: Gateway) -> None:
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    for seq in (2**63, 10**30, 0, -1):
+        response = gateway.http.get(f"/ui/rollouts/r/events/{seq}")
+        assert response.status_code == 404, (seq, response.text[:300])
+        assert "no event with seq" in response.json()["error"]
+
+
+def test_the_dashboard_links_the_schema_it_serves(gateway: Gateway) -> None:
+    page = gateway.http.get("/ui").text
+    assert 'href="/docs"' not in page
+    assert 'href="/ui/openapi.json"' in page
+    assert "/api/rollouts" in gateway.http.get("/ui/openapi.json").json()["paths"]
+    assert gateway.client().get("/ui/openapi.json", follow_redirects=False).status_code == 303

@@ -88,7 +88,8 @@ def test_train_mode_applies_its_sampling_and_asks_for_token_ids(
         headers={"Authorization": f"Bearer {token}"},
     )
     sent = stub.requests[-1]
-    assert sent["model"] == "policy"
+    # Registered as "policy", asked for as "x": sent under the name the engine lists.
+    assert sent["model"] == "stub"
     assert sent["temperature"] == 1.0
     assert sent["top_p"] == 1.0
     assert sent["max_tokens"] == 7

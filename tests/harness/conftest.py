@@ -8,6 +8,7 @@ what the proxy recorded for it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid
 from collections.abc import Iterator
@@ -19,8 +20,10 @@ import pytest
 
 from reins.engine.chat import parse_tool_calls
 from reins.gateway import GatewaySettings
+from reins.samples import Call, dedup_calls, merge_calls
 from tests.conftest import ADMIN_KEY, serve
 from tests.embedded_support import ServedEngine, served_engine
+from tests.harness import recorded
 
 # The harnesses run offline: no price tables, traces or hub downloads.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -59,11 +62,17 @@ class Rollout:
     mode: str = "train"
 
     @property
+    def attempt_url(self) -> str:
+        return f"{self.gateway_url}/proxy/rollout/{self.rollout_id}/attempt/1/mode/{self.mode}"
+
+    @property
     def base_url(self) -> str:
-        return (
-            f"{self.gateway_url}/proxy/rollout/{self.rollout_id}/attempt/1/mode/{self.mode}"
-            "/openai/v1"
-        )
+        return f"{self.attempt_url}/openai/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """The base URL of Anthropic clients (they append `/v1/messages`)."""
+        return f"{self.attempt_url}/anthropic"
 
     @property
     def model(self) -> str:
@@ -80,16 +89,34 @@ class Rollout:
         response.raise_for_status()
         return [event["data"] for event in response.json()]
 
-    def assert_recorded_as_received(self, received: list[Received]) -> None:
+    def sequences(self) -> tuple[int, list[str]]:
+        """How many training sequences the sample adapter makes of this rollout's calls, and
+        the reason of each split."""
+        calls = [
+            Call(c["prompt_token_ids"], c["response_token_ids"], seq=number)
+            for number, c in enumerate(self.calls())
+            if c["status"] == 200 and c["response_token_ids"]
+        ]
+        merged, splits = merge_calls(dedup_calls(calls), decode=self.engine.engine.decode)
+        return len(merged), [split.reason for split in splits]
+
+    def assert_recorded_as_received(
+        self, received: list[Received], kind: str | None = None
+    ) -> None:
         """Call after call, the recorded response token IDs decode to exactly what the harness
-        received: the same text, or text that parses to the same tool calls."""
+        received: the same text, or text that parses to the same tool calls; each call has
+        logprobs that are real log-probabilities, and the wire API's `kind` when given."""
         calls = self.calls()
         assert len(calls) == len(received), [c["response"] for c in calls]
         assert any(got.content or got.tool_calls for got in received), "every answer was empty"
         for number, (call, got) in enumerate(zip(calls, received, strict=True), start=1):
             assert call["status"] == 200, f"call {number}: {call.get('error')}"
+            if kind is not None:
+                assert call["kind"] == kind, f"call {number}"
             assert call["prompt_token_ids"], f"call {number} has no prompt token IDs"
-            assert len(call["response_logprobs"]) == len(call["response_token_ids"])
+            logprobs = call["response_logprobs"]
+            assert len(logprobs) == len(call["response_token_ids"])
+            assert all(math.isfinite(value) and value <= 0 for value in logprobs), logprobs
             assert call["model_version"] == self.engine.engine.weight_version
             decoded = self.engine.engine.decode(call["response_token_ids"])
             if got.tool_calls:
@@ -101,6 +128,33 @@ class Rollout:
                 assert content == got.content, f"call {number}"
             else:
                 assert decoded == got.content, f"call {number}"
+        # Values, not only lengths: the trainer's logprobs, the template's prompt.
+        recorded.assert_logprobs_are_the_policys(self.engine, calls)
+        recorded.assert_prompts_are_the_template(self.engine, calls)
+        sequences, reasons = self.sequences()
+        FIDELITY.append(
+            (
+                os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0],
+                kind or "chat",
+                len(calls),
+                sequences,
+                reasons,
+            )
+        )
+
+
+FIDELITY: list[tuple[str, str, int, int, list[str]]] = []
+"""(test, API, calls, training sequences, split reasons) of every checked rollout: printed at
+the end of the session (docs/harnesses.md's samples-per-rollout column comes from it)."""
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not FIDELITY:
+        return
+    terminalreporter.section("harness rollouts: calls -> training sequences")
+    for test, api, calls, sequences, reasons in FIDELITY:
+        why = f" (splits: {', '.join(reasons)})" if reasons else ""
+        terminalreporter.write_line(f"{test} [{api}]: {calls} calls -> {sequences}{why}")
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests import required
 from tests.conftest import Gateway
 from tests.monitor.factory import (
     coding_rollout,
@@ -44,11 +45,10 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def browser_page() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
-        message = "Debian's chromium is not installed: bash scripts/install-system-packages.sh"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'")
+        required.missing(
+            "Debian's chromium is not installed: bash scripts/install-system-packages.sh"
+        )
+    sync_api = required.module("playwright.sync_api", "pip install -e '.[dev]'")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1440, "height": 900})

@@ -13,6 +13,7 @@ import pytest
 from reins.client import GatewayClient
 from reins.monitor.export import export_rollouts
 from reins.monitor.report import ReportError, write_report
+from tests import required
 from tests.conftest import Gateway
 from tests.monitor.factory import coding_rollout, many_rollouts, write_run
 
@@ -80,7 +81,7 @@ def test_export_command_says_when_the_key_is_wrong(gateway: Gateway, tmp_path: P
 
 
 def test_report_writes_a_png_per_chart_and_an_overview(runs_dir: Path, tmp_path: Path) -> None:
-    image = pytest.importorskip("matplotlib.image")
+    image = required.module("matplotlib.image", "the monitor extra: pip install -e '.[dev]'")
     written = write_report(write_run(runs_dir, "demo"), tmp_path / "plots")
     names = [path.name for path in written]
     assert names[0] == "overview.png"

@@ -10,6 +10,7 @@ import pytest
 from reins.engine.prepare import default_model_dir
 from reins.monitor import tokens
 from reins.monitor.rollout import attempt_view
+from tests import required
 from tests.monitor.factory import chat_call
 from tests.monitor.test_rollout_view import events
 
@@ -18,8 +19,8 @@ from tests.monitor.test_rollout_view import events
 def text() -> tokens.TokenText:
     folder = default_model_dir()
     if not (folder / "tokenizer.json").exists():
-        pytest.skip(f"no tokenizer at {folder}: run `reins model prepare` (make test does)")
-    pytest.importorskip("transformers", reason="the train extra is not installed")
+        required.missing(f"no tokenizer at {folder}: run `reins model prepare` (make test does)")
+    required.module("transformers", "the train extra is not installed: pip install -e '.[dev]'")
     return tokens.load(str(folder))
 
 

@@ -11,7 +11,7 @@ from samples_factory import call
 from reins.samples import diagnose_split, merge_calls
 from reins.samples.records import TokenArray
 
-AB, THINK, END_THINK, EOS, SYS, USER = 26, 27, 28, 29, 30, 31
+AB, THINK, END_THINK, EOS, SYS, USER, ASSISTANT = 26, 27, 28, 29, 30, 31, 32
 VOCAB = {i: chr(ord("a") + i) for i in range(26)} | {
     AB: "ab",
     THINK: "<think>",
@@ -19,6 +19,7 @@ VOCAB = {i: chr(ord("a") + i) for i in range(26)} | {
     EOS: "<eos>",
     SYS: "<sys>",
     USER: "<user>",
+    ASSISTANT: "<assistant>",
 }
 
 
@@ -86,3 +87,45 @@ def test_merge_reports_the_diagnosed_reason() -> None:
     c2 = call([*PROMPT.tolist(), 0, 1, EOS, USER, 4], [5], seq=2)
     _, splits = merge_calls([c1, c2], rollout_id="r-1", decode=decode)
     assert [(s.rollout_id, s.reason) for s in splits] == [("r-1", "retokenized")]
+
+
+# -- harnesses that rewrite their history --------------------------------------------------------
+# Chat-shaped toy prompts: each ends with the generation prompt `<assistant>`.
+
+CHAT_PROMPT = t(SYS, 7, 8, USER, 2, 3, ASSISTANT)  # "<sys>hi<user>cd<assistant>"
+
+
+def test_a_response_left_out_of_the_next_history_is_dropped() -> None:
+    response = t(0, 1, EOS)  # rejected by the harness
+    next_prompt = t(SYS, 7, 8, USER, 2, 3, USER, 4, 17, 17, ASSISTANT)  # "...<user>err<assistant>"
+    assert diagnose_split(CHAT_PROMPT, response, next_prompt, decode) == "dropped"
+
+
+def test_without_decode_a_response_left_out_of_the_next_history_is_dropped() -> None:
+    response = t(0, 1, EOS)
+    next_prompt = t(SYS, 7, 8, USER, 2, 3, USER, 4, 17, 17, ASSISTANT)
+    assert diagnose_split(CHAT_PROMPT, response, next_prompt) == "dropped"
+
+
+def test_a_response_moved_into_the_inserted_text_is_not_dropped() -> None:
+    response = t(0, 1, EOS)
+    next_prompt = t(SYS, 7, 8, USER, 2, 3, USER, 0, 1, EOS, ASSISTANT)  # quoted in a user turn
+    assert diagnose_split(CHAT_PROMPT, response, next_prompt, decode) != "dropped"
+    assert diagnose_split(CHAT_PROMPT, response, next_prompt) != "dropped"
+
+
+def test_a_history_replaced_by_the_summary_the_response_wrote_is_compacted() -> None:
+    # the previous call was asked for a summary of a long history; the next prompt keeps the
+    # system turn and the summary only
+    long_history = t(SYS, 7, 8, USER, 2, 3, *range(4, 20), USER, 18, 20, 12, ASSISTANT)
+    summary = t(18, 20, 12, 12, 0, 17, 24, EOS)  # "summary"
+    next_prompt = t(SYS, 7, 8, USER, 18, 20, 12, 12, 0, 17, 24, ASSISTANT)
+    assert diagnose_split(long_history, summary, next_prompt, decode) == "compacted"
+
+
+def test_earlier_turns_replaced_by_a_summary_with_the_last_turn_kept_is_compacted() -> None:
+    prompt = t(SYS, 7, 8, USER, 2, 3, ASSISTANT, *range(4, 18), EOS, USER, 20, ASSISTANT)
+    response = t(0, 1, EOS)
+    # "<sys>hi<user>cd<user>sum<assistant>ab<eos><user>w<assistant>"
+    next_prompt = t(SYS, 7, 8, USER, 2, 3, USER, 18, 20, 12, ASSISTANT, 0, 1, EOS, USER, 22)
+    assert diagnose_split(prompt, response, next_prompt, decode) == "compacted"

@@ -44,6 +44,8 @@ def test_split_reasons_are_counted_for_every_reason() -> None:
         "retokenized": 0,
         "template": 0,
         "transformed": 0,
+        "dropped": 0,
+        "compacted": 0,
         "branch": 2,
         "unknown": 0,
     }

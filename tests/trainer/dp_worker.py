@@ -1,11 +1,13 @@
 """One rank of the data-parallel test: `torchrun ... -m tests.trainer.dp_worker MODEL_DIR OUT`.
 
-Every rank builds the same batch planned for `WORLD_SIZE` ranks, trains on its own micro-batches,
-all-reduces gradients by SUM, steps; rank 0 saves the parameters.
+Every rank builds the same batch planned for `WORLD_SIZE` ranks, runs its own micro-batches and
+all-reduces gradients by SUM, with lr 0 and no norm clipping so that the gradient stays as it
+was summed; rank 0 saves it.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -13,8 +15,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from reins.samples.batch import AdapterConfig, build_batch
 from reins.trainer.backend import BackendConfig, TorchBackend
-from tests.trainer.batches import make_batch
+from tests.trainer.reference import split_rollouts
 
 
 def main() -> None:
@@ -24,12 +27,15 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    backend = TorchBackend(model, BackendConfig(lr=1e-3), rank=rank, world_size=world)
-    batch = make_batch(groups=2, per_group=4, dp_size=world, micro_tokens=40)
+    config = BackendConfig(lr=0.0, grad_clip=math.inf)
+    backend = TorchBackend(model, config, rank=rank, world_size=world)
+    batch = build_batch(
+        split_rollouts(), AdapterConfig(dp_size=world, max_tokens_per_microbatch=40)
+    )
     assert all(plan.micro_batches[rank] for plan in batch.minibatches), "a rank got no data"
     backend.train_step(batch)
     if rank == 0:
-        torch.save([p.detach() for p in model.parameters()], out)
+        torch.save([p.grad.detach() for p in model.parameters()], out)  # type: ignore[union-attr]
     dist.barrier()
     dist.destroy_process_group()
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from reins.trainer.backend import BackendConfig, TorchBackend
+from reins.trainer.backend import BackendConfig, StepStats, TorchBackend
 from tests.trainer.batches import make_batch
 
 
@@ -25,6 +25,8 @@ def parameters(backend: TorchBackend) -> list[torch.Tensor]:
 
 
 def test_micro_batching_gives_the_same_update_as_one_batch(tiny_model_dir: Path) -> None:
+    """The same optimizer step; the gradients themselves are checked against an absolute
+    reference in tests/trainer/test_gradient.py (one Adam step cannot tell their scale)."""
     whole, split = load(tiny_model_dir), load(tiny_model_dir)
     whole.train_step(make_batch(micro_tokens=None))
     stats = split.train_step(make_batch(micro_tokens=40))
@@ -80,9 +82,23 @@ def test_missing_rollout_logprobs_are_no_gap_and_no_clip(tiny_model_dir: Path) -
 
 
 def test_several_minibatches_recompute_old_logprobs_and_step_each(tiny_model_dir: Path) -> None:
-    stats = load(tiny_model_dir).train_step(make_batch(num_minibatches=2))
-    assert stats.optimizer_steps == 2
-    assert stats.clip_fraction >= 0  # the second mini-batch sees moved weights
+    """Old logprobs are the policy's before the batch: the second mini-batch runs on weights the
+    first step moved (lr 1e-2, enough to move some ratios out of the clip range), so some of its
+    tokens are clipped. Recomputed after the first step they would all be at ratio 1 (nothing
+    clipped, as in one mini-batch); the rollout's logprobs would clip about half."""
+    from transformers import AutoModelForCausalLM
+
+    def step(minibatches: int) -> StepStats:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        return TorchBackend(model, BackendConfig(lr=1e-2)).train_step(
+            make_batch(num_minibatches=minibatches)
+        )
+
+    one, two = step(1), step(2)
+    assert (one.optimizer_steps, two.optimizer_steps) == (1, 2)
+    assert one.clip_fraction == 0
+    assert 0.01 < two.clip_fraction < 0.3
 
 
 def test_kl_to_initial_is_zero_before_and_positive_after_an_update(tiny_model_dir: Path) -> None:

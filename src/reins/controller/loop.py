@@ -59,7 +59,7 @@ class Launch:
     agent: str | None
     """`module:function` or a command line; None means the reconciler's default agent."""
     env: Mapping[str, str]
-    """The agent's environment contract (OPENAI_BASE_URL, OPENAI_API_KEY, REINS_*)."""
+    """The agent's environment contract (OPENAI_*, ANTHROPIC_*, REINS_*)."""
     timeout_s: float | None
     """Wall-clock limit of this attempt; None for none."""
     incarnation: str
@@ -154,10 +154,14 @@ def agent_command(agent: str, python: str) -> list[str]:
     return ["/bin/sh", "-c", agent]
 
 
-def proxy_base_url(gateway_url: str, rollout_id: str, attempt_id: int, mode: str) -> str:
+def proxy_base_url(
+    gateway_url: str, rollout_id: str, attempt_id: int, mode: str, api: str = "openai/v1"
+) -> str:
+    """The proxy's base URL for one attempt: `api` is `openai/v1` (OpenAI clients) or
+    `anthropic` (Anthropic clients, which append `/v1/messages`)."""
     return (
         f"{gateway_url.rstrip('/')}/proxy/rollout/{rollout_id}/attempt/{attempt_id}"
-        f"/mode/{mode}/openai/v1"
+        f"/mode/{mode}/{api}"
     )
 
 
@@ -177,6 +181,13 @@ def agent_env(gateway_url: str, rollout: Rollout, attempt: Attempt) -> dict[str,
             gateway_url, rollout.rollout_id, attempt.attempt_id, rollout.mode
         ),
         "OPENAI_API_KEY": attempt.token,
+        # Claude Code and other Anthropic clients: the same proxy, the same token (sent as
+        # `Authorization: Bearer` from the first, as `x-api-key` from the second).
+        "ANTHROPIC_BASE_URL": proxy_base_url(
+            gateway_url, rollout.rollout_id, attempt.attempt_id, rollout.mode, api="anthropic"
+        ),
+        "ANTHROPIC_AUTH_TOKEN": attempt.token,
+        "ANTHROPIC_API_KEY": attempt.token,
         "REINS_GATEWAY_URL": gateway_url.rstrip("/"),
         "REINS_ROLLOUT_ID": rollout.rollout_id,
         "REINS_ATTEMPT_ID": str(attempt.attempt_id),

@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -25,13 +25,19 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from reins.engine.chat import (
-    TOOL_CALL_OPEN,
     ChatRequestError,
+    PrefixDecoder,
+    ResponseRules,
+    SampledTurns,
+    Settled,
     parse_tool_calls,
     prepare_messages,
+    settle,
+    shown_content,
     template_knows_tools,
 )
 from reins.engine.embedded import EmbeddedEngine, Token
+from reins.engine.metrics import CONTENT_TYPE, engine_metrics, render
 from reins.engine.sampling import SamplingParams
 
 WEIGHT_VERSION_HEADER = "x-reins-weight-version"
@@ -81,6 +87,8 @@ def create_engine_app(engine: EmbeddedEngine) -> Starlette:
             Route("/v1/chat/completions", api.chat, methods=["POST"]),
             Route("/v1/completions", api.completions, methods=["POST"]),
             Route("/health", api.health, methods=["GET"]),
+            Route("/metrics", api.metrics, methods=["GET"]),
+            Route("/tokenize", api.tokenize, methods=["POST"]),
             Route("/reins/load_weights", api.load_weights, methods=["POST"]),
         ]
     )
@@ -95,6 +103,11 @@ class _Api:
     def __init__(self, engine: EmbeddedEngine) -> None:
         self.engine = engine
         self.native_tools = template_knows_tools(getattr(engine.tokenizer, "chat_template", None))
+        self.sampled = SampledTurns()
+        """Tool-call answers, rendered as sampled when a harness sends them back (`chat.py`)."""
+        self.stop_token_ids = frozenset(_special_token_ids(engine.tokenizer) - engine.eos_token_ids)
+        """Special tokens that end a response when sampled, outside it (`chat.settle`)."""
+        self.registry = engine_metrics(engine)
 
     async def load_weights(self, request: Request) -> Response:
         """`{"path": MODEL_FOLDER}`: loads those weights in place (`ReloadPublisher`)."""
@@ -110,8 +123,41 @@ class _Api:
             return _error(400, f"cannot load weights from that folder: {error}")
         return JSONResponse({"weight_version": version})
 
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's `/tokenize`: `{"prompt": TEXT}` or chat `{"messages", "tools"}` rendered as a
+        chat call would be; answers `{"count", "max_model_len", "tokens"}`."""
+        try:
+            body = await _json(request)
+            if not isinstance(body, dict):
+                raise EngineError(400, "the body must be a JSON object")
+            if "messages" in body:
+                chat = ChatRequest.model_validate(body)
+                tools = chat.tools if chat.tool_choice != "none" else None
+                messages = prepare_messages(
+                    chat.messages, tools, native_tools=self.native_tools, sampled=self.sampled
+                )
+                tokens = self._render(
+                    messages, tools, generation_prompt=body.get("add_generation_prompt", True)
+                )
+            elif isinstance(body.get("prompt"), str):
+                tokens = self._completion_prompt(body["prompt"])
+            else:
+                raise EngineError(400, "send `messages` (a chat) or `prompt` (a string)")
+        except ValidationError as error:
+            return _error(400, _validation_message(error))
+        except (EngineError, ChatRequestError) as error:
+            status = error.status if isinstance(error, EngineError) else 400
+            return _error(status, str(error))
+        return JSONResponse(
+            {"count": len(tokens), "max_model_len": self.engine.max_model_len, "tokens": tokens}
+        )
+
     async def health(self, _: Request) -> Response:
         return Response(status_code=200)
+
+    async def metrics(self, _: Request) -> Response:
+        """Prometheus text: prompts, prefix-cache hits and reused tokens, batch (`metrics.py`)."""
+        return Response(render(self.registry), media_type=CONTENT_TYPE)
 
     async def models(self, _: Request) -> Response:
         card = {
@@ -128,15 +174,17 @@ class _Api:
             body = ChatRequest.model_validate(await _json(request))
             self._check_model(body)
             tools = body.tools if body.tool_choice != "none" else None
-            messages = prepare_messages(body.messages, tools, native_tools=self.native_tools)
+            messages = prepare_messages(
+                body.messages, tools, native_tools=self.native_tools, sampled=self.sampled
+            )
             prompt_ids = self._render(messages, tools)
-            params = self._params(body, len(prompt_ids))
+            params = self._params(body, len(prompt_ids), tool_calls=bool(tools))
         except ValidationError as error:
             return _error(400, _validation_message(error))
         except (EngineError, ChatRequestError) as error:
             status = error.status if isinstance(error, EngineError) else 400
             return _error(status, str(error))
-        call = _Call(self.engine, "chat", body, prompt_ids, parse_tools=bool(tools))
+        call = _Call(self.engine, "chat", body, prompt_ids, params[0], self.sampled)
         headers = {WEIGHT_VERSION_HEADER: str(self.engine.weight_version)}
         if body.stream:
             return StreamingResponse(
@@ -156,7 +204,7 @@ class _Api:
             return _error(400, _validation_message(error))
         except EngineError as error:
             return _error(error.status, error.message)
-        call = _Call(self.engine, "completions", body, prompt_ids, parse_tools=False)
+        call = _Call(self.engine, "completions", body, prompt_ids, params[0], self.sampled)
         headers = {WEIGHT_VERSION_HEADER: str(self.engine.weight_version)}
         if body.stream:
             return StreamingResponse(
@@ -174,14 +222,18 @@ class _Api:
             )
 
     def _render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        generation_prompt: bool = True,
     ) -> list[int]:
         tokenizer = self.engine.tokenizer
         try:
             text = tokenizer.apply_chat_template(
                 messages,
                 tools=tools if self.native_tools else None,
-                add_generation_prompt=True,
+                add_generation_prompt=bool(generation_prompt),
                 tokenize=False,
             )
         except Exception as error:  # the template's own error (jinja) says what is wrong
@@ -203,7 +255,9 @@ class _Api:
             return self._completion_prompt(prompt[0])  # type: ignore[arg-type]
         raise EngineError(400, "`prompt` must be one string or one list of token IDs (no batches)")
 
-    def _params(self, body: _Request, prompt_length: int) -> list[SamplingParams]:
+    def _params(
+        self, body: _Request, prompt_length: int, *, tool_calls: bool = False
+    ) -> list[SamplingParams]:
         room = self.engine.max_model_len - prompt_length
         if room < 1:
             raise EngineError(
@@ -211,13 +265,11 @@ class _Api:
                 f"This model's maximum context length is {self.engine.max_model_len} tokens; "
                 f"the prompt has {prompt_length}.",
             )
+        # More than the context has room for is served up to the context's end (finish_reason
+        # `length`): coding-agent CLIs send max_tokens of 32k-64k whatever the model.
         asked = body.max_completion_tokens or body.max_tokens
-        if asked is not None and asked > room:
-            raise EngineError(
-                400,
-                f"This model's maximum context length is {self.engine.max_model_len} tokens; "
-                f"the prompt has {prompt_length} and max_tokens asks for {asked} more.",
-            )
+        if asked is not None:
+            asked = min(asked, room)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         return [
             SamplingParams(
@@ -226,6 +278,8 @@ class _Api:
                 top_k=max(body.top_k or 0, 0),
                 max_tokens=asked or room,
                 stop=tuple(s for s in stop if s),
+                stop_token_ids=self.stop_token_ids,
+                tool_calls=tool_calls,
                 seed=None if body.seed is None else body.seed + index,
             )
             for index in range(body.n)
@@ -235,12 +289,16 @@ class _Api:
 class _Choice:
     """What one choice has produced so far, and the text it may show."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, decode: Callable[[list[int]], str]) -> None:
         self.index = index
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.shown = ""
+        self.sent = 0
+        """Tokens a stream has sent."""
+        self.decode = PrefixDecoder(decode)
         self.finish_reason: str | None = None
+        self.cached_tokens = 0
 
 
 class _Call:
@@ -252,28 +310,40 @@ class _Call:
         kind: Literal["chat", "completions"],
         body: ChatRequest | CompletionRequest,
         prompt_ids: list[int],
-        *,
-        parse_tools: bool,
+        params: SamplingParams,
+        sampled: SampledTurns,
     ) -> None:
         self.engine = engine
         self.kind = kind
         self.body = body
         self.prompt_ids = prompt_ids
-        self.parse_tools = parse_tools
-        self.stops = tuple(
-            s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or ()) if s
-        )
+        self.parse_tools = params.tool_calls
+        self.rules = ResponseRules(params.stop, params.stop_token_ids, params.tool_calls)
+        self.sampled = sampled
         self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
-    def text(self, choice: _Choice) -> str:
-        """The choice's text as shown: decoded without special tokens, cut before a stop string."""
-        text = self.engine.decode(choice.token_ids)
-        cuts = [text.find(stop) for stop in self.stops if stop in text]
-        return text[: min(cuts)] if cuts else text
+    def settled(self, choice: _Choice, *, final: bool) -> Settled:
+        """The choice's response so far: the sampled tokens that are the response, and the text
+        they show (`chat.settle`: a stop string, a special token or the end of a tool-call turn
+        ends it)."""
+        return settle(choice.token_ids, choice.decode, self.rules, final=final)
+
+    def _message(
+        self, settled: Settled, finish_reason: str | None
+    ) -> tuple[str | None, list[dict[str, Any]], str | None]:
+        """A finished chat choice's content, tool calls and finish reason; a tool-call answer
+        is remembered so that it is rendered as sampled when the harness sends it back."""
+        if not self.parse_tools:
+            return settled.text, [], finish_reason
+        content, calls = parse_tool_calls(settled.text)
+        if not calls:
+            return content, [], finish_reason
+        self.sampled.remember(settled.text, content, calls)
+        return content, calls, "tool_calls"
 
     async def answer(self, params: list[SamplingParams], headers: dict[str, str]) -> Response:
-        choices = [_Choice(i) for i in range(len(params))]
+        choices = [_Choice(i, self.engine.decode) for i in range(len(params))]
         async for item in self.engine.generate(self.prompt_ids, params):
             choice = choices[item.index]
             if isinstance(item, Token):
@@ -282,13 +352,8 @@ class _Call:
             elif item.error is not None:
                 return _error(500, item.error, "InternalServerError")
             else:
-                choice.finish_reason = item.reason
-        completion_tokens = sum(len(c.token_ids) for c in choices)
-        usage = {
-            "prompt_tokens": len(self.prompt_ids),
-            "completion_tokens": completion_tokens,
-            "total_tokens": len(self.prompt_ids) + completion_tokens,
-        }
+                choice.finish_reason, choice.cached_tokens = item.reason, item.cached_tokens
+        usage = self._usage(choices)
         if self.kind == "chat":
             payload: dict[str, Any] = {
                 "id": self.id,
@@ -310,30 +375,43 @@ class _Call:
             }
         return JSONResponse(payload, headers=headers)
 
+    def _usage(self, choices: list[_Choice]) -> dict[str, Any]:
+        """OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens that every
+        choice took from the prefix cache (as OpenAI and vLLM report them)."""
+        completion_tokens = sum(len(c.token_ids) for c in choices)
+        return {
+            "prompt_tokens": len(self.prompt_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(self.prompt_ids) + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": min(c.cached_tokens for c in choices)},
+        }
+
     def _chat_choice(self, choice: _Choice) -> dict[str, Any]:
-        text = self.text(choice)
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        finish_reason = choice.finish_reason
-        if self.parse_tools:
-            content, calls = parse_tool_calls(text)
-            if calls:
-                message = {"role": "assistant", "content": content, "tool_calls": calls}
-                finish_reason = "tool_calls"
+        settled = self.settled(choice, final=True)
+        content, calls, finish_reason = self._message(settled, choice.finish_reason)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        tokens, logprobs = choice.token_ids[: settled.count], choice.logprobs[: settled.count]
         return {
             "index": choice.index,
             "message": message,
-            "logprobs": {"content": self._chat_logprobs(choice.token_ids, choice.logprobs)},
+            "logprobs": {"content": self._chat_logprobs(tokens, logprobs)},
             "finish_reason": finish_reason,
-            "token_ids": choice.token_ids,
+            "stop_reason": settled.stop_reason,
+            "token_ids": tokens,
         }
 
     def _completion_choice(self, choice: _Choice) -> dict[str, Any]:
+        settled = self.settled(choice, final=True)
+        tokens, logprobs = choice.token_ids[: settled.count], choice.logprobs[: settled.count]
         return {
             "index": choice.index,
-            "text": self.text(choice),
-            "logprobs": self._completion_logprobs(choice.token_ids, choice.logprobs),
+            "text": settled.text,
+            "logprobs": self._completion_logprobs(tokens, logprobs),
             "finish_reason": choice.finish_reason,
-            "token_ids": choice.token_ids,
+            "stop_reason": settled.stop_reason,
+            "token_ids": tokens,
             "prompt_token_ids": self.prompt_ids,
         }
 
@@ -353,15 +431,16 @@ class _Call:
         }
 
     async def stream(self, params: list[SamplingParams]) -> AsyncIterator[bytes]:
-        choices = [_Choice(i) for i in range(len(params))]
+        choices = [_Choice(i, self.engine.decode) for i in range(len(params))]
         started: set[int] = set()
         async for item in self.engine.generate(self.prompt_ids, params):
             choice = choices[item.index]
             if isinstance(item, Token):
                 choice.token_ids.append(item.token_id)
                 choice.logprobs.append(item.logprob)
-                delta = self._release(choice, final=False)
-                yield self._chunk(choice, delta, [item.token_id], [item.logprob], started)
+                chunk = self._progress(choice, started)
+                if chunk is not None:
+                    yield chunk
             elif item.error is not None:
                 error = {
                     "error": {"message": item.error, "type": "InternalServerError", "code": 500}
@@ -369,35 +448,31 @@ class _Call:
                 yield f"data: {json.dumps(error)}\n\n".encode()
                 return
             else:
-                choice.finish_reason = item.reason
+                choice.finish_reason, choice.cached_tokens = item.reason, item.cached_tokens
                 yield self._last_chunk(choice, started)
         options = self.body.stream_options or {}
         if options.get("include_usage"):
-            completion_tokens = sum(len(c.token_ids) for c in choices)
-            usage = {
-                "prompt_tokens": len(self.prompt_ids),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(self.prompt_ids) + completion_tokens,
-            }
-            yield _sse({**self._envelope(), "choices": [], "usage": usage})
+            yield _sse({**self._envelope(), "choices": [], "usage": self._usage(choices)})
         yield b"data: [DONE]\n\n"
 
-    def _release(self, choice: _Choice, *, final: bool) -> str:
-        """The text that can be shown now: held back while it could still become a stop string
-        or a tool call."""
-        text = self.text(choice)
-        if not final:
-            if text.endswith("\ufffd"):  # a multi-byte character is not complete yet
-                return ""
-            hold = max((len(stop) - 1 for stop in self.stops), default=0)
-            if self.parse_tools:
-                opened = text.find(TOOL_CALL_OPEN)
-                if opened >= 0:
-                    text = text[:opened]
-                else:
-                    hold = max(hold, len(TOOL_CALL_OPEN) - 1)
-            if hold:
-                text = text[: max(len(choice.shown), len(text) - hold)]
+    def _progress(self, choice: _Choice, started: set[int]) -> bytes | None:
+        """A chunk with what a choice can show and return now, whatever it samples next (the
+        tokens and text that may still be cut off, or become a tool call, are held back); None
+        when nothing new is settled."""
+        settled = self.settled(choice, final=False)
+        text = settled.text
+        if self.kind == "chat":
+            text = shown_content(text, tools=self.parse_tools, final=False) or ""
+        delta = self._release(choice, text)
+        tokens = choice.token_ids[choice.sent : settled.count]
+        logprobs = choice.logprobs[choice.sent : settled.count]
+        if not tokens and not delta:
+            return None
+        choice.sent += len(tokens)
+        return self._chunk(choice, delta, tokens, logprobs, started)
+
+    def _release(self, choice: _Choice, text: str) -> str:
+        """What of `text` (all the choice has shown so far, and more) was not sent yet."""
         if not text.startswith(choice.shown):
             return ""
         delta = text[len(choice.shown) :]
@@ -450,38 +525,56 @@ class _Call:
         return _sse(chunk)
 
     def _last_chunk(self, choice: _Choice, started: set[int]) -> bytes:
-        finish_reason = choice.finish_reason
+        """The rest of the choice: the tokens and text held back, its tool calls, why it ended."""
+        settled = self.settled(choice, final=True)
+        tokens = choice.token_ids[choice.sent : settled.count]
+        logprobs = choice.logprobs[choice.sent : settled.count]
+        choice.sent += len(tokens)
+        first = choice.index not in started
+        started.add(choice.index)
         if self.kind != "chat":
             entry: dict[str, Any] = {
                 "index": choice.index,
-                "text": self._release(choice, final=True),
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "token_ids": [],
+                "text": self._release(choice, settled.text),
+                "logprobs": self._completion_logprobs(tokens, logprobs) if tokens else None,
+                "finish_reason": choice.finish_reason,
+                "stop_reason": settled.stop_reason,
+                "token_ids": tokens,
             }
+            if first:
+                entry["prompt_token_ids"] = self.prompt_ids
             return _sse({**self._envelope(), "choices": [entry]})
-        calls = parse_tool_calls(self.text(choice))[1] if self.parse_tools else []
+        content, calls, finish_reason = self._message(settled, choice.finish_reason)
+        delta: dict[str, Any] = {"content": self._release(choice, content or "")}
         if calls:
-            # The text before the first `<tool_call>` was streamed already; the calls replace
-            # the rest.
-            delta: dict[str, Any] = {
-                "content": None,
+            # The content was streamed already (but for text beside the calls that is not
+            # whitespace between it and them); the calls come whole.
+            delta = {
+                "content": delta["content"] or None,
                 "tool_calls": [{"index": i, **call} for i, call in enumerate(calls)],
             }
-            finish_reason = "tool_calls"
-        else:
-            delta = {"content": self._release(choice, final=True)}
-        if choice.index not in started:
+        if first:
             delta["role"] = "assistant"
-            started.add(choice.index)
         entry = {
             "index": choice.index,
             "delta": delta,
-            "logprobs": None,
+            "logprobs": {"content": self._chat_logprobs(tokens, logprobs)} if tokens else None,
             "finish_reason": finish_reason,
-            "token_ids": [],
+            "stop_reason": settled.stop_reason,
+            "token_ids": tokens,
         }
-        return _sse({**self._envelope(), "choices": [entry]})
+        chunk = {**self._envelope(), "choices": [entry]}
+        if first:
+            chunk["prompt_token_ids"] = self.prompt_ids
+        return _sse(chunk)
+
+
+def _special_token_ids(tokenizer: Any) -> set[int]:
+    """The tokens the tokenizer marks special (the ones decoding drops from the text)."""
+    ids = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    ids.update(index for index, token in added.items() if getattr(token, "special", False))
+    return ids
 
 
 def _sse(payload: dict[str, Any]) -> bytes:

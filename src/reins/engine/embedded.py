@@ -4,6 +4,10 @@ In the trainer's process the engine and the trainer hold the same `nn.Module`: p
 weights is `with engine.updating_weights(): optimizer.step()`: the batch waits between two decode
 steps while the weights change in place, and the version goes up by one when the block ends.
 An engine in its own process (`reins engine`) takes new weights with `load_weights(path)`.
+
+The prefix cache (`prefix_cache_gb`, default 2 GiB; 0 turns it off) keeps the KV of finished
+calls so that a later prompt starting with one of them prefills only what it adds; a weight
+update drops every entry of the older weights. See `prefix_cache.py` and docs/engine.md.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ from typing import Any
 
 import torch
 
+from reins.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from reins.engine.sampling import SamplingParams
 from reins.engine.scheduler import BatchScheduler, Sequence
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEFAULT_PREFIX_CACHE_GB = 2.0
+"""About 45k tokens of the default model's KV in float32 (46 KB per token), 90k in bfloat16."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,8 @@ class Finished:
     index: int
     reason: str | None
     error: str | None = None
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (not prefilled)."""
 
 
 class EmbeddedEngine:
@@ -57,7 +66,12 @@ class EmbeddedEngine:
         weight_version: int = 0,
         max_batch: int = 16,
         max_model_len: int | None = None,
+        prefix_cache_gb: float = DEFAULT_PREFIX_CACHE_GB,
     ) -> None:
+        if prefix_cache_gb < 0:
+            raise ValueError(
+                f"prefix_cache_gb must be >= 0 (0 turns it off), not {prefix_cache_gb}"
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -66,6 +80,7 @@ class EmbeddedEngine:
         self.max_model_len = min(max_model_len or 4096, limit)
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
         self._weights_lock = threading.Lock()
+        self.prefix_cache = PrefixCache(int(prefix_cache_gb * 2**30))
         self.scheduler = BatchScheduler(
             model,
             eos_token_ids=self.eos_token_ids,
@@ -73,6 +88,8 @@ class EmbeddedEngine:
             max_batch=max_batch,
             max_model_len=self.max_model_len,
             weights_lock=self._weights_lock,
+            prefix_cache=self.prefix_cache,
+            weight_version=lambda: self._weight_version,
         )
 
     @classmethod
@@ -118,6 +135,7 @@ class EmbeddedEngine:
         with self._weights_lock:
             yield
             self._weight_version += 1
+            self.prefix_cache.invalidate(self._weight_version)
         log.info("engine %s now serves weight version %d", self.name, self._weight_version)
 
     def load_weights(self, path: str | Path) -> int:
@@ -129,6 +147,9 @@ class EmbeddedEngine:
         with self.updating_weights():
             self.model.load_state_dict(state, strict=False)
         return self._weight_version
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return self.prefix_cache.stats()
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
@@ -147,14 +168,14 @@ class EmbeddedEngine:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        sequences = []
+        sequences: list[Sequence] = []
         for index, choice_params in enumerate(params):
 
             def on_token(token: int, logprob: float, index: int = index) -> None:
                 put(Token(index, token, logprob))
 
             def on_finish(reason: str | None, error: str | None, index: int = index) -> None:
-                put(Finished(index, reason, error))
+                put(Finished(index, reason, error, sequences[index].cached_tokens))
 
             sequences.append(
                 Sequence(list(prompt_ids), choice_params, on_token, on_finish, self.weight_version)

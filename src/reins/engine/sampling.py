@@ -24,6 +24,11 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     """Strings that end the response; the text shown stops before them."""
+    stop_token_ids: frozenset[int] = frozenset()
+    """Tokens that end the response (the API passes the special tokens other than end-of-turn)."""
+    tool_calls: bool = False
+    """Tools are offered: text after a `</tool_call>` that opens no other call ends the response
+    (`chat.tool_turn_end`, checked on the last `TOOL_TURN_TOKENS` tokens)."""
     seed: int | None = None
 
     def generator(self) -> torch.Generator | None:
@@ -33,6 +38,10 @@ class SamplingParams:
         generator.manual_seed(self.seed)
         return generator
 
+
+TOOL_TURN_TOKENS = 32
+"""How many of the last sampled tokens are decoded to see whether a tool-call turn ended: a
+`</tool_call>` (5 tokens in the default tokenizer), whitespace, and the text after it."""
 
 CANDIDATES = (64, 1024)
 """Top-p and top-k look for their tokens among the 64, then the 1024 most likely tokens (a partial

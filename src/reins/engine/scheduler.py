@@ -9,6 +9,13 @@ padding never shifts a sequence's RoPE positions.
 Every forward pass holds `weights_lock`: whoever changes the weights in place takes it and the
 batch waits between two steps (a sequence started under the old weights goes on under the new
 ones, as in vLLM's in-place weight update; it records the version it started with).
+
+With a `PrefixCache` (`prefix_cache.py`), a finished sequence leaves its KV behind, and so does a
+long freshly prefilled prompt; a joining sequence whose prompt starts with a cached prefix
+prefills only the rest. The joining rows' cached prefixes are right-aligned in front of their new
+tokens: `[pad | cached prefix | pad | new tokens]`. The holes are masked out, and positions are
+still counted from the attention mask, so every token keeps its own position. A sequence's KV is
+kept only when all of it was computed under the weight version in force when it ends.
 """
 
 from __future__ import annotations
@@ -17,17 +24,21 @@ import contextlib
 import inspect
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from reins.engine.sampling import SamplingParams, sample_next
+from reins.engine.chat import tool_turn_end
+from reins.engine.prefix_cache import Match, PrefixCache, as_tokens, common_prefix
+from reins.engine.sampling import TOOL_TURN_TOKENS, SamplingParams, sample_next
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +47,25 @@ _GPU_ATTENTION = [
     SDPBackend.EFFICIENT_ATTENTION,
     SDPBackend.MATH,
 ]
+
+PREFILL_KEEP_TOKENS = 256
+"""A prompt that prefilled at least this many new tokens is kept in the prefix cache right away
+(not only when its sequence ends): a peer with the same long prefix (the same system prompt, the
+other samples of a GRPO group) that joins later reuses it, and one that would join in the same
+step waits one step to do so."""
+PADDING_SLACK = 512
+"""Sequences prefilled together are left-padded to the longest: a sequence joins a prefill only
+while the padded tokens stay under twice the real ones plus this many."""
+PLAIN_HEAD_MODELS = {
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+}
+"""Models whose logits are `lm_head(model(...).last_hidden_state)`, nothing else: the scheduler
+computes their logits itself (see `_logits`)."""
+STATS_LOG_S = 30.0
+"""The prefix cache's figures are logged at most this often, when they changed."""
 
 TokenSink = Callable[[int, float], None]
 FinishSink = Callable[[str | None, str | None], None]
@@ -57,9 +87,21 @@ class Sequence:
     cancelled: bool = False
     generator: torch.Generator | None = None
     next_token: int = -1
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache."""
+    kv_version: int = -1
+    """The weight version its KV was computed under (set at prefill)."""
+    match: Match | None = field(default=None, repr=False)
+    _tokens: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.generator = self.params.generator()
+
+    @property
+    def prompt_tokens(self) -> np.ndarray:
+        if self._tokens is None:
+            self._tokens = as_tokens(self.prompt_ids)
+        return self._tokens
 
 
 class BatchScheduler:
@@ -75,6 +117,8 @@ class BatchScheduler:
         max_model_len: int = 4096,
         max_prefill_tokens: int = 8192,
         weights_lock: threading.Lock | None = None,
+        prefix_cache: PrefixCache | None = None,
+        weight_version: Callable[[], int] = lambda: 0,
     ) -> None:
         self.model = model
         self.eos_token_ids = eos_token_ids
@@ -83,16 +127,20 @@ class BatchScheduler:
         self.max_model_len = max_model_len
         self.max_prefill_tokens = max_prefill_tokens
         self.weights_lock = weights_lock or threading.Lock()
+        self.prefix_cache = prefix_cache or PrefixCache(0)
+        self.weight_version = weight_version
+        """The version of the weights now in the model: read under `weights_lock`."""
         self.steps = 0
-        # transformers 5 renamed `past_key_values` to `cache` (the old name warns on every call).
-        parameters = inspect.signature(model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
+        self._logged: tuple[int, float] = (0, time.monotonic())
+        self._cache_kwarg = _cache_kwarg(model)
+        self._head = _plain_head(model)
         self._waiting: deque[Sequence] = deque()
         self._active: list[Sequence] = []
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None
         self._wake = threading.Condition()
         self._stopped = False
+        self._holding = 0
         self._thread = threading.Thread(target=self._run, name="reins-engine", daemon=True)
         self._thread.start()
 
@@ -113,6 +161,19 @@ class BatchScheduler:
         with self._wake:
             self._wake.notify()
 
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """New sequences wait in line while the block runs (the running ones go on); they
+        join together afterwards, as far as the batch and the prefill budget allow."""
+        with self._wake:
+            self._holding += 1
+        try:
+            yield
+        finally:
+            with self._wake:
+                self._holding -= 1
+                self._wake.notify()
+
     def load(self) -> tuple[int, int]:
         """(running, waiting) sequence counts."""
         return len(self._active), len(self._waiting)
@@ -126,11 +187,13 @@ class BatchScheduler:
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._stopped and not self._waiting and not self._active:
+                while not self._stopped and not self._active and (
+                    not self._waiting or self._holding
+                ):
                     self._wake.wait()
                 if self._stopped:
                     break
-                joining = self._take_joining()
+                joining = [] if self._holding else self._take_joining()
             try:
                 with self.weights_lock, torch.inference_mode(), self._attention_kernels():
                     if joining:
@@ -145,6 +208,7 @@ class BatchScheduler:
                         sequence.finish_reason = "error"
                         sequence.on_finish(None, f"engine step failed: {error!r}")
                 self._active, self._cache, self._mask = [], None, None
+            self._log_stats()
         for sequence in [*self._waiting, *self._active]:
             sequence.on_finish(None, "the engine stopped")
 
@@ -157,42 +221,114 @@ class BatchScheduler:
         return sdpa_kernel(_GPU_ATTENTION)
 
     def _take_joining(self) -> list[Sequence]:
+        """The waiting sequences that join the batch now, in order, each with its prefix-cache
+        match: as many as fit the batch and `max_prefill_tokens` (new tokens x rows, padding
+        included), without more padding than `PADDING_SLACK` allows. A sequence that would reuse
+        a much longer prefix from a prompt being prefilled in this step waits for the next."""
         room = self.max_batch - len(self._active)
         joining: list[Sequence] = []
-        longest = 0
+        deferred: list[Sequence] = []
+        widest = real = 0
+        version = self.weight_version()
         while self._waiting and len(joining) < room:
-            candidate = self._waiting[0]
+            candidate = self._waiting.popleft()
             if candidate.cancelled:
-                self._waiting.popleft()
                 candidate.on_finish("abort", None)
                 continue
-            longest = max(longest, len(candidate.prompt_ids))
-            if joining and longest * (len(joining) + 1) > self.max_prefill_tokens:
+            candidate.match = self.prefix_cache.lookup(candidate.prompt_tokens, version)
+            new = len(candidate.prompt_ids) - (candidate.match.length if candidate.match else 0)
+            if joining and self._reuses_a_peer(candidate, joining):
+                deferred.append(candidate)
+                continue
+            width, rows = max(widest, new), len(joining) + 1
+            if joining and (
+                width * rows > self.max_prefill_tokens
+                or width * rows > 2 * (real + new) + PADDING_SLACK
+            ):
+                self._waiting.appendleft(candidate)
                 break
-            joining.append(self._waiting.popleft())
+            joining.append(candidate)
+            widest, real = width, real + new
+        self._waiting.extendleft(reversed(deferred))
         return joining
 
+    def _reuses_a_peer(self, candidate: Sequence, joining: list[Sequence]) -> bool:
+        """Whether a prompt about to be prefilled (and then cached) shares `PREFILL_KEEP_TOKENS`
+        more tokens with `candidate` than the cache has now."""
+        if not self.prefix_cache.enabled:
+            return False
+        cached = candidate.match.length if candidate.match else 0
+        limit = len(candidate.prompt_ids) - 1
+        for peer in joining:
+            peer_new = len(peer.prompt_ids) - (peer.match.length if peer.match else 0)
+            if peer_new < PREFILL_KEEP_TOKENS:
+                continue
+            shared = common_prefix(peer.prompt_tokens, candidate.prompt_tokens, limit)
+            if shared - cached >= PREFILL_KEEP_TOKENS:
+                return True
+        return False
+
     def _prefill(self, joining: list[Sequence]) -> None:
+        """One forward pass over the joining sequences' new tokens, on top of their cached
+        prefixes: row i is `[pad | cached_i | pad | new_i]` (see the module docstring)."""
         device = self.device
-        longest = max(len(s.prompt_ids) for s in joining)
+        version = self.weight_version()
+        matches: list[Match | None] = []
+        for sequence in joining:
+            match = sequence.match
+            sequence.match = None
+            if match is not None and match.entry.version != version:
+                match = None  # the weights changed since the lookup
+            self.prefix_cache.use(match, len(sequence.prompt_ids))
+            sequence.cached_tokens = match.length if match else 0
+            sequence.kv_version = version
+            matches.append(match)
+        past = max(s.cached_tokens for s in joining)
+        longest = max(len(s.prompt_ids) - s.cached_tokens for s in joining)
         ids = torch.zeros((len(joining), longest), dtype=torch.long)
-        mask = torch.zeros((len(joining), longest), dtype=torch.long)
+        mask = torch.zeros((len(joining), past + longest), dtype=torch.long)
         for row, sequence in enumerate(joining):
-            n = len(sequence.prompt_ids)
-            ids[row, longest - n :] = torch.tensor(sequence.prompt_ids)
-            mask[row, longest - n :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            cached = sequence.cached_tokens
+            new = sequence.prompt_ids[cached:]
+            ids[row, longest - len(new) :] = torch.tensor(new)
+            mask[row, past - cached : past] = 1
+            mask[row, past + longest - len(new) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
+        mask = mask.to(device)
         cache = _new_cache()
-        out = self.model(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=positions.to(device),
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_kwarg: cache},
-        )
-        self._sample(joining, out.logits[:, -1, :])
-        self._join(joining, cache, mask.to(device))
+        if past:
+            cache.layers.extend(_cached_layers(matches, past, longest))
+        logits = self._logits(ids.to(device), mask, positions.to(device), cache)
+        self._sample(joining, logits)
+        for row, sequence in enumerate(joining):
+            if len(sequence.prompt_ids) - sequence.cached_tokens >= PREFILL_KEEP_TOKENS:
+                self._keep(sequence.prompt_tokens, cache, mask, row, version)
+        self._join(joining, cache, mask)
+
+    def _keep(
+        self, tokens: np.ndarray, cache: DynamicCache, mask: torch.Tensor, row: int, version: int
+    ) -> None:
+        """Copies row `row`'s KV (the KV of `tokens`) out of `cache` into the prefix cache."""
+        if not self.prefix_cache.enabled or len(tokens) < self.prefix_cache.min_tokens:
+            return
+        columns = mask[row].nonzero()[:, 0]
+        if len(columns) != len(tokens):  # never expected: the cache would be wrong, so keep none
+            log.warning(
+                "not caching a sequence: %d KV positions for %d tokens", len(columns), len(tokens)
+            )
+            return
+        start = int(columns[0])
+        contiguous = int(columns[-1]) - start + 1 == len(columns)
+        kv = []
+        for layer in _layers(cache):
+            if contiguous:
+                keys = layer.keys[row : row + 1, :, start : start + len(columns)].clone()
+                values = layer.values[row : row + 1, :, start : start + len(columns)].clone()
+            else:
+                keys = layer.keys[row : row + 1].index_select(2, columns)
+                values = layer.values[row : row + 1].index_select(2, columns)
+            kv.append((keys, values))
+        self.prefix_cache.insert(tokens, tuple(kv), version)
 
     def _decode_step(self) -> None:
         assert self._cache is not None and self._mask is not None
@@ -200,16 +336,31 @@ class BatchScheduler:
         ids = torch.tensor([[s.next_token] for s in self._active], device=device)
         positions = self._mask.sum(-1, keepdim=True)
         mask = torch.cat([self._mask, torch.ones_like(positions)], dim=-1)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **{self._cache_kwarg: self._cache},
-        )
+        logits = self._logits(ids, mask, positions, self._cache)
         self._mask = mask
         self.steps += 1
-        self._sample(self._active, out.logits[:, -1, :])
+        self._sample(self._active, logits)
+
+    def _logits(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        """The logits of the last position of every row, [rows, vocab].
+
+        For a plain LM head the product is `W @ h.T`, one matrix multiply for the whole batch:
+        `F.linear`'s `h @ W.T` with many rows runs 2-2.7x slower on CPU (MKL/oneDNN, 4-16 rows of
+        576 against the default model's 49,152 x 576 head; see docs/engine.md)."""
+        inputs = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        if self._head is None:
+            out = self.model(
+                **inputs, use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache}
+            )
+            return out.logits[:, -1, :]  # type: ignore[no-any-return]
+        # Read at every step: the trainer may swap the modules (the weights change in place).
+        body, weight = self.model.model, self.model.lm_head.weight
+        hidden = body(**inputs, use_cache=True, **{self._head: cache}).last_hidden_state[:, -1]
+        if len(hidden) == 1:
+            return torch.nn.functional.linear(hidden, weight)
+        return torch.mm(weight, hidden.T).T.contiguous()
 
     def _sample(self, sequences: list[Sequence], logits: torch.Tensor) -> None:
         tokens, logprobs = sample_next(
@@ -225,9 +376,10 @@ class BatchScheduler:
     def _finish_reason(self, sequence: Sequence) -> str | None:
         if sequence.cancelled:
             return "abort"
-        if sequence.output_ids[-1] in self.eos_token_ids:
+        last = sequence.output_ids[-1]
+        if last in self.eos_token_ids or last in sequence.params.stop_token_ids:
             return "stop"
-        if sequence.params.stop and self._hit_stop(sequence):
+        if (sequence.params.stop or sequence.params.tool_calls) and self._hit_stop(sequence):
             return "stop"
         if len(sequence.output_ids) >= sequence.params.max_tokens:
             return "length"
@@ -236,10 +388,15 @@ class BatchScheduler:
         return None
 
     def _hit_stop(self, sequence: Sequence) -> bool:
-        longest_stop = max(len(stop) for stop in sequence.params.stop)
+        """A stop string, or (tools offered) the end of a tool-call turn, in the last tokens."""
+        params = sequence.params
+        longest_stop = max((len(stop) for stop in params.stop), default=0)
+        window = max(longest_stop, TOOL_TURN_TOKENS if params.tool_calls else 0)
         # A stop string spans at most that many tokens, plus one partial token on each side.
-        tail = self.decode(sequence.output_ids[-(longest_stop + 2) :])
-        return any(stop in tail for stop in sequence.params.stop)
+        tail = self.decode(sequence.output_ids[-(window + 2) :])
+        if any(stop in tail for stop in params.stop):
+            return True
+        return params.tool_calls and tool_turn_end(tail, final=False) is not None
 
     def _join(self, joining: list[Sequence], cache: DynamicCache, mask: torch.Tensor) -> None:
         if self._cache is None or self._mask is None or not self._active:
@@ -247,15 +404,14 @@ class BatchScheduler:
             return
         length = max(self._mask.shape[1], mask.shape[1])
         for old, new in zip(_layers(self._cache), _layers(cache), strict=True):
-            old.keys = torch.cat([_left_pad(old.keys, length), _left_pad(new.keys, length)], 0)
-            old.values = torch.cat(
-                [_left_pad(old.values, length), _left_pad(new.values, length)], 0
-            )
+            keys, values = (_stack_right_aligned([a, b], length) for a, b in _pairs(old, new))
+            _hold(old, keys, values, length)
         self._mask = torch.cat([_left_pad(self._mask, length), _left_pad(mask, length)], 0)
         self._active.extend(joining)
 
     def _retire(self) -> None:
-        """Finished sequences leave the batch; padding no one needs is cut."""
+        """Finished sequences leave the batch; their KV goes to the prefix cache. The rows that
+        stay are packed: each one's positions right-aligned, holes and padding no one needs cut."""
         for sequence in self._active:
             if sequence.cancelled and sequence.finish_reason is None:
                 sequence.finish_reason = "abort"
@@ -263,20 +419,141 @@ class BatchScheduler:
         done = [s for s in self._active if s.finish_reason is not None]
         if done:
             assert self._cache is not None and self._mask is not None
+            if self.prefix_cache.enabled:
+                version = self.weight_version()
+                for row, sequence in enumerate(self._active):
+                    if sequence.finish_reason is not None and sequence.kv_version == version:
+                        # Its KV covers the prompt and every sampled token but the last.
+                        tokens = as_tokens([*sequence.prompt_ids, *sequence.output_ids[:-1]])
+                        self._keep(tokens, self._cache, self._mask, row, version)
             if keep:
-                index = torch.tensor(keep, device=self._mask.device)
-                self._mask = self._mask.index_select(0, index)
-                used = self._mask.any(dim=0).nonzero()
-                start = int(used[0]) if len(used) else 0
-                self._mask = self._mask[:, start:]
+                columns = [self._mask[row].nonzero()[:, 0] for row in keep]
+                length = max(len(c) for c in columns)
                 for layer in _layers(self._cache):
-                    layer.keys = layer.keys.index_select(0, index)[:, :, start:]
-                    layer.values = layer.values.index_select(0, index)[:, :, start:]
+                    _hold(
+                        layer,
+                        _gather_right_aligned(layer.keys, keep, columns, length),
+                        _gather_right_aligned(layer.values, keep, columns, length),
+                        length,
+                    )
+                mask = self._mask.new_zeros(len(keep), length)
+                for row, used in enumerate(columns):
+                    mask[row, length - len(used) :] = 1
+                self._mask = mask
                 self._active = [self._active[row] for row in keep]
             else:
                 self._active, self._cache, self._mask = [], None, None
         for sequence in done:
             sequence.on_finish(sequence.finish_reason, None)
+
+    def _log_stats(self) -> None:
+        queries, logged_at = self._logged
+        now = time.monotonic()
+        if now - logged_at < STATS_LOG_S:
+            return
+        stats = self.prefix_cache.stats()
+        if stats.queries == queries:
+            return
+        self._logged = (stats.queries, now)
+        share = stats.reused_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
+        log.info(
+            "prefix cache: %d of %d prompts hit, %d of %d prompt tokens reused (%.0f %%), "
+            "%d entries, %.2f of %.2f GiB",
+            stats.hits,
+            stats.queries,
+            stats.reused_tokens,
+            stats.prompt_tokens,
+            100 * share,
+            stats.entries,
+            stats.bytes / 2**30,
+            stats.capacity_bytes / 2**30,
+        )
+
+
+def _cached_layers(matches: list[Match | None], past: int, longest: int) -> list[_RoomyLayer]:
+    """Cache layers holding each row's cached prefix right-aligned in `past` columns (zeros in
+    front), with room for the `longest` new tokens and some decode steps after them."""
+    entry = next(m.entry for m in matches if m is not None)
+    layers = []
+    for index, (keys_like, values_like) in enumerate(entry.kv):
+        rooms = []
+        for like in (keys_like, values_like):
+            _, heads, _, dim = like.shape
+            room = like.new_empty(len(matches), heads, _room_for(past + longest), dim)
+            room[:, :, :past].zero_()
+            for row, match in enumerate(matches):
+                if match is not None:
+                    part = match.entry.kv[index][0 if like is keys_like else 1]
+                    room[row, :, past - match.length : past] = part[0, :, : match.length]
+            rooms.append(room)
+        layers.append(_RoomyLayer.holding(rooms[0], rooms[1], past))
+    return layers
+
+
+def _cache_kwarg(module: Any) -> str:
+    """transformers 5 renamed `past_key_values` to `cache` (the old name warns on every call)."""
+    parameters = inspect.signature(module.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _plain_head(model: Any) -> str | None:
+    """When the logits are exactly `model.lm_head(model.model(...).last_hidden_state)`, the
+    cache argument of `model.model`; else None (the logits come from `model` itself)."""
+    if type(model).__name__ not in PLAIN_HEAD_MODELS:
+        return None
+    head, body = getattr(model, "lm_head", None), getattr(model, "model", None)
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None or body is None:
+        return None
+    return _cache_kwarg(body)
+
+
+def _room_for(length: int) -> int:
+    """Columns to allocate for a KV of `length` positions that will grow by decode steps."""
+    return length + max(64, length // 4)
+
+
+def _pairs(old: Any, new: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(old.keys, new.keys), (old.values, new.values)]
+
+
+def _stack_right_aligned(parts: list[torch.Tensor], length: int) -> torch.Tensor:
+    """The KV tensors `parts` one after the other along the batch axis, each left-padded with
+    zeros to `length` positions, in a buffer with room to grow (see `_RoomyLayer`)."""
+    _, heads, _, dim = parts[0].shape
+    room = parts[0].new_empty(sum(len(p) for p in parts), heads, _room_for(length), dim)
+    row = 0
+    for part in parts:
+        pad = length - part.shape[2]
+        room[row : row + len(part), :, :pad].zero_()
+        room[row : row + len(part), :, pad:length] = part
+        row += len(part)
+    return room
+
+
+def _gather_right_aligned(
+    tensor: torch.Tensor, rows: list[int], columns: list[torch.Tensor], length: int
+) -> torch.Tensor:
+    """Row i of the result: the positions `columns[i]` of row `rows[i]` of `tensor`, right-aligned
+    in `length` positions with zeros before, in a buffer with room to grow."""
+    _, heads, _, dim = tensor.shape
+    room = tensor.new_empty(len(rows), heads, _room_for(length), dim)
+    for out, (row, used) in enumerate(zip(rows, columns, strict=True)):
+        pad = length - len(used)
+        room[out, :, :pad].zero_()
+        if len(used) and int(used[-1]) - int(used[0]) + 1 == len(used):
+            start = int(used[0])
+            room[out, :, pad:length] = tensor[row, :, start : start + len(used)]
+        else:
+            room[out, :, pad:length] = tensor[row].index_select(1, used)
+    return room
+
+
+def _hold(layer: Any, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+    """Makes `layer` hold the first `length` positions of the buffers `keys` and `values`; a
+    `_RoomyLayer` writes its next positions into the rest."""
+    if isinstance(layer, _RoomyLayer):
+        layer._room = (keys, values)
+    layer.keys, layer.values = keys[:, :, :length], values[:, :, :length]
 
 
 def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
@@ -300,6 +577,15 @@ class _RoomyLayer(DynamicLayer):  # type: ignore[no-untyped-call]
     """
 
     _room: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def holding(cls, keys: torch.Tensor, values: torch.Tensor, length: int) -> _RoomyLayer:
+        """A layer whose first `length` positions are those of the buffers `keys` and `values`;
+        the rest of the buffers is room for the next updates."""
+        layer = cls()
+        layer.lazy_initialization(keys, values)
+        _hold(layer, keys, values, length)
+        return layer
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -20,7 +20,7 @@ from reins.gateway.auth import Authenticator
 from reins.gateway.proxy import LLMProxy
 from reins.gateway.routes import admission, events, models, proxy, rollouts
 from reins.gateway.settings import GatewaySettings
-from reins.gateway.store import Conflict, NotFound, Store, StoreError
+from reins.gateway.store import Conflict, Invalid, NotFound, Store, StoreError
 from reins.gateway.store.sql import SqlStore
 from reins.monitor import dashboard
 from reins.monitor.prometheus import GatewayMetrics
@@ -56,6 +56,11 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
         # Off: its per-request check looked up environment variables on every call (~5 % of
         # the CPU of an event post).
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        # The schema needs the admin key like every route but /healthz (served below). No
+        # /docs or /redoc: FastAPI's pages load their scripts from a CDN, which fails offline.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.store = store
@@ -71,12 +76,19 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
         """Liveness; needs no key."""
         return {"status": "ok", "version": reins.__version__}
 
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> JSONResponse:
+        """The OpenAPI schema (admin key)."""
+        request.app.state.auth.admin(request)
+        return JSONResponse(app.openapi())
+
     # Ahead of their FastAPI twins, which stay for the schema: see reins.gateway.fast.
     app.router.routes.extend(fast.ROUTES)
     app.include_router(rollouts.router)
     app.include_router(events.router)
     app.include_router(models.router)
     app.include_router(proxy.router)
+    app.include_router(proxy.anthropic_router)
     app.include_router(admission.router)
     app.include_router(dashboard.router)
     app.include_router(dashboard.metrics_router)
@@ -96,24 +108,36 @@ def _describe(error: dict[str, Any]) -> str:
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def on_invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def on_invalid(request: Request, exc: RequestValidationError) -> Response:
         errors = [
             {key: value for key, value in error.items() if key in ("loc", "msg", "type")}
             for error in exc.errors()
         ]
         message = "; ".join(_describe(error) for error in exc.errors()[:5])
-        return _error(422, message, detail=errors)
+        shaped = proxy.error_for_path(request.url.path, 422, message)
+        return shaped if shaped is not None else _error(422, message, detail=errors)
 
     @app.exception_handler(StoreError)
-    async def on_store_error(_: Request, exc: StoreError) -> JSONResponse:
+    async def on_store_error(request: Request, exc: StoreError) -> Response:
+        if isinstance(exc, Invalid) and not request.url.path.startswith("/proxy/"):
+            return _error(422, str(exc), detail=exc.errors)
         status_code = (
-            404 if isinstance(exc, NotFound) else 409 if isinstance(exc, Conflict) else 400
+            404
+            if isinstance(exc, NotFound)
+            else 409
+            if isinstance(exc, Conflict)
+            else 422
+            if isinstance(exc, Invalid)
+            else 400
         )
-        return _error(status_code, str(exc))
+        shaped = proxy.error_for_path(request.url.path, status_code, str(exc))
+        return shaped or _error(status_code, str(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        response = _error(exc.status_code, str(exc.detail))
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # Under /proxy/, in the shape of the harness's API (its SDK shows only that).
+        shaped = proxy.error_for_path(request.url.path, exc.status_code, str(exc.detail))
+        response = shaped or _error(exc.status_code, str(exc.detail))
         if exc.headers:
             response.headers.update(exc.headers)
         return response

@@ -67,11 +67,18 @@ class Authenticator:
 
 
 def bearer_token(request: Request) -> str:
+    """The key of `Authorization: Bearer KEY`, or of `x-api-key: KEY` (Anthropic's clients send
+    their key that way)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise _unauthorized("send `Authorization: Bearer <key>` (the admin key or a scoped token)")
-    return token.strip()
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    api_key = request.headers.get("x-api-key", "").strip()
+    if not header and api_key:
+        return api_key
+    raise _unauthorized(
+        "send `Authorization: Bearer <key>` or `x-api-key: <key>` (the admin key or a scoped token)"
+    )
 
 
 def _unauthorized(message: str) -> HTTPException:

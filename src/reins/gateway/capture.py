@@ -97,6 +97,15 @@ class CallFacts:
     model_version: int | None
     latency_s: float
     stream: bool
+    api: str | None = None
+    """The wire API the harness spoke when not this `kind` (`responses`, `messages`): the
+    recorded event's `kind`; `request` and the recorded answer are in that API's shape."""
+    notes: list[str] = field(default_factory=list)
+    """What the translation from that API dropped or ignored, recorded with the call."""
+
+    @property
+    def recorded_kind(self) -> str:
+        return self.api or self.kind
 
 
 def answer_and_records(
@@ -115,6 +124,7 @@ def answer_and_records(
             choice.get("token_ids") or [],
             _logprobs_of(choice, facts.kind),
             choice.get("finish_reason"),
+            choice.get("stop_reason"),
         )
         for choice in payload.get("choices") or ()
         if isinstance(choice, dict)
@@ -130,8 +140,11 @@ def answer_and_records(
             shown={**shown, "choices": [choices[position]]},
             choice_index=index,
             finish_reason=finish_reason,
+            stop_reason=stop_reason,
         )
-        for position, (index, prompt, response, logprobs, finish_reason) in enumerate(taken)
+        for position, (index, prompt, response, logprobs, finish_reason, stop_reason) in enumerate(
+            taken
+        )
     ]
     return shown, records
 
@@ -151,9 +164,10 @@ def error_record(facts: CallFacts, status: int, error: str) -> ModelRequest:
         latency_s=facts.latency_s,
         status=status,
         error=error[:10_000],
-        kind=facts.kind,
+        kind=facts.recorded_kind,
         mode=facts.mode,
         stream=facts.stream,
+        **_notes(facts),
     )
 
 
@@ -166,9 +180,12 @@ def _record(
     shown: dict[str, Any],
     choice_index: int,
     finish_reason: str | None,
+    stop_reason: str | int | None = None,
 ) -> ModelRequest:
     problem = None
-    if not prompt or not response:
+    if prompt and not response and finish_reason == "stop":
+        problem = "the response is empty (it ended at once, at a stop); nothing to train on"
+    elif not prompt or not response:
         problem = (
             "the engine returned no token IDs (it must support `return_token_ids`, as vLLM and "
             "the embedded engine do); this call cannot be trained on"
@@ -190,11 +207,23 @@ def _record(
         status=200,
         finish_reason=finish_reason,
         error=problem,
-        kind=facts.kind,
+        kind=facts.recorded_kind,
         mode=facts.mode,
         stream=facts.stream,
         choice_index=choice_index,
+        **_notes(facts),
+        # vLLM's `stop_reason`: the stop string or token ID that ended the response, which the
+        # response's token IDs and text stop before (docs/proxy.md, fidelity).
+        **_stop_reason(stop_reason),
     )
+
+
+def _stop_reason(stop_reason: str | int | None) -> dict[str, Any]:
+    return {"stop_reason": stop_reason} if stop_reason is not None else {}
+
+
+def _notes(facts: CallFacts) -> dict[str, Any]:
+    return {"notes": list(facts.notes)} if facts.notes else {}
 
 
 @dataclass
@@ -206,6 +235,7 @@ class _ChoiceState:
     reasoning: str = ""
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
+    stop_reason: str | int | None = None
 
 
 class StreamRecorder:
@@ -233,6 +263,8 @@ class StreamRecorder:
                 state.prompt_token_ids = list(choice["prompt_token_ids"])
             if choice.get("finish_reason"):
                 state.finish_reason = choice["finish_reason"]
+            if choice.get("stop_reason") is not None:
+                state.stop_reason = choice["stop_reason"]
             if self.facts.kind == "completions":
                 state.text += choice.get("text") or ""
                 continue
@@ -278,6 +310,7 @@ class StreamRecorder:
                 shown=self.assembled(index, state),
                 choice_index=index,
                 finish_reason=state.finish_reason,
+                stop_reason=state.stop_reason,
             )
             for index, state in sorted(self.choices.items())
         ]

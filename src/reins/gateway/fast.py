@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import Field, TypeAdapter, ValidationError
 from starlette.routing import Route
 
+from reins.gateway import jsonrule
 from reins.gateway.routes import proxy
 from reins.gateway.routes.events import MAX_EVENTS_PER_POST, append
 from reins.schemas import EventAck, EventIn, Mode
@@ -48,28 +49,40 @@ def _path_ids(request: Request) -> tuple[str, int]:
 
 async def append_events(request: Request) -> Response:
     rollout_id, attempt_id = _path_ids(request)
-    request.app.state.auth.attempt(request, rollout_id, attempt_id)
+    caller = request.app.state.auth.attempt(request, rollout_id, attempt_id)
     key = request.headers.get("idempotency-key")
     if key is not None and len(key) > 200:
         raise _invalid(
             ("header", "idempotency-key"), "String should have at most 200 characters", "too_long"
         )
     try:
-        body = _EVENT_BODY.validate_json(await request.body())
+        # The JSON rule first (no NaN, no unpaired surrogate, bounded depth), then the schema.
+        body = _EVENT_BODY.validate_python(jsonrule.parse(await request.body()))
+    except jsonrule.JsonRuleError as refused:
+        raise RequestValidationError([refused.error()]) from None
     except ValidationError as error:
         errors: list[Any] = [{**e, "loc": ("body", *e["loc"])} for e in error.errors()]
         raise RequestValidationError(errors) from None
-    acks = await append(request.app.state.store, rollout_id, attempt_id, body, key)
+    acks = await append(
+        request.app.state.store,
+        rollout_id,
+        attempt_id,
+        body,
+        key,
+        from_harness=not caller.is_admin,
+    )
     return Response(_ACKS.dump_json(acks), media_type="application/json")
 
 
-def _proxy_endpoint(kind: str) -> Any:
+def _proxy_endpoint(kind: proxy.ProxyKind) -> Any:
     async def endpoint(request: Request) -> Response:
         rollout_id, attempt_id = _path_ids(request)
         mode = request.path_params["mode"]
         if mode not in _MODES:
             raise _invalid(("path", "mode"), "Input should be 'train' or 'val'", "literal_error")
         caller = request.app.state.auth.attempt(request, rollout_id, attempt_id)
+        if request.method == "HEAD":
+            return Response(status_code=200)
         return await proxy.forward_call(
             kind,
             request,
@@ -84,7 +97,9 @@ def _proxy_endpoint(kind: str) -> Any:
     return endpoint
 
 
-PROXY_PREFIX = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1"
+def _proxy_route(path: str, kind: proxy.ProxyKind, methods: list[str] | None = None) -> Route:
+    return Route(path, _proxy_endpoint(kind), methods=methods or ["POST"], include_in_schema=False)
+
 
 ROUTES = [
     Route(
@@ -93,16 +108,12 @@ ROUTES = [
         methods=["POST"],
         include_in_schema=False,
     ),
-    Route(
-        PROXY_PREFIX + "/chat/completions",
-        _proxy_endpoint("chat"),
-        methods=["POST"],
-        include_in_schema=False,
-    ),
-    Route(
-        PROXY_PREFIX + "/completions",
-        _proxy_endpoint("completions"),
-        methods=["POST"],
-        include_in_schema=False,
-    ),
+    _proxy_route(proxy.OPENAI_PREFIX + "/chat/completions", "chat"),
+    _proxy_route(proxy.OPENAI_PREFIX + "/completions", "completions"),
+    _proxy_route(proxy.OPENAI_PREFIX + "/responses", "responses"),
+    _proxy_route(proxy.ANTHROPIC_BASE + "/v1/messages", "messages"),
+    _proxy_route(proxy.ANTHROPIC_BASE + "/v1/messages/count_tokens", "count_tokens"),
+    # Claude Code checks that its base URL answers.
+    _proxy_route(proxy.ANTHROPIC_BASE, "messages", ["HEAD"]),
+    _proxy_route(proxy.ANTHROPIC_BASE + "/", "messages", ["HEAD"]),
 ]

@@ -22,6 +22,7 @@ from fastapi import Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from reins.gateway import jsonrule
 from reins.gateway.admission import AdmissionGate, AdmissionTimeout
 from reins.gateway.capture import (
     CallFacts,
@@ -34,6 +35,7 @@ from reins.gateway.capture import (
     upstream_body,
 )
 from reins.gateway.store import Store
+from reins.gateway.wire import Translation, WireApi, WireError
 from reins.schemas import MODEL_REQUEST, EventIn, Model, ModelRequest
 
 WEIGHT_VERSION_HEADER = "x-reins-weight-version"
@@ -56,6 +58,42 @@ class Target:
     """The endpoints to try, the rollout's sticky one first."""
 
 
+@dataclass
+class _Failed:
+    """A call that failed before an answer could be relayed (already recorded)."""
+
+    status: int
+    message: str
+    kind: str
+    content: bytes | None = None
+    """The engine's own error body, when it answered one."""
+    media: str | None = None
+
+
+_NO_MODEL = "no model is registered at the gateway; the trainer registers one: POST /api/models"
+
+
+def _error_message(text: str) -> str:
+    """The message of an engine's error body (OpenAI's shape, FastAPI's, or plain text)."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text[:2000]
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        for key in ("message", "detail", "error"):
+            if isinstance(body.get(key), str):
+                return str(body[key])
+    return text[:2000]
+
+
+def _openai_failure(status: int, message: str, kind: str | None = None) -> Response:
+    headers = {"Retry-After": "30"} if status == 503 else None
+    return openai_error(status, message, kind or "invalid_request_error", headers=headers)
+
+
 class ModelDirectory:
     """Registered models, cached for a moment so the hot path does not read the store."""
 
@@ -64,9 +102,12 @@ class ModelDirectory:
         self.ttl_s = ttl_s
         self._models: list[Model] = []
         self._fetched = -1e9
+        self.served_names: dict[str, str] = {}
+        """Per endpoint, the model name its engine answers to (see `LLMProxy._served_name`)."""
 
     def invalidate(self) -> None:
         self._fetched = -1e9
+        self.served_names.clear()
 
     async def models(self) -> list[Model]:
         if time.monotonic() - self._fetched > self.ttl_s:
@@ -130,54 +171,32 @@ class LLMProxy:
     async def forward(
         self, kind: Kind, rollout_id: str, attempt_id: int, mode: str, body: dict[str, Any]
     ) -> Response:
-        target = await self.directory.target(body.get("model"), rollout_id)
-        if target is None:
-            return openai_error(
-                404,
-                "no model is registered at the gateway; the trainer registers one with "
-                "POST /api/models",
-                "model_not_found",
-            )
-        try:
-            await self.gate.enter()
-        except AdmissionTimeout as timeout:
-            return openai_error(
-                503, f"{timeout}; retry later", "paused", headers={"Retry-After": "30"}
-            )
+        """An OpenAI chat or text completion call, relayed as the engine answers it."""
+        opened = await self._open(body.get("model"), rollout_id, _openai_failure)
+        if isinstance(opened, Response):
+            return opened
+        target = opened
         streaming = False
         try:
             sent = upstream_body(
                 body, kind=kind, model=target.model.model, policy=self.sampling[mode]
             )
-            started = time.perf_counter()
-            upstream, endpoint, failure = await self._send(kind, target, sent)
             facts = CallFacts(
                 kind=kind,
                 mode=mode,
                 request=body,
                 model=target.model.model,
-                endpoint=endpoint,
+                endpoint=target.endpoints[0],
                 model_version=target.model.weight_version,
                 latency_s=0.0,
                 stream=bool(body.get("stream")),
             )
-            if upstream is None:
-                facts.latency_s = time.perf_counter() - started
-                await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
-                return openai_error(502, failure, "upstream_unavailable")
-            facts.model_version = _weight_version(upstream, target.model.weight_version)
-            if upstream.status >= 400:
-                content = await _read_body(upstream)
-                facts.latency_s = time.perf_counter() - started
-                text = content.decode(errors="replace")
-                await self._record(
-                    rollout_id, attempt_id, [error_record(facts, upstream.status, text)]
-                )
-                return Response(
-                    content,
-                    upstream.status,
-                    media_type=upstream.headers.get("content-type"),
-                )
+            started = time.perf_counter()
+            upstream = await self._call(kind, target, sent, facts, started, rollout_id, attempt_id)
+            if isinstance(upstream, _Failed):
+                if upstream.content is not None:  # the engine's own error, passed on as it is
+                    return Response(upstream.content, upstream.status, media_type=upstream.media)
+                return openai_error(upstream.status, upstream.message, upstream.kind)
             if facts.stream:
                 streaming = True
                 return _ReleasingStream(
@@ -185,14 +204,9 @@ class LLMProxy:
                     release=lambda: self._release_stream(upstream),
                     media_type="text/event-stream",
                 )
-            content = await _read_body(upstream)
-            facts.latency_s = time.perf_counter() - started
-            try:
-                payload = json.loads(content)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                failure = f"the engine at {endpoint} answered 200 with a body that is not JSON"
-                await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
-                return openai_error(502, failure, "bad_upstream_answer")
+            payload = await self._json_answer(upstream, facts, started, rollout_id, attempt_id)
+            if isinstance(payload, _Failed):
+                return openai_error(payload.status, payload.message, payload.kind)
             shown, records = answer_and_records(facts, payload)
             await self._record(rollout_id, attempt_id, records)
             return JSONResponse(shown)
@@ -200,6 +214,212 @@ class LLMProxy:
             # A stream keeps its admission slot until the response is over (see _ReleasingStream).
             if not streaming:
                 self.gate.exit()
+
+    async def forward_wire(
+        self, api: WireApi, rollout_id: str, attempt_id: int, mode: str, body: dict[str, Any]
+    ) -> Response:
+        """A call in another wire API (Responses, Messages): translated to the engine's chat
+        completions and back (`reins.gateway.wire`), recorded like a chat call, with the request
+        and the answer as the harness saw them and `kind` naming the API."""
+
+        def failure(status: int, message: str, kind: str | None = None) -> Response:
+            headers = {"Retry-After": "30"} if status == 503 else None
+            return JSONResponse(api.error_body(status, message, kind), status, headers=headers)
+
+        facts = CallFacts(
+            kind="chat",
+            mode=mode,
+            request=body,
+            model=str(body.get("model")),
+            endpoint="",
+            model_version=None,
+            latency_s=0.0,
+            stream=body.get("stream") is True,
+            api=api.KIND,
+        )
+        try:
+            translation = api.translate(body)
+        except WireError as error:
+            # Recorded too: a harness whose requests are refused shows up in its rollout.
+            await self._record(
+                rollout_id, attempt_id, [error_record(facts, error.status, error.message)]
+            )
+            return failure(error.status, error.message, error.kind)
+        facts.notes = translation.notes  # the same list: notes made while answering count too
+        opened = await self._open(body.get("model"), rollout_id, failure)
+        if isinstance(opened, Response):
+            return opened
+        target = opened
+        streaming = False
+        try:
+            facts.model = target.model.model
+            facts.endpoint = target.endpoints[0]
+            facts.model_version = target.model.weight_version
+            sent = upstream_body(
+                translation.chat_request(),
+                kind="chat",
+                model=target.model.model,
+                policy=self.sampling[mode],
+            )
+            sent["stream"] = translation.stream
+            started = time.perf_counter()
+            upstream = await self._call(
+                "chat", target, sent, facts, started, rollout_id, attempt_id
+            )
+            if isinstance(upstream, _Failed):
+                return failure(upstream.status, upstream.message)
+            if translation.stream:
+                streaming = True
+                return _ReleasingStream(
+                    self._relay_wire(upstream, translation, facts, started, rollout_id, attempt_id),
+                    release=lambda: self._release_stream(upstream),
+                    media_type="text/event-stream",
+                )
+            payload = await self._json_answer(upstream, facts, started, rollout_id, attempt_id)
+            if isinstance(payload, _Failed):
+                return failure(payload.status, payload.message)
+            shown, records = answer_and_records(facts, payload)
+            answer = translation.answer(shown)
+            for record in records:
+                record.response = answer
+            await self._record(rollout_id, attempt_id, records)
+            return JSONResponse(answer)
+        finally:
+            if not streaming:
+                self.gate.exit()
+
+    async def count_tokens(self, chat: dict[str, Any], rollout_id: str) -> int:
+        """The prompt length of a chat request, counted by the engine's own tokenizer and chat
+        template (`POST /tokenize`, as vLLM and the embedded engine serve it).
+
+        Raises `WireError` (502/404) when no engine can count."""
+        target = await self.directory.target(chat.get("model"), rollout_id)
+        if target is None:
+            raise WireError(_NO_MODEL, status=404, kind="not_found_error")
+        failure = ""
+        for endpoint in target.endpoints:
+            body = {
+                **chat,
+                "model": await self._served_name(endpoint, target.model.model),
+                "add_generation_prompt": True,
+            }
+            url = endpoint.rstrip("/").removesuffix("/v1") + "/tokenize"
+            try:
+                async with self.http.post(url, json=body) as response:
+                    text = await response.text()
+                    if response.status == 200:
+                        count = json.loads(text).get("count")
+                        if isinstance(count, int):
+                            return count
+                    failure = f"the engine at {endpoint} could not count tokens: {text[:500]}"
+            except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+                failure = f"the engine at {endpoint} could not count tokens: {error!r}"
+        raise WireError(failure, status=502, kind="api_error")
+
+    async def _open(
+        self, requested: object, rollout_id: str, failure: Callable[..., Response]
+    ) -> Target | Response:
+        """The call's target, with an admission slot held (the caller exits the gate), or the
+        error answer."""
+        target = await self.directory.target(requested, rollout_id)
+        if target is None:
+            return failure(404, _NO_MODEL, "model_not_found")
+        try:
+            await self.gate.enter()
+        except AdmissionTimeout as timeout:
+            return failure(503, f"{timeout}; retry later", "paused")
+        return target
+
+    async def _call(
+        self,
+        kind: Kind,
+        target: Target,
+        sent: dict[str, Any],
+        facts: CallFacts,
+        started: float,
+        rollout_id: str,
+        attempt_id: int,
+    ) -> aiohttp.ClientResponse | _Failed:
+        """The engine's 2xx answer, body unread; a failure is recorded and returned."""
+        upstream, endpoint, failure = await self._send(kind, target, sent)
+        facts.endpoint = endpoint
+        if upstream is None:
+            facts.latency_s = time.perf_counter() - started
+            await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
+            return _Failed(502, failure, "upstream_unavailable")
+        facts.model_version = _weight_version(upstream, target.model.weight_version)
+        media = upstream.headers.get("content-type", "")
+        if upstream.status < 400 and facts.stream and not media.startswith("text/event-stream"):
+            # A stream request answered with anything else: a failure, recorded (issue #19).
+            text = (await _read_body(upstream)).decode(errors="replace")
+            facts.latency_s = time.perf_counter() - started
+            failure = (
+                f"the engine at {endpoint} answered a stream request with {media or 'no type'}, "
+                f"not a stream (text/event-stream): {text[:500]}"
+            )
+            await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
+            return _Failed(502, failure, "bad_upstream_answer")
+        if upstream.status < 400:
+            return upstream
+        content = await _read_body(upstream)
+        facts.latency_s = time.perf_counter() - started
+        text = content.decode(errors="replace")
+        await self._record(rollout_id, attempt_id, [error_record(facts, upstream.status, text)])
+        return _Failed(
+            upstream.status, _error_message(text), "upstream_error", content, media or None
+        )
+
+    async def _json_answer(
+        self,
+        upstream: aiohttp.ClientResponse,
+        facts: CallFacts,
+        started: float,
+        rollout_id: str,
+        attempt_id: int,
+    ) -> dict[str, Any] | _Failed:
+        content = await _read_body(upstream)
+        facts.latency_s = time.perf_counter() - started
+        try:
+            # The gateway's JSON rule: a NaN logprob (or any value JSON cannot carry) from the
+            # engine fails the call, recorded, instead of reaching the store.
+            payload = jsonrule.parse(content, loc=())
+        except jsonrule.JsonRuleError as refused:
+            payload = None if refused.kind == "json_invalid" else refused
+        if isinstance(payload, jsonrule.JsonRuleError):
+            failure = f"the engine at {facts.endpoint} answered what JSON cannot carry: {payload}"
+            await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
+            return _Failed(502, failure, "bad_upstream_answer")
+        if not isinstance(payload, dict):
+            failure = f"the engine at {facts.endpoint} answered 200 with a body that is not JSON"
+            await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
+            return _Failed(502, failure, "bad_upstream_answer")
+        return payload
+
+    async def _served_name(self, endpoint: str, registered: str) -> str:
+        """The name the engine at `endpoint` answers to.
+
+        Harnesses send whatever model name they were configured with, and a model may be
+        registered under any name (`policy`); engines refuse names they do not serve. The
+        engine's `GET /models` says its name once per endpoint; an engine that lists the
+        registered name, lists several, or cannot be asked keeps the registered one.
+        """
+        known = self.directory.served_names.get(endpoint)
+        if known is not None:
+            return known
+        name = registered
+        try:
+            async with self.http.get(
+                endpoint.rstrip("/") + "/models", timeout=aiohttp.ClientTimeout(total=10)
+            ) as response:
+                listed = await response.json(content_type=None) if response.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return registered  # not remembered: asked again on the next call
+        data = listed.get("data") if isinstance(listed, dict) else None
+        ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        if registered not in ids and len(ids) == 1 and isinstance(ids[0], str):
+            name = ids[0]
+        self.directory.served_names[endpoint] = name
+        return name
 
     async def _release_stream(self, upstream: aiohttp.ClientResponse) -> None:
         upstream.release()
@@ -214,13 +434,16 @@ class LLMProxy:
         """
         failure = ""
         endpoint = target.endpoints[0]
-        payload = json.dumps(sent).encode()
+        payloads: dict[str, bytes] = {}
         for attempt in range(self.retries + 1):
             endpoint = target.endpoints[attempt % len(target.endpoints)]
+            name = await self._served_name(endpoint, target.model.model)
+            if name not in payloads:
+                payloads[name] = json.dumps({**sent, "model": name}).encode()
             try:
                 response = await self.http.post(
                     endpoint.rstrip("/") + _PATHS[kind],
-                    data=payload,
+                    data=payloads[name],
                     headers={"content-type": "application/json"},
                 )
                 return response, endpoint, ""
@@ -252,10 +475,18 @@ class LLMProxy:
                     done_line = b"data: [DONE]\n\n"
                     continue
                 try:
-                    chunk = json.loads(data)
-                except json.JSONDecodeError:
-                    yield (line + "\n\n").encode()
-                    continue
+                    chunk = jsonrule.parse(data, loc=())
+                except jsonrule.JsonRuleError as refused:
+                    if refused.kind == "json_invalid":
+                        yield (line + "\n\n").encode()
+                        continue
+                    # A chunk JSON cannot carry (a NaN logprob): the call fails, recorded.
+                    failure = f"the engine sent a stream chunk JSON cannot carry: {refused}"
+                    facts.latency_s = time.perf_counter() - started
+                    await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
+                    error = {"message": failure, "type": "bad_upstream_answer", "code": 502}
+                    yield b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+                    return
                 if isinstance(chunk, dict):
                     recorder.feed(chunk)  # copies what it keeps, so stripping after is safe
                     chunk = strip_for_harness(chunk, facts.request, facts.kind)
@@ -265,6 +496,49 @@ class LLMProxy:
             await self._record(rollout_id, attempt_id, recorder.records())
             if done_line is not None:
                 yield done_line
+        finally:
+            upstream.release()
+
+    async def _relay_wire(
+        self,
+        upstream: aiohttp.ClientResponse,
+        translation: Translation,
+        facts: CallFacts,
+        started: float,
+        rollout_id: str,
+        attempt_id: int,
+    ) -> AsyncIterator[bytes]:
+        """The engine's chat stream, recorded as it comes and passed on as the harness's API
+        events; the call is recorded before the closing events are sent."""
+        recorder = StreamRecorder(facts)
+        try:
+            async for line in _lines(upstream):
+                data = line[5:].strip() if line.startswith("data:") else ""
+                if not data or data == "[DONE]":
+                    continue
+                try:
+                    chunk = jsonrule.parse(data, loc=())
+                except jsonrule.JsonRuleError as refused:
+                    chunk = None if refused.kind == "json_invalid" else refused
+                if isinstance(chunk, jsonrule.JsonRuleError):
+                    problem = f"the engine sent a stream chunk JSON cannot carry: {chunk}"
+                    chunk = {"error": {"message": problem}}
+                elif not isinstance(chunk, dict):
+                    problem = f"the engine sent a stream line that is not JSON: {data[:200]}"
+                    chunk = {"error": {"message": problem}}
+                recorder.feed(chunk)
+                for event in translation.stream_events(chunk):
+                    yield event
+            closing = translation.stream_end()
+            facts.latency_s = time.perf_counter() - started
+            records = recorder.records()
+            answer = translation.assembled()
+            for record in records:
+                record.response = answer
+            # Recorded before the stream ends, so a finished call is always a recorded call.
+            await self._record(rollout_id, attempt_id, records)
+            for event in closing:
+                yield event
         finally:
             upstream.release()
 

@@ -11,6 +11,7 @@ Auth is the admin key: as `Authorization: Bearer KEY` (scripts, AI agents), or o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -37,6 +38,12 @@ from reins.schemas import Mode, RolloutState
 
 COOKIE = "reins_ui"
 PAGE_SIZE = 50
+MAX_PAGE = 10**9
+"""Page numbers past this are read as the last page (a larger offset overflows the database)."""
+MAX_SEQ = 2**62
+"""Event seqs past this exist in no store (they overflow its 64-bit integers)."""
+MAX_LOGIN_BODY = 16 * 1024
+"""The login form is read before anyone is authenticated: keep it small."""
 POLL_S = 3
 STATES: tuple[str, ...] = get_args(RolloutState)
 SORTS: tuple[str, ...] = get_args(RolloutSort)
@@ -154,10 +161,12 @@ def _query(request: Request) -> tuple[RolloutQuery, dict[str, Any]]:
     sort = params.get("sort", "created")
     sort = sort if sort in SORTS else "created"
     descending = params.get("dir", "desc") != "asc"
+    raw_page = params.get("page", "1").strip()
     try:
-        page = max(1, int(params.get("page", "1")))
+        page = int(raw_page) if len(raw_page) < 12 else -1 if raw_page[0] == "-" else MAX_PAGE
     except ValueError:
         page = 1
+    page = min(max(1, page), MAX_PAGE)
     text = {key: (params.get(key) or "").strip()[:200] for key in ("run", "group", "q")}
     query = RolloutQuery(
         states=cast(list[RolloutState], states),
@@ -195,6 +204,11 @@ def _link(shown: dict[str, Any], **changes: Any) -> str:
 async def _table(store: Store, request: Request) -> dict[str, Any]:
     query, shown = _query(request)
     items, total = await store.query_rollouts(query)
+    last = max(1, math.ceil(total / PAGE_SIZE))
+    if shown["page"] > last:
+        shown["page"] = last
+        query = dataclasses.replace(query, offset=(last - 1) * PAGE_SIZE)
+        items, total = await store.query_rollouts(query)
     stats = await store.rollout_stats([r.rollout_id for r in items])
     now = time.time()
     rows = []
@@ -245,6 +259,11 @@ def _safe_next(target: str) -> str:
 
 @router.post("/login")
 async def login(request: Request) -> Response:
+    declared = request.headers.get("content-length", "")
+    if not declared.isdigit() or int(declared) > MAX_LOGIN_BODY:
+        raise HTTPException(
+            413, f"send the login form with a Content-Length of at most {MAX_LOGIN_BODY} bytes"
+        )
     form = parse_qs((await request.body()).decode(errors="replace"))
     key = (form.get("key") or [""])[0].strip()
     target = _safe_next((form.get("next") or ["/ui"])[0])
@@ -364,6 +383,8 @@ async def raw_event(request: Request, rollout_id: str, seq: int) -> JSONResponse
     """One event as stored, all of it."""
     require_viewer(request)
     store: Store = request.app.state.store
+    if not 1 <= seq <= MAX_SEQ:
+        raise HTTPException(404, f"rollout {rollout_id} has no event with seq {seq}")
     try:
         found = await store.get_events(rollout_id, all_attempts=True, after=seq - 1, limit=1)
     except NotFound as error:
@@ -371,6 +392,14 @@ async def raw_event(request: Request, rollout_id: str, seq: int) -> JSONResponse
     if not found or found[0].seq != seq:
         raise HTTPException(404, f"rollout {rollout_id} has no event with seq {seq}")
     return JSONResponse(found[0].model_dump(mode="json"))
+
+
+@router.get("/openapi.json")
+async def api_schema(request: Request) -> JSONResponse:
+    """The gateway's OpenAPI schema for a logged-in browser (the API's own `/openapi.json` needs
+    the key as a header). No interactive docs page: FastAPI's loads its scripts from a CDN."""
+    require_viewer(request)
+    return JSONResponse(request.app.openapi())
 
 
 # -- runs ---------------------------------------------------------------------------------------

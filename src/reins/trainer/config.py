@@ -142,6 +142,9 @@ class TrainConfig(BaseModel):
     """Embedded engine: sequences decoded together."""
     max_model_len: int = Field(default=2048, ge=16)
     """Embedded engine: prompt + response tokens, at most."""
+    prefix_cache_gb: float = Field(default=2.0, ge=0)
+    """Embedded engine: GiB of KV kept to reuse across a rollout's calls (0: off); a weight
+    update empties it."""
 
     # -- outputs -----------------------------------------------------------------------------
     checkpoint_every: int = Field(default=10, ge=0)

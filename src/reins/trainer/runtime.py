@@ -230,6 +230,7 @@ async def train(
                 weight_version=version,
                 max_batch=config.max_batch,
                 max_model_len=config.max_model_len,
+                prefix_cache_gb=config.prefix_cache_gb,
             )
             engine_server = BackgroundServer(create_engine_app(engine)).start()
             publisher = InProcessPublisher(engine)

@@ -9,8 +9,9 @@ from fastapi import APIRouter, Query, Request
 
 from reins.gateway.admission import AdmissionGate
 from reins.gateway.deps import Admin
+from reins.gateway.guards import GuardedRoute
 
-router = APIRouter(prefix="/api/admission", tags=["admission"])
+router = APIRouter(prefix="/api/admission", tags=["admission"], route_class=GuardedRoute)
 
 
 def _gate(request: Request) -> AdmissionGate:

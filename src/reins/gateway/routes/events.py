@@ -8,10 +8,11 @@ from fastapi import APIRouter, Body, Header, Query
 from pydantic import Field
 
 from reins.gateway.deps import Admin, AttemptCaller, AttemptIdPath, RolloutIdPath, StoreDep
+from reins.gateway.guards import GuardedRoute
 from reins.gateway.store import Store
 from reins.schemas import Event, EventAck, EventIn
 
-router = APIRouter(prefix="/api/rollouts", tags=["events"])
+router = APIRouter(prefix="/api/rollouts", tags=["events"], route_class=GuardedRoute)
 
 MAX_EVENTS_PER_POST = 10_000
 
@@ -24,15 +25,19 @@ async def append_events(
         EventIn | Annotated[list[EventIn], Field(max_length=MAX_EVENTS_PER_POST)], Body()
     ],
     store: StoreDep,
-    _: AttemptCaller,
+    caller: AttemptCaller,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> EventAck | list[EventAck]:
     """Append one event or a list; answered with the stored events' seqs and keys, no data.
 
     A retried post with the same idempotency key (in the body or the `Idempotency-Key` header)
-    is stored once and answered with the stored event's acknowledgement.
+    is stored once and answered with the stored event's acknowledgement. With the attempt's
+    scoped token, a post to a superseded attempt or a terminal rollout is 409; the admin key may
+    still annotate any attempt.
     """
-    return await append(store, rollout_id, attempt_id, body, idempotency_key)
+    return await append(
+        store, rollout_id, attempt_id, body, idempotency_key, from_harness=not caller.is_admin
+    )
 
 
 async def append(
@@ -41,13 +46,16 @@ async def append(
     attempt_id: int,
     body: EventIn | list[EventIn],
     idempotency_key: str | None,
+    *,
+    from_harness: bool,
 ) -> EventAck | list[EventAck]:
     """The work of an event post, shared with its fast endpoint (`reins.gateway.fast`)."""
     if isinstance(body, list):
-        return [_ack(e) for e in await store.append_events(rollout_id, attempt_id, body)]
+        stored = await store.append_events(rollout_id, attempt_id, body, from_harness=from_harness)
+        return [_ack(e) for e in stored]
     if body.idempotency_key is None and idempotency_key:
         body = body.model_copy(update={"idempotency_key": idempotency_key})
-    (event,) = await store.append_events(rollout_id, attempt_id, [body])
+    (event,) = await store.append_events(rollout_id, attempt_id, [body], from_harness=from_harness)
     return _ack(event)
 
 

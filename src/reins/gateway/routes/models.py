@@ -8,9 +8,10 @@ from fastapi import APIRouter, Body, Query, Request
 from pydantic import Field
 
 from reins.gateway.deps import Admin, StoreDep
+from reins.gateway.guards import GuardedRoute
 from reins.schemas import Model, ModelEndpointIn
 
-router = APIRouter(prefix="/api/models", tags=["models"])
+router = APIRouter(prefix="/api/models", tags=["models"], route_class=GuardedRoute)
 
 
 @router.post("")

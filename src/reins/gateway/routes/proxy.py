@@ -6,21 +6,26 @@ as the API key (paper appendix A.1, "Proxy API").
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi.responses import JSONResponse
 
+from reins.gateway import guards, jsonrule
 from reins.gateway.auth import Principal
 from reins.gateway.deps import AttemptCaller, AttemptIdPath, RolloutIdPath, StoreDep
 from reins.gateway.proxy import LLMProxy, openai_error
-from reins.gateway.store import Store, StoreError
+from reins.gateway.store import Conflict, Store, StoreError
+from reins.gateway.wire import WireApi, WireError, messages, responses
 from reins.schemas import AttemptCreate, Mode
 
-router = APIRouter(
-    prefix="/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1",
-    tags=["proxy"],
-)
+PROXY_BASE = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}"
+OPENAI_PREFIX = PROXY_BASE + "/openai/v1"
+ANTHROPIC_BASE = PROXY_BASE + "/anthropic"
+
+router = APIRouter(prefix=OPENAI_PREFIX, tags=["proxy"])
+anthropic_router = APIRouter(prefix=ANTHROPIC_BASE, tags=["proxy"])
 
 ModePath = Annotated[Mode, Path(description="`train` or `val`: selects the sampling settings")]
 
@@ -33,18 +38,47 @@ async def get_proxy(request: Request) -> LLMProxy:
 ProxyDep = Annotated[LLMProxy, Depends(get_proxy)]
 
 
-async def _body(request: Request) -> dict[str, Any] | Response:
+ProxyKind = Literal["chat", "completions", "responses", "messages", "count_tokens"]
+"""What a proxied call is: OpenAI chat or text completions, the Responses API, Anthropic
+Messages, or Anthropic's token count."""
+
+
+_WIRE: dict[str, WireApi] = {"responses": responses, "messages": messages}
+
+
+def error_shape(kind: ProxyKind) -> Callable[[int, str], Response]:
+    """Errors in the API of the call: OpenAI's error object, or Anthropic's."""
+    if kind in ("messages", "count_tokens"):
+        return lambda status, message: JSONResponse(messages.error_body(status, message), status)
+    return lambda status, message: openai_error(status, message, "invalid_request_error")
+
+
+def error_for_path(path: str, status: int, message: str) -> Response | None:
+    """A gateway error (auth, validation, an unknown route) for a call under `/proxy/`, in the
+    shape of the API the path names, so the harness's SDK shows its message; None elsewhere."""
+    if not path.startswith("/proxy/"):
+        return None
+    kind: ProxyKind = "messages" if "/anthropic" in path else "chat"
+    return error_shape(kind)(status, message)
+
+
+async def _body(request: Request, kind: ProxyKind) -> dict[str, Any] | Response:
+    fail = error_shape(kind)
     try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        return openai_error(400, f"the request body is not valid JSON: {error}", "invalid_json")
+        # The gateway's JSON rule: NaN, an unpaired surrogate or deep nesting is a 400 naming
+        # the field, never a stored record that breaks reads (reins.gateway.jsonrule).
+        body = await guards.json_body(request)
+    except jsonrule.JsonRuleError as error:
+        if error.kind == "json_invalid":
+            return fail(400, f"the request body is not valid JSON: {error.msg}")
+        return fail(400, str(error))
     if not isinstance(body, dict):
-        return openai_error(400, "the request body must be a JSON object", "invalid_request")
+        return fail(400, "the request body must be a JSON object")
     return body
 
 
 async def _ensure_attempt(
-    store: Store, caller: Principal, rollout_id: str, attempt_id: int
+    store: Store, caller: Principal, rollout_id: str, attempt_id: int, kind: ProxyKind
 ) -> Response | None:
     """With the admin key, a call naming an attempt that does not exist yet opens it."""
     if not caller.is_admin or await store.attempt_exists(rollout_id, attempt_id):
@@ -52,12 +86,12 @@ async def _ensure_attempt(
     try:
         await store.open_attempt(rollout_id, AttemptCreate(attempt_id=attempt_id))
     except StoreError as error:
-        return openai_error(409 if "cannot" in str(error) else 404, str(error), "invalid_attempt")
+        return error_shape(kind)(409 if isinstance(error, Conflict) else 404, str(error))
     return None
 
 
 async def forward_call(
-    kind: str,
+    kind: ProxyKind,
     request: Request,
     rollout_id: str,
     attempt_id: int,
@@ -67,15 +101,35 @@ async def forward_call(
     caller: Principal,
 ) -> Response:
     """The work of a proxied call, shared with its fast endpoint (`reins.gateway.fast`)."""
-    body = await _body(request)
+    body = await _body(request, kind)
     if isinstance(body, Response):
         return body
-    refused = await _ensure_attempt(store, caller, rollout_id, attempt_id)
+    if kind == "count_tokens":
+        return await _count_tokens(body, rollout_id, proxy)
+    refused = await _ensure_attempt(store, caller, rollout_id, attempt_id, kind)
     if refused is not None:
         return refused
+    # A superseded attempt, or a terminal rollout's, makes no more calls (409 saying why).
+    closed = await guards.proxy_refusal(store, rollout_id, attempt_id)
+    if closed is not None:
+        return error_shape(kind)(*closed)
+    if kind in ("responses", "messages"):
+        return await proxy.forward_wire(_WIRE[kind], rollout_id, attempt_id, mode, body)
     return await proxy.forward(
         "chat" if kind == "chat" else "completions", rollout_id, attempt_id, mode, body
     )
+
+
+async def _count_tokens(body: dict[str, Any], rollout_id: str, proxy: LLMProxy) -> Response:
+    """Anthropic's `count_tokens`: the real count, by the engine's tokenizer and template."""
+    try:
+        chat = {**messages.count_tokens_request(body), "model": body.get("model")}
+        count = await proxy.count_tokens(chat, rollout_id)
+    except WireError as error:
+        return JSONResponse(
+            messages.error_body(error.status, error.message, error.kind), error.status
+        )
+    return JSONResponse({"input_tokens": count})
 
 
 @router.post("/chat/completions")
@@ -118,3 +172,63 @@ async def models(
 ) -> dict[str, Any]:
     """The registered models, in OpenAI's list format."""
     return await proxy.list_models()
+
+
+@router.post("/responses")
+async def create_response(
+    request: Request,
+    rollout_id: RolloutIdPath,
+    attempt_id: AttemptIdPath,
+    mode: ModePath,
+    proxy: ProxyDep,
+    store: StoreDep,
+    caller: AttemptCaller,
+) -> Response:
+    """The OpenAI Responses API (Codex, the OpenAI Agents SDK, OpenCode), streamed or not;
+    translated to the engine's chat completions and recorded with `kind: responses`. The gateway
+    stores no responses: harnesses send `store: false` and their whole input each time."""
+    return await forward_call(
+        "responses", request, rollout_id, attempt_id, mode, proxy, store, caller
+    )
+
+
+@anthropic_router.post("/v1/messages")
+async def create_message(
+    request: Request,
+    rollout_id: RolloutIdPath,
+    attempt_id: AttemptIdPath,
+    mode: ModePath,
+    proxy: ProxyDep,
+    store: StoreDep,
+    caller: AttemptCaller,
+) -> Response:
+    """The Anthropic Messages API (Claude Code, OpenCode), streamed or not; translated to the
+    engine's chat completions and recorded with `kind: messages`. Point the harness's
+    `ANTHROPIC_BASE_URL` at `.../mode/{mode}/anthropic`."""
+    return await forward_call(
+        "messages", request, rollout_id, attempt_id, mode, proxy, store, caller
+    )
+
+
+@anthropic_router.post("/v1/messages/count_tokens")
+async def count_message_tokens(
+    request: Request,
+    rollout_id: RolloutIdPath,
+    attempt_id: AttemptIdPath,
+    mode: ModePath,
+    proxy: ProxyDep,
+    store: StoreDep,
+    caller: AttemptCaller,
+) -> Response:
+    """The prompt's token count by the engine's own tokenizer and chat template."""
+    return await forward_call(
+        "count_tokens", request, rollout_id, attempt_id, mode, proxy, store, caller
+    )
+
+
+@anthropic_router.head("")
+async def anthropic_base(
+    rollout_id: RolloutIdPath, attempt_id: AttemptIdPath, mode: ModePath, _: AttemptCaller
+) -> Response:
+    """Claude Code's reachability check of its base URL."""
+    return Response(status_code=200)

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Query
 
 from reins.gateway.deps import Admin, AuthDep, RolloutIdPath, SettingsDep, StoreDep
+from reins.gateway.guards import GuardedRoute
 from reins.schemas import (
     Attempt,
     AttemptCreate,
@@ -19,7 +20,7 @@ from reins.schemas import (
     RolloutUpdate,
 )
 
-router = APIRouter(prefix="/api/rollouts", tags=["rollouts"])
+router = APIRouter(prefix="/api/rollouts", tags=["rollouts"], route_class=GuardedRoute)
 
 MAX_BATCH = 10_000
 

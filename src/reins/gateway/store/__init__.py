@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from reins.schemas import (
     Attempt,
@@ -33,6 +33,16 @@ class NotFound(StoreError):
 
 class Conflict(StoreError):
     pass
+
+
+class Invalid(StoreError):
+    """A value the store cannot keep faithfully (see `reins.gateway.jsonrule`); answered 422.
+
+    `errors` are pydantic-style (`loc`, `msg`, `type`), `loc` relative to the stored object."""
+
+    def __init__(self, message: str, errors: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.errors = errors
 
 
 RolloutSort = Literal["created", "updated", "duration", "reward", "state", "id"]
@@ -131,10 +141,24 @@ class Store(Protocol):
 
     async def attempt_exists(self, rollout_id: str, attempt_id: int) -> bool: ...
 
+    async def check_open(self, rollout_id: str, attempt_id: int) -> None:
+        """Raises NotFound for an unknown attempt, Conflict (saying why) for one that accepts
+        nothing more from its harness: superseded by a later attempt, or of a terminal rollout."""
+
     async def append_events(
-        self, rollout_id: str, attempt_id: int, events: Sequence[EventIn]
+        self,
+        rollout_id: str,
+        attempt_id: int,
+        events: Sequence[EventIn],
+        *,
+        from_harness: bool = False,
     ) -> list[Event]:
-        """Stored once per idempotency key; a replay returns the stored event."""
+        """Stored once per idempotency key; a replay returns the stored event.
+
+        `from_harness`: posted with the attempt's scoped token, so refused (Conflict) once the
+        attempt is closed (see `check_open`), checked in the transaction that would store them.
+        Values JSON cannot carry are refused (Invalid) whoever posts them.
+        """
 
     async def get_events(
         self,
@@ -158,6 +182,7 @@ class Store(Protocol):
 
 __all__ = [
     "Conflict",
+    "Invalid",
     "NotFound",
     "RolloutQuery",
     "RolloutSort",

@@ -1,0 +1,106 @@
+"""Event appends, the hot path: what one group commit writes, in one transaction.
+
+A commit is one `INSERT ... ON CONFLICT DO NOTHING RETURNING` of every fresh event of the posts
+queued since the last one (a replayed idempotency key is answered with the stored event). Posts
+from a harness (its attempt's scoped token) are first checked against their attempt in the same
+transaction: PostgreSQL takes `FOR SHARE` on the attempt row, which closing it (a retry, a
+terminal state) must update, and SQLite has one writer; so none is stored after its attempt
+closed. The admin key's posts are not checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from reins.gateway.store.tables import attempt_states, attempts, closed_reason, events
+from reins.schemas import Event
+
+Key = tuple[str, int, str]
+"""(rollout, attempt, idempotency key): one event."""
+
+
+def insert_events(
+    conn: sa.Connection,
+    insert: Any,
+    rows: list[dict[str, Any]],
+    harness_keys: set[Key],
+) -> tuple[list[tuple[int, str, int, str]], list[sa.Row[Any]], dict[tuple[str, int], str]]:
+    """One INSERT of fresh events; returns (seq, rollout, attempt, key) of those inserted, the
+    stored rows of keys that were already there (replayed posts), and why each closed attempt
+    refused its harness's events (`harness_keys`: the events a harness posted)."""
+    closed: dict[tuple[str, int], str] = {}
+    guarded = {key[:2] for key in harness_keys}
+    if guarded:
+        query = attempt_states(list(guarded))
+        if conn.dialect.name == "postgresql":
+            # A close updates the attempt row, so it waits for this transaction, or this one
+            # reads the closed state after it.
+            query = query.with_for_update(read=True, of=attempts)
+        for state in conn.execute(query):
+            reason = closed_reason(*state)
+            if reason is not None:
+                closed[(state.rollout_id, state.attempt_id)] = reason
+    fresh = rows
+    if closed:
+        fresh = [
+            row
+            for row in rows
+            if (row["rollout_id"], row["attempt_id"]) not in closed
+            or (row["rollout_id"], row["attempt_id"], row["idempotency_key"]) not in harness_keys
+        ]
+    inserted = (
+        [
+            (row.seq, row.rollout_id, row.attempt_id, row.idempotency_key)
+            for row in conn.execute(
+                insert(events)
+                .on_conflict_do_nothing(
+                    index_elements=["rollout_id", "attempt_id", "idempotency_key"]
+                )
+                .returning(
+                    events.c.seq,
+                    events.c.rollout_id,
+                    events.c.attempt_id,
+                    events.c.idempotency_key,
+                ),
+                fresh,
+            )
+        ]
+        if fresh
+        else []
+    )
+    done = {(r, a, k) for _, r, a, k in inserted}
+    by_attempt: dict[tuple[str, int], list[str]] = {}
+    for row in rows:
+        key = (row["rollout_id"], row["attempt_id"], row["idempotency_key"])
+        if key not in done:
+            by_attempt.setdefault(key[:2], []).append(key[2])
+    replayed: list[sa.Row[Any]] = []
+    for (rollout_id, attempt_id), keys in by_attempt.items():
+        # Equality on the first two columns, so the whole unique index serves the lookup.
+        for start in range(0, len(keys), 5000):
+            replayed.extend(
+                conn.execute(
+                    sa.select(events).where(
+                        events.c.rollout_id == rollout_id,
+                        events.c.attempt_id == attempt_id,
+                        events.c.idempotency_key.in_(keys[start : start + 5000]),
+                    )
+                )
+            )
+    return inserted, replayed, closed
+
+
+@dataclass
+class PendingAppend:
+    """One event post waiting for the group commit."""
+
+    rollout_id: str
+    attempt_id: int
+    rows: list[dict[str, Any]]
+    done: asyncio.Future[list[Event]]
+    from_harness: bool = False
+    results: dict[str, Event] = field(default_factory=dict)

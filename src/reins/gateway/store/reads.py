@@ -1,0 +1,243 @@
+"""The dashboard's reads (`reins.monitor`): filters, orders and per-rollout stats, computed in
+the database so that a page of the table costs a few queries whatever the number of events.
+
+Harness data is not trusted: a JSON field read as a number is NULL when it is not one, and on
+PostgreSQL a document holding "\\u0000" is left out of JSON operators (`unless_nul`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from reins.gateway.store import RolloutQuery, RolloutStats
+from reins.gateway.store.tables import attempts, events, rollout_of, rollouts
+from reins.schemas import (
+    MODEL_REQUEST,
+    REWARD,
+    Mode,
+    Rollout,
+    RolloutState,
+)
+
+
+def unless_nul(column: sa.Column[Any], expr: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """`expr` on a PostgreSQL json column, NULL where the document holds "\\u0000": PostgreSQL
+    stores it but any JSON operator on that document fails ("unsupported Unicode escape
+    sequence"). Those rows are left out of run filters and per-rollout token counts."""
+    return sa.case((sa.func.strpos(sa.cast(column, sa.Text), "\\u0000") > 0, None), else_=expr)
+
+
+def rollout_filters(
+    states: Sequence[RolloutState],
+    mode: Mode | None,
+    group_id: str | None,
+    run: str | None,
+    search: str | None,
+    *,
+    sqlite: bool,
+) -> list[sa.ColumnElement[bool]]:
+    where: list[sa.ColumnElement[bool]] = []
+    if "\x00" in (run or "") + (search or ""):
+        return [sa.false()]  # PostgreSQL text cannot hold NUL, so no rollout can match
+    if states:
+        where.append(rollouts.c.state.in_(list(states)))
+    if mode is not None:
+        where.append(rollouts.c.mode == mode)
+    if group_id is not None:
+        where.append(rollouts.c.group_id == group_id)
+    if run is not None:
+        if sqlite:
+            where.append(rollouts.c.metadata["run"].as_string() == run)
+        else:
+            where.append(
+                unless_nul(rollouts.c.metadata, rollouts.c.metadata["run"].as_string()) == run
+            )
+    if search:
+        # The input's JSON text: rows written before the JSON rule escaped non-ASCII characters,
+        # later ones keep them (pydantic-core's encoder): match both.
+        needles = {search, json.dumps(search)[1:-1]}
+        text = sa.cast(rollouts.c.input, sa.Text)
+        where.append(
+            sa.or_(
+                rollouts.c.rollout_id.icontains(search, autoescape=True),
+                *(text.icontains(needle, autoescape=True) for needle in needles),
+            )
+        )
+    return where
+
+
+class DashboardReads:
+    """The dashboard's queries, mixed into `SqlStore`."""
+
+    engine: AsyncEngine
+    is_sqlite: bool
+
+    async def query_rollouts(self, query: RolloutQuery) -> tuple[list[Rollout], int]:
+        where = rollout_filters(
+            query.states,
+            query.mode,
+            query.group_id,
+            query.run,
+            query.search,
+            sqlite=self.is_sqlite,
+        )
+        key = self._sort_key(query)
+        order = [
+            sa.nulls_last(key.desc() if query.descending else key.asc()),
+            rollouts.c.created_at.desc(),
+            rollouts.c.rollout_id,
+        ]
+        page = sa.select(rollouts).where(*where).order_by(*order)
+        total = sa.select(sa.func.count()).select_from(rollouts).where(*where)
+        async with self.engine.connect() as conn:
+            count = int(await conn.scalar(total) or 0)
+            rows = await conn.execute(page.offset(query.offset).limit(query.limit))
+            return [rollout_of(row) for row in rows], count
+
+    def _sort_key(self, query: RolloutQuery) -> sa.ColumnElement[Any]:
+        if query.sort == "reward":
+            return self._last_reward()
+        if query.sort == "duration":
+            first = attempts.alias("first_attempt")
+            latest = attempts.alias("latest_attempt")
+            started = (
+                sa.select(first.c.created_at)
+                .where(first.c.rollout_id == rollouts.c.rollout_id, first.c.attempt_id == 1)
+                .scalar_subquery()
+            )
+            ended = (
+                sa.select(latest.c.ended_at)
+                .where(
+                    latest.c.rollout_id == rollouts.c.rollout_id,
+                    latest.c.attempt_id == rollouts.c.attempt_count,
+                )
+                .scalar_subquery()
+            )
+            return ended - started
+        columns: dict[str, sa.ColumnElement[Any]] = {
+            "created": rollouts.c.created_at,
+            "updated": rollouts.c.updated_at,
+            "state": rollouts.c.state,
+            "id": rollouts.c.rollout_id,
+        }
+        return columns[query.sort]
+
+    def _last_reward(self) -> sa.ColumnElement[Any]:
+        """The value of the latest attempt's last `reward` event, per rollout row."""
+        return (
+            sa.select(self._json_number(events.c.data, "value"))
+            .where(
+                events.c.rollout_id == rollouts.c.rollout_id,
+                events.c.attempt_id == rollouts.c.attempt_count,
+                events.c.type == REWARD,
+            )
+            .order_by(events.c.seq.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+
+    def _json_number(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[Any]:
+        """`column[key]` when it is a JSON number, else NULL (harness data is not trusted)."""
+        if self.is_sqlite:
+            path = f'$."{key}"'
+            kind = sa.func.json_type(column, path)
+            return sa.case((kind.in_(["integer", "real"]), sa.func.json_extract(column, path)))
+        is_number = sa.func.json_typeof(column[key]) == "number"
+        return unless_nul(column, sa.case((is_number, column[key].as_float())))
+
+    def _json_length(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[Any]:
+        """Length of the JSON array `column[key]`; 0 when it is not an array."""
+        if self.is_sqlite:
+            path = f'$."{key}"'
+            is_array = sa.func.json_type(column, path) == "array"
+            return sa.case((is_array, sa.func.json_array_length(column, path)), else_=0)
+        is_array = sa.func.json_typeof(column[key]) == "array"
+        length = sa.case((is_array, sa.func.json_array_length(column[key])), else_=0)
+        return sa.func.coalesce(unless_nul(column, length), 0)
+
+    async def rollout_stats(self, rollout_ids: Sequence[str]) -> dict[str, RolloutStats]:
+        ids = list(dict.fromkeys(rollout_ids))
+        if not ids:
+            return {}
+        latest = events.join(
+            rollouts,
+            sa.and_(
+                events.c.rollout_id == rollouts.c.rollout_id,
+                events.c.attempt_id == rollouts.c.attempt_count,
+            ),
+        )
+        version = self._json_number(events.c.data, "model_version")
+        status = self._json_number(events.c.data, "status")
+        calls = (
+            sa.select(
+                events.c.rollout_id,
+                sa.func.count().label("calls"),
+                sa.func.sum(sa.case((status != 200, 1), else_=0)).label("failed"),
+                sa.func.sum(self._json_length(events.c.data, "prompt_token_ids")).label("prompt"),
+                sa.func.sum(self._json_length(events.c.data, "response_token_ids")).label("resp"),
+                sa.func.min(version).label("min_version"),
+                sa.func.max(version).label("max_version"),
+            )
+            .select_from(latest)
+            .where(events.c.rollout_id.in_(ids), events.c.type == MODEL_REQUEST)
+            .group_by(events.c.rollout_id)
+        )
+        rewards = (
+            sa.select(events.c.rollout_id, self._json_number(events.c.data, "value").label("v"))
+            .select_from(latest)
+            .where(events.c.rollout_id.in_(ids), events.c.type == REWARD)
+            .order_by(events.c.seq)
+        )
+        first = attempts.alias("first_attempt")
+        last = attempts.alias("latest_attempt")
+        times = (
+            sa.select(rollouts.c.rollout_id, first.c.created_at, last.c.ended_at)
+            .select_from(
+                rollouts.outerjoin(
+                    first,
+                    sa.and_(first.c.rollout_id == rollouts.c.rollout_id, first.c.attempt_id == 1),
+                ).outerjoin(
+                    last,
+                    sa.and_(
+                        last.c.rollout_id == rollouts.c.rollout_id,
+                        last.c.attempt_id == rollouts.c.attempt_count,
+                    ),
+                )
+            )
+            .where(rollouts.c.rollout_id.in_(ids))
+        )
+        totals = (
+            sa.select(events.c.rollout_id, sa.func.count(), sa.func.max(events.c.seq))
+            .where(events.c.rollout_id.in_(ids))
+            .group_by(events.c.rollout_id)
+        )
+        found: dict[str, dict[str, Any]] = {}
+        async with self.engine.connect() as conn:
+            for row in await conn.execute(times):
+                found[row.rollout_id] = {"started_at": row.created_at, "ended_at": row.ended_at}
+            for rollout_id, count, last_seq in await conn.execute(totals):
+                found[rollout_id].update(events=int(count), last_seq=int(last_seq))
+            for agg in await conn.execute(calls):
+                found[agg.rollout_id].update(
+                    calls=int(agg.calls),
+                    failed_calls=int(agg.failed or 0),
+                    prompt_tokens=int(agg.prompt or 0),
+                    response_tokens=int(agg.resp or 0),
+                    min_version=None if agg.min_version is None else int(agg.min_version),
+                    max_version=None if agg.max_version is None else int(agg.max_version),
+                )
+            for reward in await conn.execute(rewards):
+                found[reward.rollout_id]["reward"] = None if reward.v is None else float(reward.v)
+        return {rollout_id: RolloutStats(**values) for rollout_id, values in found.items()}
+
+    async def count_rollouts(self) -> dict[tuple[str, str], int]:
+        query = sa.select(rollouts.c.state, rollouts.c.mode, sa.func.count()).group_by(
+            rollouts.c.state, rollouts.c.mode
+        )
+        async with self.engine.connect() as conn:
+            return {(row[0], row[1]): int(row[2]) for row in await conn.execute(query)}

@@ -1,0 +1,225 @@
+"""The store's schema, what its rows may hold, and their conversion to the wire types.
+
+- Plain `json` columns, not `jsonb`, on PostgreSQL: jsonb rejects "\\u0000", which harness text
+  can carry.
+- Every JSON document is written as the text `reins.gateway.jsonrule` encoded (`encoded`,
+  `serialize`): no NaN, no unpaired surrogate, bounded depth, so every row reads back on both
+  databases; text columns refuse unpaired surrogates too (`text_value`).
+- An attempt is closed to its harness once it is superseded or its rollout is terminal
+  (`closed_reason`, read with `attempt_states`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from reins.gateway import jsonrule
+from reins.gateway.store import Invalid
+from reins.schemas import (
+    TERMINAL_STATES,
+    Attempt,
+    Event,
+    Rollout,
+    RolloutConfig,
+    RolloutSpec,
+    RolloutStatus,
+)
+
+metadata = sa.MetaData()
+# Plain `json`, not `jsonb`, on PostgreSQL: jsonb rejects "\u0000", which harness text can carry.
+_json = sa.JSON()
+_big_id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+rollouts = sa.Table(
+    "rollouts",
+    metadata,
+    sa.Column("rollout_id", sa.String(200), primary_key=True),
+    sa.Column("input", _json),
+    sa.Column("group_id", sa.String(200), index=True),
+    sa.Column("mode", sa.String(8), nullable=False),
+    sa.Column("metadata", _json, nullable=False),
+    sa.Column("config", _json, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text),
+    sa.Column("attempt_count", sa.Integer, nullable=False),
+    sa.Column("change_seq", sa.BigInteger, nullable=False, unique=True),
+    sa.Column("spec_digest", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Index("ix_rollouts_state_change", "state", "change_seq"),
+)
+
+attempts = sa.Table(
+    "attempts",
+    metadata,
+    sa.Column("rollout_id", sa.String(200), primary_key=True),
+    sa.Column("attempt_id", sa.Integer, primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("ended_at", sa.Float),
+)
+
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("seq", _big_id, primary_key=True, autoincrement=True),
+    sa.Column("rollout_id", sa.String(200), nullable=False),
+    sa.Column("attempt_id", sa.Integer, nullable=False),
+    sa.Column("type", sa.String(100), nullable=False),
+    sa.Column("data", _json, nullable=False),
+    sa.Column("idempotency_key", sa.String(200), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.UniqueConstraint("rollout_id", "attempt_id", "idempotency_key", name="uq_events_key"),
+)
+
+models = sa.Table(
+    "models",
+    metadata,
+    sa.Column("model", sa.String(200), primary_key=True),
+    sa.Column("endpoint", sa.String(2000), primary_key=True),
+    sa.Column("engine", sa.String(100), nullable=False),
+    sa.Column("weight_version", sa.BigInteger, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+counters = sa.Table(
+    "counters",
+    metadata,
+    sa.Column("name", sa.String(50), primary_key=True),
+    sa.Column("value", sa.BigInteger, nullable=False),
+)
+
+meta = sa.Table(
+    "meta",
+    metadata,
+    sa.Column("key", sa.String(50), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+
+
+def serialize(value: Any) -> str:
+    """The JSON text of a column value: already encoded by the store's writes (`encoded`)."""
+    if type(value) is jsonrule.Encoded:
+        return value.text
+    return jsonrule.encode(value).text
+
+
+def encoded(value: Any, loc: jsonrule.Loc, owner: str) -> jsonrule.Encoded:
+    """A document under the JSON rule, or `Invalid` naming `owner` and the field."""
+    try:
+        return jsonrule.encode(value, loc)
+    except jsonrule.JsonRuleError as error:
+        raise Invalid(f"{owner}: {error}", [error.error()]) from None
+
+
+def text_value(value: str | None, loc: jsonrule.Loc, owner: str) -> str | None:
+    """A text column's value: no unpaired surrogate (it has no UTF-8 form)."""
+    if value is not None:
+        problem = jsonrule.find(value, loc)
+        if problem is not None:
+            raise Invalid(f"{owner}: {problem}", [problem.error()])
+    return value
+
+
+def closed_reason(
+    rollout_id: str,
+    attempt_id: int,
+    attempt_state: str,
+    attempt_reason: str | None,
+    rollout_state: str,
+    attempt_count: int,
+) -> str | None:
+    """Why an attempt accepts nothing more from its harness; None while it is open."""
+    if rollout_state in TERMINAL_STATES:
+        return (
+            f"rollout {rollout_id} is {rollout_state}; attempt {attempt_id} accepts no more "
+            "events or calls from its harness"
+        )
+    if attempt_id < attempt_count:
+        default = f"superseded by attempt {attempt_id + 1}"
+        why = f" ({attempt_reason})" if attempt_reason and attempt_reason != default else ""
+        return (
+            f"attempt {attempt_id} of rollout {rollout_id} was superseded by attempt "
+            f"{attempt_count}{why}; it accepts no more events or calls from its harness"
+        )
+    if attempt_state != "running":
+        return (
+            f"attempt {attempt_id} of rollout {rollout_id} is {attempt_state}; it accepts no "
+            "more events or calls from its harness"
+        )
+    return None
+
+
+def attempt_states(
+    pairs: Sequence[tuple[str, int]],
+) -> sa.Select[Any]:
+    """The state of each attempt and of its rollout (the columns `closed_reason` takes)."""
+    return (
+        sa.select(
+            attempts.c.rollout_id,
+            attempts.c.attempt_id,
+            attempts.c.state,
+            attempts.c.reason,
+            rollouts.c.state.label("rollout_state"),
+            rollouts.c.attempt_count,
+        )
+        .join(rollouts, rollouts.c.rollout_id == attempts.c.rollout_id)
+        .where(sa.tuple_(attempts.c.rollout_id, attempts.c.attempt_id).in_(list(pairs)))
+    )
+
+
+def ts(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)
+
+
+def spec_digest(spec: RolloutSpec) -> str:
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def rollout_of(row: sa.Row[Any]) -> Rollout:
+    return Rollout(
+        rollout_id=row.rollout_id,
+        input=row.input,
+        group_id=row.group_id,
+        mode=row.mode,
+        metadata=row.metadata,
+        config=RolloutConfig.model_validate(row.config),
+        status=RolloutStatus(state=row.state, reason=row.reason),
+        attempt_count=row.attempt_count,
+        change_seq=row.change_seq,
+        created_at=ts(row.created_at),
+        updated_at=ts(row.updated_at),
+    )
+
+
+def attempt_of(row: sa.Row[Any]) -> Attempt:
+    return Attempt(
+        rollout_id=row.rollout_id,
+        attempt_id=row.attempt_id,
+        state=row.state,
+        reason=row.reason,
+        created_at=ts(row.created_at),
+        ended_at=None if row.ended_at is None else ts(row.ended_at),
+    )
+
+
+def event_of(row: sa.Row[Any]) -> Event:
+    # Rows are the store's own, validated when they came in: no second validation.
+    return Event.model_construct(
+        seq=row.seq,
+        rollout_id=row.rollout_id,
+        attempt_id=row.attempt_id,
+        type=row.type,
+        data=row.data,
+        idempotency_key=row.idempotency_key,
+        created_at=ts(row.created_at),
+    )

@@ -1,0 +1,653 @@
+"""The Anthropic Messages API (`POST .../anthropic/v1/messages`) on the engine's chat completions.
+
+Claude Code and OpenCode's Anthropic provider speak it. Pure: a request body in, the engine's chat
+request out; the engine's answer or stream chunks in, the Messages answer or SSE events out.
+
+Request, block by block:
+- `system` (a string or text blocks) becomes the first system message; a `role: "system"` message
+  inside `messages` (Claude Code sends one) stays a system message at its place. Text blocks are
+  joined with a newline, as vLLM joins a chat message's text parts, so every engine sees the same
+  prompt; `cache_control` anywhere is ignored.
+- `tool_use` blocks become the assistant message's `tool_calls` (`arguments` = the `input` as
+  JSON) with the same id; `tool_result` blocks become `tool` messages, placed before the text of
+  the same user message (the order a chat template needs). A result whose `is_error` is true gets
+  its content prefixed with `Error: `, the only way a chat message can say so. A result must
+  answer the id of an earlier `tool_use`.
+- `thinking` blocks in the history become the assistant message's `reasoning_content`: it is the
+  model's own reasoning, which templates that render reasoning (Qwen3-style) put back, and others
+  ignore. `redacted_thinking` (opaque to any other model) is dropped with a note.
+- Images and documents are refused (400): the engine serves text models. Any other unknown block
+  is refused, naming its type and position.
+- Server tools (`web_search_...`, `bash_...`, `code_execution_...`: any tool with a `type` other
+  than `custom`) are dropped with a note: the engine cannot run them.
+- `thinking` (enabled/adaptive/disabled) is passed as `chat_template_kwargs.enable_thinking`, the
+  switch of templates that have one; a template without it (the default model's) ignores it
+  (noted). A last message from the assistant (a prefill to continue) is refused: engines start
+  a new turn. Fields this engine cannot honour (`output_config`, `context_management`,
+  `mcp_servers`, unknown ones) are noted; `metadata`, `service_tier`, `container` are ignored.
+
+Answer: the engine's call ids are kept as the `tool_use` ids (the harness sends them back and the
+next request maps them to the same `tool_call_id`); an engine call without an id gets `toolu_...`.
+Tool arguments that are not a JSON object are shown as text, with a note. The engine's reasoning
+becomes a `thinking` block (empty signature) only when the request enabled thinking. Streamed tool
+calls are held until the call is complete, then sent as `tool_use` with the engine's argument
+pieces as `input_json_delta`s, so the pieces always join to the `input` (and a call that does
+not parse can still become text). A plain answer is built by the same code, as a stream of one
+chunk. An engine error chunk becomes an `error` event that ends the stream. Notes found while
+answering are appended to `notes`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, TypeGuard
+
+from reins.gateway.wire import WireError, sse
+
+KIND = "messages"
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+_MEDIA = frozenset({"image", "document"})
+# The fields read, or ignored without a note.
+# fmt: off
+_QUIET = frozenset({
+    "model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k",
+    "stop_sequences", "stream", "tools", "tool_choice", "metadata", "service_tier", "container",
+    "cache_control", "thinking", "output_config", "context_management", "mcp_servers",
+})
+# fmt: on
+_TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+
+
+def error_body(status: int, message: str, kind: str | None = None) -> dict[str, Any]:
+    """An error in Anthropic's shape, typed by status unless `kind` says otherwise."""
+    if kind is None:
+        kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _fail(message: str, param: str) -> WireError:
+    return WireError(f"{param}: {message}", param=param)
+
+
+def translate(body: dict[str, Any]) -> Translation:
+    """A Messages request as the engine's chat request; WireError (400) for one it cannot serve."""
+    if not isinstance(body, dict):
+        raise WireError("the request body must be a JSON object")
+    notes: list[str] = []
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise _fail("required: the model's name, a string", "model")
+    max_tokens = body.get("max_tokens")
+    if not _is_int(max_tokens) or max_tokens < 1:
+        raise _fail("required: a positive integer (the most tokens to generate)", "max_tokens")
+    messages = _conversation(body, notes)
+    if body["messages"][-1].get("role") == "assistant":
+        raise _fail(
+            "the last message is the assistant's (a prefill to continue); the engine can only "
+            "start a new turn: end with a user message",
+            f"messages[{len(body['messages']) - 1}]",
+        )
+    chat: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens}
+    _tools_and_choice(body, chat, notes)
+    for field in ("temperature", "top_p"):
+        value = body.get(field)
+        if value is not None:
+            if not _is_number(value):
+                raise _fail("must be a number", field)
+            chat[field] = value
+    top_k = body.get("top_k")
+    if top_k is not None:
+        if not _is_int(top_k):
+            raise _fail("must be an integer", "top_k")
+        chat["top_k"] = top_k
+    stops = body.get("stop_sequences")
+    if stops is not None:
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise _fail("must be a list of strings", "stop_sequences")
+        if stops:
+            chat["stop"] = stops
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _fail("must be true or false", "stream")
+    chat["stream"] = bool(stream)
+    if stream:
+        chat["stream_options"] = {"include_usage": True}
+    thinking = _thinking(body.get("thinking"), notes)
+    if thinking is not None:
+        chat["chat_template_kwargs"] = {"enable_thinking": thinking}
+    _note_ignored(body, notes)
+    return Translation(
+        chat, notes, model=model, stream=bool(stream), thinking=bool(thinking), stops=stops or []
+    )
+
+
+def count_tokens_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat request (messages and tools) whose prompt length answers
+    `POST /v1/messages/count_tokens`. No `max_tokens` is needed there."""
+    if not isinstance(body, dict):
+        raise WireError("the request body must be a JSON object")
+    notes: list[str] = []
+    chat: dict[str, Any] = {"messages": _conversation(body, notes)}
+    _tools_and_choice(body, chat, notes)
+    chat.pop("tool_choice", None)
+    chat.pop("parallel_tool_calls", None)
+    return chat
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _thinking(value: Any, notes: list[str]) -> bool | None:
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in ("enabled", "adaptive", "disabled"):
+        raise _fail('must be {"type": "enabled" | "adaptive" | "disabled", ...}', "thinking")
+    enabled: bool = kind != "disabled"
+    notes.append(
+        f"thinking {kind}: sent as chat_template_kwargs.enable_thinking={str(enabled).lower()}; "
+        "a model whose chat template has no such switch (the default model) ignores it"
+        + ("; budget_tokens is not enforced" if "budget_tokens" in value else "")
+    )
+    return enabled
+
+
+def _note_ignored(body: dict[str, Any], notes: list[str]) -> None:
+    output_config = body.get("output_config")
+    if isinstance(output_config, dict) and output_config:
+        notes.append(f"output_config ignored ({', '.join(sorted(map(str, output_config)))})")
+    if body.get("context_management"):
+        notes.append("context_management ignored: the history is sent to the model as it is")
+    if body.get("mcp_servers"):
+        notes.append("mcp_servers dropped: the engine cannot call MCP servers")
+    unknown = sorted(str(key) for key in body if key not in _QUIET)
+    if unknown:
+        notes.append(f"unknown fields ignored: {', '.join(unknown)}")
+
+
+# ---- the conversation ---------------------------------------------------------------------
+
+
+def _conversation(body: dict[str, Any], notes: list[str]) -> list[dict[str, Any]]:
+    """`system` and `messages` as chat messages, checked."""
+    out: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system is not None:
+        text = _text(system, "system")
+        if text:
+            out.append({"role": "system", "content": text})
+    raw = body.get("messages")
+    if not isinstance(raw, list):
+        raise _fail("required: a list of messages", "messages")
+    if not raw:
+        raise _fail("at least one message is required", "messages")
+    answered: set[str] = set()
+    for i, message in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise _fail("must be an object with `role` and `content`", where)
+        role = message.get("role")
+        content = message.get("content")
+        if role == "system":
+            out.append({"role": "system", "content": _text(content, f"{where}.content")})
+            continue
+        if role not in ("user", "assistant"):
+            raise _fail(f"role must be user, assistant or system, not {role!r}", f"{where}.role")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list):
+            raise _fail("must be a string or a list of content blocks", f"{where}.content")
+        if role == "user":
+            out.extend(_user(blocks, f"{where}.content", answered))
+        else:
+            out.append(_assistant(blocks, f"{where}.content", answered, notes))
+    return out
+
+
+def _blocks(blocks: list[Any], where: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(type, position, block) of each block of the list at `where`; media refused."""
+    out = []
+    for j, block in enumerate(blocks):
+        position = f"{where}[{j}]"
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise _fail("a content block must be an object with a string `type`", position)
+        if block["type"] in _MEDIA:
+            raise _fail(
+                f"`{block['type']}` blocks cannot be served: this engine serves text models",
+                position,
+            )
+        out.append((block["type"], position, block))
+    return out
+
+
+def _unknown(kind: str, position: str, role: str) -> WireError:
+    return _fail(
+        f"unknown or unsupported content block type {kind!r} in a {role} message", position
+    )
+
+
+def _block_text(block: dict[str, Any], position: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise _fail("a text block needs a string `text`", f"{position}.text")
+    return text
+
+
+def _text(value: Any, where: str) -> str:
+    """A string, or text blocks joined with newlines."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise _fail("must be a string or a list of text blocks", where)
+    texts = []
+    for kind, position, block in _blocks(value, where):
+        if kind != "text":
+            raise _fail(f"only text blocks are accepted here, not {kind!r}", position)
+        texts.append(_block_text(block, position))
+    return "\n".join(texts)
+
+
+def _user(blocks: list[Any], where: str, answered: set[str]) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for kind, position, block in _blocks(blocks, where):
+        if kind == "text":
+            texts.append(_block_text(block, position))
+        elif kind == "tool_result":
+            results.append(_tool_result(block, position, answered))
+        else:
+            raise _unknown(kind, position, "user")
+    if texts or not results:
+        results.append({"role": "user", "content": "\n".join(texts)})
+    return results
+
+
+def _tool_result(block: dict[str, Any], position: str, answered: set[str]) -> dict[str, Any]:
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str) or call_id not in answered:
+        raise _fail(
+            f"tool_use_id {call_id!r} answers no earlier assistant tool_use; send the assistant "
+            "message holding that tool_use before its tool_result",
+            f"{position}.tool_use_id",
+        )
+    content = block.get("content")
+    text = "" if content is None else _text(content, f"{position}.content")
+    is_error = block.get("is_error")
+    if is_error is not None and not isinstance(is_error, bool):
+        raise _fail("must be true or false", f"{position}.is_error")
+    if is_error:
+        text = f"Error: {text}"
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def _assistant(
+    blocks: list[Any], where: str, answered: set[str], notes: list[str]
+) -> dict[str, Any]:
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for kind, position, block in _blocks(blocks, where):
+        if kind == "text":
+            texts.append(_block_text(block, position))
+        elif kind == "tool_use":
+            call_id, name, arguments = block.get("id"), block.get("name"), block.get("input", {})
+            if not isinstance(call_id, str) or not call_id:
+                raise _fail("a tool_use needs a string `id`", f"{position}.id")
+            if not isinstance(name, str) or not name:
+                raise _fail("a tool_use needs a string `name`", f"{position}.name")
+            if not isinstance(arguments, dict):
+                raise _fail("a tool_use's `input` must be an object", f"{position}.input")
+            answered.add(call_id)
+            function = {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}
+            calls.append({"id": call_id, "type": "function", "function": function})
+        elif kind == "thinking":
+            thought = block.get("thinking")
+            if not isinstance(thought, str):
+                raise _fail("a thinking block needs a string `thinking`", f"{position}.thinking")
+            reasoning.append(thought)
+        elif kind == "redacted_thinking":
+            notes.append(f"{position}: redacted_thinking dropped (opaque to this model)")
+        else:
+            raise _unknown(kind, position, "assistant")
+    message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    if calls:
+        message["tool_calls"] = calls
+    if reasoning:
+        message["reasoning_content"] = "\n".join(reasoning)
+    return message
+
+
+def _tools_and_choice(body: dict[str, Any], chat: dict[str, Any], notes: list[str]) -> None:
+    raw = body.get("tools")
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        raise _fail("must be a list of tools", "tools")
+    tools: list[dict[str, Any]] = []
+    for i, tool in enumerate(raw):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise _fail("a tool must be an object", where)
+        kind, name = tool.get("type"), tool.get("name")
+        if kind not in (None, "custom"):
+            notes.append(f"{where} ({kind} {name!r}) dropped: a server tool the engine cannot run")
+            continue
+        schema, description = tool.get("input_schema"), tool.get("description")
+        if not isinstance(name, str) or not name:
+            raise _fail("a tool needs a string `name`", f"{where}.name")
+        if not isinstance(schema, dict):
+            raise _fail("a tool needs an `input_schema` object", f"{where}.input_schema")
+        function: dict[str, Any] = {"name": name, "parameters": schema}
+        if isinstance(description, str) and description:
+            function["description"] = description
+        tools.append({"type": "function", "function": function})
+    choice = _tool_choice(body.get("tool_choice"), tools)
+    if tools:  # without tools, the engine is asked for no tool choice
+        chat["tools"] = tools
+        chat.update(choice)
+
+
+def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat fields for a Messages `tool_choice` (any -> required)."""
+    if choice is None:
+        return {}
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("auto", "any", "tool", "none"):
+        raise _fail('must be {"type": "auto" | "any" | "tool" | "none"}', "tool_choice")
+    name = choice.get("name")
+    if kind == "tool" and name not in [tool["function"]["name"] for tool in tools]:
+        raise _fail(f"names {name!r}, which is not among the custom tools", "tool_choice.name")
+    if kind == "any" and not tools:
+        raise _fail("'any' needs at least one custom tool", "tool_choice")
+    parallel = choice.get("disable_parallel_tool_use")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _fail("must be true or false", "tool_choice.disable_parallel_tool_use")
+    fields: dict[str, Any] = {
+        "tool_choice": {"type": "function", "function": {"name": name}}
+        if kind == "tool"
+        else _TOOL_CHOICES[kind]
+    }
+    if parallel:
+        fields["parallel_tool_calls"] = False
+    return fields
+
+
+# ---- the answer -----------------------------------------------------------------------------
+
+
+class Translation:
+    """One Messages call: its chat request, and the engine's answer or stream turned back."""
+
+    def __init__(
+        self,
+        chat: dict[str, Any],
+        notes: list[str],
+        *,
+        model: str,
+        stream: bool,
+        thinking: bool,
+        stops: list[str],
+    ) -> None:
+        self.notes = notes
+        """What was dropped or ignored; answer() and the stream append what they drop."""
+        self.stream = stream
+        """Whether the harness asked for a stream."""
+        self._chat = chat
+        self._model = model
+        self._thinking = thinking
+        self._stops = stops
+        self._id = f"msg_{uuid.uuid4().hex}"
+        # The stream's state.
+        self._started = False
+        self._done = False
+        self._error: str | None = None
+        self._blocks: list[dict[str, Any]] = []
+        self._open: str | None = None
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._finish: str | None = None
+        self._stop: str | None = None
+        self._dropped_reasoning = False
+        self._stop_string: str | None = None
+        self._input_tokens: int | None = None
+        self._output_tokens: int | None = None
+        self._token_count = 0
+
+    def chat_request(self) -> dict[str, Any]:
+        """The engine's chat request (without `model`: the proxy sets it)."""
+        return dict(self._chat)
+
+    def answer(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The Messages answer for the engine's chat completion: built as a stream of one chunk
+        holding the whole answer would be, so streamed and plain answers never differ."""
+        choices = chat.get("choices") or [{}]
+        choice = choices[0] if isinstance(choices[0], dict) else {}
+        whole = {**choice, "index": 0, "delta": choice.get("message") or {}}
+        twin = Translation(
+            self._chat,
+            self.notes,
+            model=self._model,
+            stream=False,
+            thinking=self._thinking,
+            stops=self._stops,
+        )
+        twin._id = self._id
+        twin.stream_events({"choices": [whole], "usage": chat.get("usage")})
+        twin.stream_end()
+        return twin.assembled()
+
+    def stream_events(self, chunk: dict[str, Any]) -> list[bytes]:
+        """The SSE events for one engine chunk (the first also opens the message)."""
+        if self._done:
+            return []
+        if chunk.get("error"):
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            self._error = str(message or "the engine failed")
+            self._done = True
+            return [sse("error", error_body(500, self._error))]
+        if self._input_tokens is None and chunk.get("prompt_token_ids"):
+            self._input_tokens = len(chunk["prompt_token_ids"])
+        events = self._start()
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self._input_tokens = int(usage.get("prompt_tokens") or self._input_tokens or 0)
+            self._output_tokens = int(usage.get("completion_tokens") or 0)
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            self._token_count += len(choice.get("token_ids") or ())
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning:
+                if self._thinking:
+                    events += self._delta("thinking", str(reasoning))
+                else:
+                    self._drop_reasoning()
+            if delta.get("content"):
+                events += self._delta("text", str(delta["content"]))
+            for call in delta.get("tool_calls") or ():
+                self._hold(call)
+            if choice.get("finish_reason"):
+                self._finish = choice["finish_reason"]
+                self._stop_string = self._stop_string_of(choice)
+                events += self._flush_calls()
+        return events
+
+    def stream_end(self) -> list[bytes]:
+        """The closing events (a complete empty message when no chunk came); none after an
+        engine error, whose `error` event ended the stream."""
+        if self._done:
+            return []
+        events = self._start() + self._flush_calls() + self._close()
+        self._done = True
+        self._stop = self._stop_reason()
+        usage: dict[str, Any] = {"output_tokens": self._output_count()}
+        if self._input_tokens is not None:
+            usage["input_tokens"] = self._input_tokens
+        delta = {"stop_reason": self._stop, "stop_sequence": self._stop_string}
+        events.append(
+            sse("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
+        )
+        events.append(sse("message_stop", {"type": "message_stop"}))
+        return events
+
+    def assembled(self) -> dict[str, Any]:
+        """The streamed answer as one Messages answer (after an engine error: the error body,
+        which is what the harness got)."""
+        if self._error is not None:
+            return error_body(500, self._error)
+        return self._message(self._blocks, self._stop, self._output_count())
+
+    # ---- pieces ----
+
+    def _message(
+        self, blocks: list[dict[str, Any]], stop_reason: str | None, output_tokens: int
+    ) -> dict[str, Any]:
+        return {
+            "id": self._id,
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": blocks,
+            "stop_reason": stop_reason,
+            "stop_sequence": self._stop_string if stop_reason else None,
+            "usage": {
+                "input_tokens": self._input_tokens or 0,
+                "output_tokens": output_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+        }
+
+    def _stop_string_of(self, choice: dict[str, Any]) -> str | None:
+        """The stop sequence that ended the answer, when the engine says (vLLM's `stop_reason`)."""
+        matched = choice.get("stop_reason")
+        if choice.get("finish_reason") == "stop" and matched in self._stops:
+            return str(matched)
+        return None
+
+    def _stop_reason(self) -> str:
+        if self._finish == "length":
+            return "max_tokens"
+        if any(block["type"] == "tool_use" for block in self._blocks):
+            return "tool_use"
+        if self._stop_string is not None:
+            return "stop_sequence"
+        if self._finish == "abort":
+            self.notes.append("the engine aborted the answer; reported as end_turn")
+        return "end_turn"
+
+    def _drop_reasoning(self) -> None:
+        if not self._dropped_reasoning:
+            self._dropped_reasoning = True
+            self.notes.append("the model's reasoning dropped: the request did not enable thinking")
+
+    def _output_count(self) -> int:
+        return self._output_tokens if self._output_tokens is not None else self._token_count
+
+    def _start(self) -> list[bytes]:
+        if self._started:
+            return []
+        self._started = True
+        opening = self._message([], None, 0)
+        return [sse("message_start", {"type": "message_start", "message": opening})]
+
+    def _close(self) -> list[bytes]:
+        if self._open is None:
+            return []
+        self._open = None
+        index = len(self._blocks) - 1
+        return [sse("content_block_stop", {"type": "content_block_stop", "index": index})]
+
+    def _begin(self, block: dict[str, Any]) -> list[bytes]:
+        events = self._close()
+        self._blocks.append(block)
+        self._open = block["type"]
+        start = {"type": "content_block_start", "index": len(self._blocks) - 1}
+        events.append(sse("content_block_start", {**start, "content_block": dict(block)}))
+        return events
+
+    def _block_delta(self, delta: dict[str, Any]) -> bytes:
+        body = {"type": "content_block_delta", "index": len(self._blocks) - 1, "delta": delta}
+        return sse("content_block_delta", body)
+
+    def _delta(self, kind: str, text: str) -> list[bytes]:
+        """Text or thinking, appended to the open block of that kind (or a new one)."""
+        events: list[bytes] = []
+        if self._open != kind:
+            empty = {"type": "text", "text": ""}
+            if kind == "thinking":
+                empty = {"type": "thinking", "thinking": "", "signature": ""}
+            events += self._begin(empty)
+        self._blocks[-1][kind] += text
+        delta = {"type": f"{kind}_delta", kind: text}
+        events.append(self._block_delta(delta))
+        return events
+
+    def _hold(self, call: Any) -> None:
+        """A tool call's piece, held until the call is complete (see the module docstring)."""
+        if not isinstance(call, dict):
+            return
+        index = call.get("index")
+        if not _is_int(index):
+            index = len(self._calls)
+        held = self._calls.setdefault(index, {"id": None, "name": "", "pieces": []})
+        held["id"] = call.get("id") or held["id"]
+        function = call.get("function") or {}
+        held["name"] += str(function.get("name") or "")
+        arguments = function.get("arguments")
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        if arguments:
+            held["pieces"].append(str(arguments))
+
+    def _flush_calls(self) -> list[bytes]:
+        events: list[bytes] = []
+        for index in sorted(self._calls):
+            held = self._calls[index]
+            call_id = held["id"] or f"toolu_{uuid.uuid4().hex}"
+            arguments = "".join(held["pieces"])
+            parsed = _json_object(arguments)
+            if parsed is None:
+                self.notes.append(
+                    f"tool call {held['name']!r} ({call_id}): its arguments are not a JSON "
+                    "object; sent as text"
+                )
+                events += self._delta("text", arguments) + self._close()
+                continue
+            tool_use = {"type": "tool_use", "id": call_id, "name": held["name"], "input": {}}
+            events += self._begin(tool_use)
+            tool_use["input"] = parsed
+            for piece in held["pieces"]:
+                delta = {"type": "input_json_delta", "partial_json": piece}
+                events.append(self._block_delta(delta))
+            events += self._close()
+        self._calls.clear()
+        return events
+
+
+def _json_object(arguments: str) -> dict[str, Any] | None:
+    """The arguments as an object ({} for none); None when they are not a JSON object."""
+    if not arguments.strip():
+        return {}
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None

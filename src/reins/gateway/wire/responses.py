@@ -1,0 +1,728 @@
+"""The OpenAI Responses API (Codex, OpenCode, the Agents SDK) over the engine's chat completions.
+
+Pure: the harness's `POST /v1/responses` body in, the engine's chat request out; the engine's
+chat answer or stream chunks in, a `Response` object or the Responses SSE events out.
+
+Invariants and decisions:
+- Stateless. The gateway stores no responses: `previous_response_id`, `conversation`,
+  `background: true`, `prompt` (a stored template) and `item_reference` items are answered 400
+  with what to send instead (the whole input, `store: false`, as Codex and OpenCode do).
+- One chat message per input message: system and developer become `system`; content parts are
+  text only (images, files and audio are a 400: the engine serves text models) and are joined
+  with "\\n", as vLLM joins text parts. `instructions` is a leading system message. A
+  `function_call`/`custom_tool_call` joins the preceding assistant message's `tool_calls` (or
+  opens an assistant turn); its output becomes a `tool` message and must answer a call earlier in
+  the same input, so the next request maps a call id back to the same chat `tool_call_id`.
+  `reasoning` items are dropped with a note (the engine's template decides what earlier
+  reasoning the model sees).
+- Tool names. `function` tools keep their names. A `custom` (freeform) tool becomes a function
+  with one string parameter `input`; its grammar is described, not enforced. A function or custom
+  tool nested in a `namespace` tool is the chat function `{namespace}__{name}` (the separator of
+  Codex's own `mcp__server__tool` names); a call of it is reported as the openai-python types
+  define one (`ResponseFunctionToolCall` / `ResponseCustomToolCall`): `name` the nested tool's
+  name, `namespace` the namespace's. The map back is built from the request's own tools, and
+  two tools with one chat name are a 400, so the mapping is never ambiguous. Hosted tools
+  (web_search, file_search, mcp, ...) are dropped with a note.
+- Output items appear in the order their content arrived, one open at a time: text that came
+  before a tool call stays a message item ahead of the calls. Leading whitespace with no text
+  after it is no message (the space before a `<tool_call>`). Engine reasoning
+  (`reasoning_content`) becomes a `reasoning` item with `reasoning_text` content.
+- Streams: every event has `type` and a `sequence_number` counting from 0; `stream_end` closes
+  the open item and sends `response.completed` (or `response.incomplete` on length/abort); an
+  engine error chunk sends `response.failed` and nothing follows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from reins.gateway.wire import WireError, sse
+
+KIND = "responses"
+SEPARATOR = "__"
+"""Between a namespace's name and a nested tool's name in the chat function's name."""
+
+_ROLES = ("system", "developer", "user", "assistant")
+_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+_MEDIA_PARTS = ("input_image", "input_file", "input_audio")
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+_ERROR_TYPES[429] = "rate_limit_error"
+_IGNORED = {
+    "include": "`include` is ignored: no encrypted reasoning or extra fields are returned",
+    "top_logprobs": "`top_logprobs` is ignored",
+    "max_tool_calls": "`max_tool_calls` is not enforced",
+    "service_tier": "`service_tier` is ignored",
+    "stop": "`stop` is not a Responses API field; ignored",
+    "context_management": "`context_management` is ignored",
+}
+_STATEFUL = {
+    "previous_response_id": "this gateway does not store responses; send the whole "
+    "conversation in `input` with `store: false`",
+    "conversation": "this gateway stores no conversations; send the whole conversation in `input`",
+    "background": "this gateway stores no responses to poll; stream or wait for the answer",
+    "prompt": "stored prompt templates are not served; send the text in `instructions`/`input`",
+}
+_KNOWN = {
+    *_IGNORED,
+    *_STATEFUL,
+    *("model", "input", "instructions", "tools", "tool_choice", "max_output_tokens"),
+    *("temperature", "top_p", "parallel_tool_calls", "stream", "stream_options", "store"),
+    *("prompt_cache_key", "prompt_cache_retention", "client_metadata", "metadata", "user"),
+    *("safety_identifier", "truncation", "reasoning", "text"),
+}
+
+
+def error_body(
+    status: int, message: str, kind: str | None = None, *, param: str | None = None
+) -> dict[str, Any]:
+    """An error as the OpenAI API answers one: `{"error": {message, type, param, code}}`."""
+    kind = kind or _ERROR_TYPES.get(status, "server_error" if status >= 500 else None)
+    error = {"message": message, "type": kind or "invalid_request_error", "param": param}
+    return {"error": error | {"code": None}}
+
+
+@dataclass(frozen=True)
+class _Tool:
+    """What a chat function name stands for in the harness's tools."""
+
+    kind: Literal["function", "custom"]
+    name: str
+    namespace: str | None
+
+
+def translate(body: dict[str, Any]) -> Translation:
+    """The engine's chat request for a Responses body; WireError (400) for one it cannot serve."""
+    if not isinstance(body, dict):
+        raise WireError("the request body must be a JSON object")
+    for key, problem in _STATEFUL.items():
+        if body.get(key) not in (None, False):
+            raise _bad(key, f"`{key}` cannot be served: {problem}")
+    notes: list[str] = []
+    chat_tools, tools = _tools(body.get("tools"), notes)
+    choice, chat_tools = _tool_choice(body.get("tool_choice"), chat_tools, tools, notes)
+    stream = _get(body, "stream", bool, "true or false") or False
+    chat: dict[str, Any] = {"messages": _messages(body, notes), "stream": stream}
+    if stream:
+        chat["stream_options"] = {"include_usage": True}
+    if chat_tools:
+        chat["tools"] = chat_tools
+        if choice is not None:
+            chat["tool_choice"] = choice
+        if _get(body, "parallel_tool_calls", bool, "true or false") is not None:
+            chat["parallel_tool_calls"] = body["parallel_tool_calls"]
+    elif choice == "required":
+        raise _bad("tool_choice", "`tool_choice` is `required` but no tool this gateway serves")
+    limit = _get(body, "max_output_tokens", int, "a positive integer")
+    if limit is not None:
+        if limit < 1:
+            raise _bad("max_output_tokens", "`max_output_tokens` must be at least 1")
+        chat["max_tokens"] = limit
+    for key in ("temperature", "top_p"):
+        if _get(body, key, (int, float), "a number") is not None:
+            chat[key] = body[key]
+    _note_ignored(body, notes)
+    return Translation(chat, _echo(body), tools, notes, stream=stream)
+
+
+def _bad(param: str, message: str) -> WireError:
+    return WireError(message, param=param)
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _get(where: dict[str, Any], key: str, types: Any, what: str, path: str = "") -> Any:
+    """`where[key]` when it is of `types` (never a bool for numbers), None when absent or null."""
+    value = where.get(key)
+    if value is None:
+        return None
+    wants_bool = types is bool or (isinstance(types, tuple) and bool in types)
+    if not isinstance(value, types) or (isinstance(value, bool) and not wants_bool):
+        name = f"{path}.{key}" if path else key
+        raise _bad(name, f"`{name}` must be {what}, not {_show(value)}")
+    return value
+
+
+def _need(item: dict[str, Any], key: str, path: str) -> str:
+    value = _get(item, key, str, "a string", path)
+    if value is None:
+        raise _bad(f"{path}.{key}", f"`{path}` has no `{key}`; it is required")
+    return str(value)
+
+
+def _note_ignored(body: dict[str, Any], notes: list[str]) -> None:
+    notes.extend(note for key, note in _IGNORED.items() if body.get(key) not in (None, [], {}))
+    if body.get("store") is True:
+        notes.append("`store: true` is ignored: this gateway does not store responses")
+    if body.get("truncation") == "auto":
+        notes.append("`truncation: auto` is ignored: a prompt too long for the engine fails")
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict) and any(v is not None for v in reasoning.values()):
+        notes.append("`reasoning` settings are ignored: the model reasons as its template makes it")
+    text = body.get("text")
+    form = text.get("format") if isinstance(text, dict) else None
+    if isinstance(form, dict) and form.get("type") in ("json_schema", "json_object"):
+        notes.append(f"`text.format` {form['type']} is not enforced")
+    if isinstance(text, dict) and text.get("verbosity") is not None:
+        notes.append("`text.verbosity` is ignored")
+    unknown = sorted(key for key in body if key not in _KNOWN)
+    if unknown:
+        notes.append(f"unknown fields ignored: {', '.join(unknown)}")
+
+
+def _echo(body: dict[str, Any]) -> dict[str, Any]:
+    """The request's settings as a `Response` object repeats them."""
+    metadata = _get(body, "metadata", dict, "an object of strings")
+    if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
+        raise _bad("metadata", "`metadata` values must be strings")
+    echo = {
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "metadata": metadata or {},
+        "model": body["model"] if isinstance(body.get("model"), str) else "",
+        "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+        "previous_response_id": None,
+        "reasoning": body["reasoning"] if isinstance(body.get("reasoning"), dict) else None,
+        "temperature": body.get("temperature"),
+        "text": body["text"]
+        if isinstance(body.get("text"), dict)
+        else {"format": {"type": "text"}},
+        "tool_choice": body.get("tool_choice") or "auto",
+        "tools": body.get("tools") or [],
+        "top_p": body.get("top_p"),
+        "truncation": "auto" if body.get("truncation") == "auto" else "disabled",
+        "background": False,
+    }
+    for key in ("user", "prompt_cache_key", "safety_identifier"):
+        if isinstance(body.get(key), str):
+            echo[key] = body[key]
+    return echo
+
+
+# --- tools -------------------------------------------------------------------------------------
+
+
+def _tools(raw: Any, notes: list[str]) -> tuple[list[dict[str, Any]], dict[str, _Tool]]:
+    """The chat functions, and what each chat function name stands for."""
+    if raw is None:
+        return [], {}
+    if not isinstance(raw, list):
+        raise _bad("tools", f"`tools` must be a list, not {_show(raw)}")
+    chat: list[dict[str, Any]] = []
+    tools: dict[str, _Tool] = {}
+    for index, tool in enumerate(raw):
+        path = f"tools[{index}]"
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind in ("function", "custom"):
+            chat.append(_chat_tool(tool, None, "", path, tools, notes))
+        elif kind == "namespace":
+            namespace = _need(tool, "name", path)
+            about = _get(tool, "description", str, "a string", path) or ""
+            nested = tool.get("tools")
+            if not isinstance(nested, list):
+                raise _bad(f"{path}.tools", f"`{path}.tools` must be a list of tools")
+            for position, inner in enumerate(nested):
+                where = f"{path}.tools[{position}]"
+                if not isinstance(inner, dict) or inner.get("type") not in ("function", "custom"):
+                    raise _bad(where, f"`{where}` must be a function or custom tool")
+                chat.append(_chat_tool(inner, namespace, about, where, tools, notes))
+        elif isinstance(kind, str):
+            notes.append(f"hosted tool `{kind}` ({path}) dropped: the engine serves functions")
+        else:
+            raise _bad(path, f"`{path}` must be a tool object with a `type`, not {_show(tool)}")
+    return chat, tools
+
+
+def _chat_tool(
+    tool: dict[str, Any],
+    namespace: str | None,
+    about: str,
+    path: str,
+    tools: dict[str, _Tool],
+    notes: list[str],
+) -> dict[str, Any]:
+    kind: Literal["function", "custom"] = "custom" if tool.get("type") == "custom" else "function"
+    name = _need(tool, "name", path)
+    chat_name = name if namespace is None else f"{namespace}{SEPARATOR}{name}"
+    if chat_name in tools:
+        raise _bad(f"{path}.name", f"`{path}`: two tools are named `{chat_name}`; rename one")
+    tools[chat_name] = _Tool(kind, name, namespace)
+    description = _get(tool, "description", str, "a string", path) or ""
+    function: dict[str, Any] = {"name": chat_name}
+    if about or description:
+        function["description"] = "\n\n".join(text for text in (about, description) if text)
+    if kind == "function":
+        parameters = _get(tool, "parameters", dict, "a JSON schema object", path)
+        function["parameters"] = parameters or {"type": "object", "properties": {}}
+    else:
+        function["parameters"] = {
+            "type": "object",
+            "properties": {"input": {"type": "string", "description": _custom_input(tool, notes)}},
+            "required": ["input"],
+            "additionalProperties": False,
+        }
+    return {"type": "function", "function": function}
+
+
+def _custom_input(tool: dict[str, Any], notes: list[str]) -> str:
+    """The `input` parameter's description: free text, or the grammar it must follow."""
+    form = tool.get("format")
+    definition = form.get("definition") if isinstance(form, dict) else None
+    if isinstance(form, dict) and form.get("type") == "grammar" and isinstance(definition, str):
+        notes.append(f"custom tool `{tool['name']}`: its grammar is described, not enforced")
+        return f"The input, in this {form.get('syntax')} grammar:\n{definition}"
+    return "The input, as free text."
+
+
+def _tool_choice(
+    raw: Any, chat: list[dict[str, Any]], tools: dict[str, _Tool], notes: list[str]
+) -> tuple[Any, list[dict[str, Any]]]:
+    """The chat `tool_choice`, and the chat tools left (`allowed_tools` narrows them)."""
+    if raw is None or raw in ("auto", "none", "required"):
+        return raw, chat
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind in ("function", "custom"):
+        name = _need(raw, "name", "tool_choice")
+        namespace = _get(raw, "namespace", str, "a string", "tool_choice")
+        return {"type": "function", "function": {"name": _resolve(name, namespace, tools)}}, chat
+    if kind == "allowed_tools":
+        mode, listed = raw.get("mode"), raw.get("tools")
+        if mode not in ("auto", "required") or not isinstance(listed, list):
+            raise _bad("tool_choice", "allowed_tools needs `mode` auto or required and `tools`")
+        allowed = {
+            _resolve(entry["name"], entry.get("namespace"), tools, strict=False)
+            for entry in listed
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str)
+        }
+        notes.append("`tool_choice` allowed_tools: the engine is given only the allowed tools")
+        return mode, [tool for tool in chat if tool["function"]["name"] in allowed]
+    if isinstance(raw, dict):
+        raise _bad("tool_choice", f"`tool_choice` forces {_show(kind)}, a tool not served here")
+    raise _bad("tool_choice", "`tool_choice` must be auto, none, required or an object")
+
+
+def _resolve(name: str, namespace: Any, tools: dict[str, _Tool], *, strict: bool = True) -> str:
+    """The chat function name of a tool the harness names (with or without its namespace)."""
+    if isinstance(namespace, str) and f"{namespace}{SEPARATOR}{name}" in tools:
+        return f"{namespace}{SEPARATOR}{name}"
+    nested = [key for key, tool in tools.items() if tool.name == name]
+    if name in tools or len(nested) != 1:
+        if strict and name not in tools:
+            raise _bad(
+                "tool_choice", f"`tool_choice` names `{name}`, not a function or custom tool"
+            )
+        return name
+    return nested[0]
+
+
+# --- input -------------------------------------------------------------------------------------
+
+
+def _messages(body: dict[str, Any], notes: list[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if _get(body, "instructions", str, "a string"):
+        out.append({"role": "system", "content": body["instructions"]})
+    raw = body.get("input")
+    if isinstance(raw, str):
+        out.append({"role": "user", "content": raw})
+    elif isinstance(raw, list):
+        out.extend(_history(raw, notes))
+    elif raw is not None:
+        raise _bad("input", f"`input` must be a string or a list of items, not {_show(raw)}")
+    if not out:
+        raise _bad("input", "`input` is required: a string or a list of items")
+    return out
+
+
+def _history(items: list[Any], notes: list[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    called: set[str] = set()
+    dropped = 0
+    for index, item in enumerate(items):
+        path = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise _bad(path, f"`{path}` must be an object, not {_show(item)}")
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            out.append(_message(item, path))
+        elif kind in ("function_call", "custom_tool_call"):
+            call = _call(item, path)
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            called.add(call["id"])
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            call_id = _need(item, "call_id", path)
+            if call_id not in called:
+                raise _bad(
+                    f"{path}.call_id",
+                    f"`{path}` answers the call `{call_id}`, but no function_call or "
+                    "custom_tool_call before it in `input` has that call_id; this gateway "
+                    "stores no responses, so send the whole history",
+                )
+            output = item.get("output")
+            content = _text("" if output is None else output, f"{path}.output")
+            out.append({"role": "tool", "tool_call_id": call_id, "content": content})
+        elif kind == "reasoning":
+            dropped += 1
+        elif kind == "item_reference":
+            raise _bad(path, f"`{path}` is an item_reference: no items are stored; send the item")
+        else:
+            raise _bad(
+                f"{path}.type",
+                f"`{path}` has the type {_show(kind)}, which this gateway cannot serve: it "
+                "serves messages, function and custom tool calls and their outputs",
+            )
+    if dropped:
+        notes.append(f"{dropped} reasoning item(s) in `input` dropped")
+    return out
+
+
+def _call(item: dict[str, Any], path: str) -> dict[str, Any]:
+    """A chat tool call from a `function_call` or `custom_tool_call` item."""
+    call_id, name = _need(item, "call_id", path), _need(item, "name", path)
+    namespace = _get(item, "namespace", str, "a string", path)
+    if item.get("type") == "function_call":
+        arguments = _need(item, "arguments", path)
+    else:
+        arguments = json.dumps({"input": _need(item, "input", path)})
+    chat_name = name if namespace is None else f"{namespace}{SEPARATOR}{name}"
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": chat_name, "arguments": arguments},
+    }
+
+
+def _message(item: dict[str, Any], path: str) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in _ROLES:
+        raise _bad(f"{path}.role", f"`{path}.role` must be one of {_ROLES}, not {_show(role)}")
+    if item.get("content") is None:
+        raise _bad(f"{path}.content", f"`{path}` has no `content`")
+    chat_role = "system" if role in ("system", "developer") else role
+    return {"role": chat_role, "content": _text(item["content"], f"{path}.content")}
+
+
+def _text(content: Any, path: str) -> str:
+    """A string, or text parts joined with "\\n"; anything but text is a 400."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(path, f"`{path}` must be a string or a list of parts, not {_show(content)}")
+    texts = []
+    for index, part in enumerate(content):
+        where = f"{path}[{index}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS or kind == "refusal":
+            texts.append(_need(part, "refusal" if kind == "refusal" else "text", where))
+        elif kind in _MEDIA_PARTS:
+            raise _bad(where, f"`{where}` is {kind}: this engine serves text models; send text")
+        else:
+            raise _bad(where, f"`{where}` must be an input_text or output_text part")
+    return "\n".join(texts)
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+@dataclass
+class _Item:
+    """One output item: its text (message, reasoning, function arguments) and call fields."""
+
+    kind: Literal["message", "reasoning", "function_call", "custom_tool_call"]
+    id: str
+    index: int = 0
+    text: str = ""
+    call_id: str = ""
+    name: str = ""
+    namespace: str | None = None
+    status: str = "in_progress"
+    raw: str = ""
+    """A custom call's chat arguments, `{"input": ...}`, as they arrive."""
+
+    def body(self, final: bool = True) -> dict[str, Any]:
+        """The item as the API shows it: whole, or empty as `output_item.added` opens it."""
+        text = self.text if final else ""
+        head: dict[str, Any] = {"type": self.kind, "id": self.id}
+        if self.kind == "message":
+            parts = [_output_text(text)] if final else []
+            return head | {"role": "assistant", "status": self.status, "content": parts}
+        if self.kind == "reasoning":
+            parts = [{"type": "reasoning_text", "text": text}] if final else []
+            return head | {"summary": [], "content": parts, "status": self.status}
+        head |= {"call_id": self.call_id, "name": self.name}
+        if self.kind == "function_call":
+            head |= {"arguments": text, "status": self.status}
+        else:
+            head["input"] = text
+        return head | ({"namespace": self.namespace} if self.namespace is not None else {})
+
+
+def _usage(usage: Any) -> dict[str, Any]:
+    """Responses usage from chat usage (0 for what the engine did not count)."""
+    usage = usage if isinstance(usage, dict) else {}
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    counts = (usage.get("prompt_tokens"), usage.get("completion_tokens"), cached)
+    prompt, output, cached = (n if isinstance(n, int) else 0 for n in counts)
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + output,
+    }
+
+
+class Translation:
+    """One Responses request: its chat request; then its answer, or its events, from the engine's.
+
+    Single use: `answer` once, or `stream_events` per chunk then `stream_end` once.
+    """
+
+    def __init__(
+        self,
+        chat: dict[str, Any],
+        echo: dict[str, Any],
+        tools: dict[str, _Tool],
+        notes: list[str],
+        *,
+        stream: bool,
+    ) -> None:
+        self.notes = notes
+        """What was dropped or ignored, for the record."""
+        self.stream = stream
+        """Whether the harness asked for a stream."""
+        self._chat, self._echo, self._tools = chat, echo, tools
+        self._id, self._created = _new_id("resp"), int(time.time())
+        self._items: list[_Item] = []
+        self._open: _Item | None = None
+        self._calls: dict[int, _Item] = {}  # the engine's tool-call index -> its item
+        self._pending = ""  # whitespace that may yet start a message
+        self._events: list[bytes] = []
+        self._sequence = 0
+        self._started = False
+        self._finish_reason: Any = None
+        self._usage: Any = None
+        self._final: dict[str, Any] | None = None
+
+    def chat_request(self) -> dict[str, Any]:
+        """The engine's chat-completions body (without `model`: the proxy sets it)."""
+        return dict(self._chat)
+
+    def answer(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """The `Response` object for the engine's (non-streamed) chat completion."""
+        self._started = True  # one object, no events: the opening events are not made
+        if chat.get("error") is not None:
+            self._fail(chat["error"])
+        else:
+            choices = chat.get("choices")
+            choice = choices[0] if isinstance(choices, list) and choices else None
+            choice = choice if isinstance(choice, dict) else {}
+            message = choice.get("message")
+            self._feed(message if isinstance(message, dict) else {})
+            self._finish_reason, self._usage = choice.get("finish_reason"), chat.get("usage")
+            self._finish()
+        self._events.clear()
+        return self.assembled()
+
+    def stream_events(self, chunk: dict[str, Any]) -> list[bytes]:
+        """The SSE events for one engine chunk (the first call also opens the response)."""
+        if self._final is not None:
+            return []
+        self._start()
+        if chunk.get("error") is not None:
+            self._fail(chunk["error"])
+        if chunk.get("usage"):
+            self._usage = chunk["usage"]
+        choices = chunk.get("choices") if self._final is None else None
+        for choice in choices if isinstance(choices, list) else ():
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                delta = choice.get("delta")
+                self._feed(delta if isinstance(delta, dict) else {})
+                self._finish_reason = choice.get("finish_reason") or self._finish_reason
+        return self._take()
+
+    def stream_end(self) -> list[bytes]:
+        """The closing events: the open item's `.done` events, then `response.completed`."""
+        if self._final is not None:
+            return []
+        self._start()
+        self._finish()
+        return self._take()
+
+    def assembled(self) -> dict[str, Any]:
+        """The whole `Response` as the harness received it (after `stream_end` or `answer`)."""
+        return self._final if self._final is not None else self._response("in_progress")
+
+    # --- building the output, item by item, with its events ---
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        data = {"type": kind, **fields, "sequence_number": self._sequence}
+        self._events.append(sse(kind, data))
+        self._sequence += 1
+
+    def _take(self) -> list[bytes]:
+        events, self._events = self._events, []
+        return events
+
+    def _start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._emit("response.created", response=self._response("in_progress"))
+            self._emit("response.in_progress", response=self._response("in_progress"))
+
+    def _feed(self, delta: dict[str, Any]) -> None:
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            self._text("reasoning", reasoning)
+        if isinstance(delta.get("content"), str) and delta["content"]:
+            self._text("message", delta["content"])
+        calls = delta.get("tool_calls")
+        for position, call in enumerate(calls if isinstance(calls, list) else ()):
+            if isinstance(call, dict):
+                index = call.get("index")
+                self._call(index if isinstance(index, int) else position, call)
+
+    def _text(self, kind: Literal["message", "reasoning"], piece: str) -> None:
+        if self._open is None or self._open.kind != kind:
+            if kind == "message" and not (self._pending + piece).strip():
+                self._pending += piece  # no message item for whitespace alone
+                return
+            self._add(_Item(kind, _new_id("msg" if kind == "message" else "rs")))
+            part = _output_text("") if kind == "message" else {"type": "reasoning_text", "text": ""}
+            self._emit("response.content_part.added", **self._where(), content_index=0, part=part)
+        if kind == "message":
+            piece, self._pending = self._pending + piece, ""
+        assert self._open is not None
+        self._open.text += piece
+        extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
+        name = "output_text" if kind == "message" else "reasoning_text"
+        self._emit(f"response.{name}.delta", **self._where(), content_index=0, delta=piece, **extra)
+
+    def _call(self, index: int, call: dict[str, Any]) -> None:
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        item = self._calls.get(index)
+        if item is None:
+            name = function.get("name")
+            name = name if isinstance(name, str) else ""
+            tool = self._tools.get(name)
+            custom = tool is not None and tool.kind == "custom"
+            call_id = call.get("id")
+            item = _Item(
+                "custom_tool_call" if custom else "function_call",
+                _new_id("ctc" if custom else "fc"),
+                call_id=call_id if isinstance(call_id, str) and call_id else _new_id("call"),
+                name=tool.name if tool else name,
+                namespace=tool.namespace if tool else None,
+            )
+            self._pending = ""
+            self._calls[index] = self._add(item)
+        piece = function.get("arguments")
+        if item is not self._open or not isinstance(piece, str) or not piece:
+            return
+        if item.kind == "custom_tool_call":
+            item.raw += piece  # sent whole at the end, once its `input` can be read
+        else:
+            item.text += piece
+            self._emit("response.function_call_arguments.delta", **self._where(), delta=piece)
+
+    def _where(self) -> dict[str, Any]:
+        assert self._open is not None
+        return {"item_id": self._open.id, "output_index": self._open.index}
+
+    def _add(self, item: _Item) -> _Item:
+        self._close()
+        item.index = len(self._items)
+        self._items.append(item)
+        self._open = item
+        self._emit("response.output_item.added", output_index=item.index, item=item.body(False))
+        return item
+
+    def _close(self, status: str = "completed") -> None:
+        item = self._open
+        if item is None:
+            return
+        item.status = status
+        where = self._where()
+        if item.kind == "message":
+            text = item.text
+            self._emit(
+                "response.output_text.done", **where, content_index=0, text=text, logprobs=[]
+            )
+            part = _output_text(text)
+            self._emit("response.content_part.done", **where, content_index=0, part=part)
+        elif item.kind == "reasoning":
+            self._emit("response.reasoning_text.done", **where, content_index=0, text=item.text)
+            part = {"type": "reasoning_text", "text": item.text}
+            self._emit("response.content_part.done", **where, content_index=0, part=part)
+        elif item.kind == "function_call":
+            self._emit("response.function_call_arguments.done", **where, arguments=item.text)
+        else:
+            item.text = self._custom_input(item)
+            if item.text:
+                self._emit("response.custom_tool_call_input.delta", **where, delta=item.text)
+            self._emit("response.custom_tool_call_input.done", **where, input=item.text)
+        self._emit("response.output_item.done", output_index=item.index, item=item.body())
+        self._open = None
+
+    def _custom_input(self, item: _Item) -> str:
+        try:
+            parsed = json.loads(item.raw)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and isinstance(parsed.get("input"), str):
+            return str(parsed["input"])
+        if item.raw:
+            self.notes.append(f'custom tool call `{item.name}`: arguments not {{"input": ...}}')
+        return item.raw
+
+    def _finish(self) -> None:
+        incomplete = self._finish_reason in ("length", "abort")
+        if self._finish_reason == "abort":
+            self.notes.append("the engine aborted the generation; answered as incomplete")
+        self._close("incomplete" if incomplete else "completed")
+        status = "incomplete" if incomplete else "completed"
+        self._final = self._response(status)
+        self._emit(f"response.{status}", response=self._final)
+
+    def _fail(self, error: Any) -> None:
+        message = error.get("message") if isinstance(error, dict) else error
+        if self._open is not None:
+            self._open.status, self._open = "incomplete", None
+        self._final = self._response("failed")
+        self._final["error"] = {"code": "server_error", "message": str(message or "engine error")}
+        self._emit("response.failed", response=self._final)
+
+    def _response(self, status: str) -> dict[str, Any]:
+        done = status != "in_progress"
+        reason = "max_output_tokens" if self._finish_reason == "length" else None
+        return {
+            "id": self._id,
+            "object": "response",
+            "created_at": self._created,
+            "status": status,
+            "error": None,
+            "incomplete_details": {"reason": reason} if status == "incomplete" else None,
+            **self._echo,
+            "output": [item.body() for item in self._items] if done else [],
+            "usage": _usage(self._usage) if done else None,
+            **({"completed_at": int(time.time())} if status == "completed" else {}),
+        }

@@ -1,0 +1,89 @@
+"""A scoped token stops working when its attempt closes: once the attempt is superseded by a retry
+or its rollout is terminal, the harness's event posts get a 409 that says why, and nothing is
+stored. The admin key may still annotate any attempt (docs/gateway.md, "Attempts")."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import Gateway
+
+EVENTS = "/api/rollouts/r/attempt/1/events"
+REWARD = {"type": "reward", "data": {"value": 1.0}, "idempotency_key": "reward-1"}
+
+
+def _start(gateway: Gateway) -> str:
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    return str(gateway.http.post("/api/rollouts/r/attempts").json()["token"])
+
+
+def _events(gateway: Gateway, attempt_id: int = 1) -> list[dict[str, object]]:
+    response = gateway.http.get(f"/api/rollouts/r/events?attempt_id={attempt_id}")
+    assert response.status_code == 200, response.text
+    return list(response.json())
+
+
+def test_an_open_attempt_takes_its_harness_events(gateway: Gateway) -> None:
+    token = _start(gateway)
+    assert gateway.client(token).post(EVENTS, json=REWARD).status_code == 200
+    assert [e["type"] for e in _events(gateway)] == ["reward"]
+
+
+@pytest.mark.parametrize("state", ["succeeded", "failed"])
+def test_a_terminal_rollout_refuses_its_harness_events_with_409(
+    gateway: Gateway, state: str
+) -> None:
+    token = _start(gateway)
+    gateway.http.patch("/api/rollouts/r", json={"status": {"state": state}})
+    response = gateway.client(token).post(EVENTS, json=REWARD)
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert f"rollout r is {state}" in error
+    assert "accepts no more events or calls from its harness" in error
+    assert _events(gateway) == []
+
+
+def test_a_superseded_attempt_refuses_its_harness_events_with_409(gateway: Gateway) -> None:
+    token = _start(gateway)
+    gateway.http.post("/api/rollouts/r/attempts", json={"reason": "agent timed out"})
+    response = gateway.client(token).post(EVENTS, json=[REWARD, {"type": "log"}])
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert "attempt 1 of rollout r was superseded by attempt 2" in error
+    assert "agent timed out" in error
+    assert _events(gateway, 1) == []
+    assert _events(gateway, 2) == []
+
+
+def test_a_retried_post_of_a_stored_event_is_still_acknowledged(gateway: Gateway) -> None:
+    """Idempotency wins: a harness whose ack was lost, retrying after its attempt closed, gets
+    the stored event's ack, not a 409 for an event the gateway already has."""
+    token = _start(gateway)
+    first = gateway.client(token).post(EVENTS, json=REWARD)
+    assert first.status_code == 200
+    gateway.http.patch("/api/rollouts/r", json={"status": {"state": "succeeded"}})
+    again = gateway.client(token).post(EVENTS, json=REWARD)
+    assert again.status_code == 200
+    assert again.json()["seq"] == first.json()["seq"]
+    changed = gateway.client(token).post(EVENTS, json={**REWARD, "idempotency_key": "reward-2"})
+    assert changed.status_code == 409
+    assert len(_events(gateway)) == 1
+
+
+def test_the_admin_key_may_still_annotate_a_closed_attempt(gateway: Gateway) -> None:
+    _start(gateway)
+    gateway.http.post("/api/rollouts/r/attempts")
+    gateway.http.patch("/api/rollouts/r", json={"status": {"state": "succeeded"}})
+    for attempt_id in (1, 2):
+        response = gateway.http.post(
+            f"/api/rollouts/r/attempt/{attempt_id}/events",
+            json={"type": "annotation", "data": {"note": "reviewed"}},
+        )
+        assert response.status_code == 200, response.text
+        assert [e["type"] for e in _events(gateway, attempt_id)] == ["annotation"]
+
+
+def test_an_unknown_attempt_is_still_404(gateway: Gateway) -> None:
+    _start(gateway)
+    response = gateway.http.post("/api/rollouts/r/attempt/5/events", json={"type": "x"})
+    assert response.status_code == 404

@@ -1,0 +1,215 @@
+"""The proxy under the gateway's rules (issue #19): a closed attempt makes no more calls (409), a
+request body or an engine answer that JSON cannot carry never reaches the store (a clean 4xx,
+or a 502 recorded as a failed call), and an engine that answers a stream with something that is
+not a stream is a recorded failure, not a silent pass-through."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Gateway
+from tests.stub_engine import StubEngine, encode
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def token(gateway: Gateway, stub: StubEngine) -> str:
+    gateway.http.post("/api/models", json={"model": "policy", "endpoint": stub.base_url})
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    return str(gateway.http.post("/api/rollouts/r/attempts").json()["token"])
+
+
+def chat_url(gateway: Gateway, attempt: int = 1) -> str:
+    return f"{gateway.url}/proxy/rollout/r/attempt/{attempt}/mode/train/openai/v1/chat/completions"
+
+
+def calls(gateway: Gateway, attempt: int = 1) -> list[dict[str, Any]]:
+    response = gateway.http.get(
+        "/api/rollouts/r/events", params={"attempt_id": attempt, "type": "model_request"}
+    )
+    assert response.status_code == 200, response.text
+    return [event["data"] for event in response.json()]
+
+
+def assert_still_readable(gateway: Gateway) -> None:
+    for path in ("/api/rollouts?status=running", "/api/rollouts/r", "/ui", "/ui/rows"):
+        response = gateway.http.get(path)
+        assert response.status_code == 200, (path, response.text[:300])
+    assert gateway.http.get("/ui/rollouts/r").status_code == 200
+
+
+def post(gateway: Gateway, key: str, body: bytes | dict[str, Any], attempt: int = 1) -> Any:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(
+        chat_url(gateway, attempt),
+        content=content,
+        headers={"Authorization": f"Bearer {key}", "content-type": "application/json"},
+        timeout=30,
+    )
+
+
+# -- closed attempts --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", ["succeeded", "failed"])
+@pytest.mark.parametrize("caller", ["token", "admin"])
+def test_a_call_for_a_terminal_rollout_is_409(
+    gateway: Gateway, token: str, state: str, caller: str
+) -> None:
+    gateway.http.patch("/api/rollouts/r", json={"status": {"state": state}})
+    response = post(
+        gateway, token if caller == "token" else gateway.api_key, {"messages": MESSAGES}
+    )
+    assert response.status_code == 409, response.text
+    assert f"rollout r is {state}" in response.json()["error"]["message"]
+    assert calls(gateway) == []
+
+
+def test_a_call_on_a_superseded_attempt_is_409(gateway: Gateway, token: str) -> None:
+    gateway.http.post("/api/rollouts/r/attempts", json={"reason": "agent crashed"})
+    response = post(gateway, token, {"messages": MESSAGES})
+    assert response.status_code == 409, response.text
+    message = response.json()["error"]["message"]
+    assert "attempt 1 of rollout r was superseded by attempt 2" in message
+    assert calls(gateway, 1) == [] and calls(gateway, 2) == []
+
+
+def test_an_open_attempt_still_calls(gateway: Gateway, token: str) -> None:
+    assert post(gateway, token, {"messages": MESSAGES}).status_code == 200
+    assert len(calls(gateway)) == 1
+
+
+# -- request bodies ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "temperature"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "top_p": 1e400}', "top_p"),
+        (b'{"messages": [{"role": "user", "content": "a\\ud800"}]}', "messages.0.content"),
+        (
+            b'{"messages": [{"role": "user", "content": "hi"}], "x": '
+            + b"[" * 10_000
+            + b"]" * 10_000
+            + b"}",
+            "body",
+        ),
+    ],
+    ids=["nan", "overflow", "surrogate", "deep"],
+)
+def test_a_body_json_cannot_carry_is_a_clean_400_naming_the_field(
+    gateway: Gateway, token: str, raw: bytes, field: str
+) -> None:
+    response = post(gateway, token, raw)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert field in error["message"]
+    assert error["type"] in ("invalid_request_error", "invalid_json")
+    assert_still_readable(gateway)
+
+
+# -- engine answers ---------------------------------------------------------------------------
+
+
+def _completion(logprob: str, content: str = '"hi"') -> str:
+    """A chat completion as an engine would send it, with one raw logprob and content text."""
+    tokens = encode("hi")
+    return (
+        '{"id": "c", "object": "chat.completion", "created": 0, "model": "policy",'
+        ' "prompt_token_ids": [1, 2, 3],'
+        ' "choices": [{"index": 0, "finish_reason": "stop", "token_ids": ' + json.dumps(tokens)
+        + ', "message": {"role": "assistant", "content": ' + content + "},"
+        ' "logprobs": {"content": [{"token": "h", "logprob": -0.5}, {"token": "i", "logprob": '
+        + logprob + "}]}}],"
+        ' "usage": {"prompt_tokens": 3, "completion_tokens": 2}}'
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (_completion("NaN"), "choices.0.logprobs.content.1.logprob"),
+        (_completion("-Infinity"), "choices.0.logprobs.content.1.logprob"),
+        (_completion("-1e400"), "choices.0.logprobs.content.1.logprob"),
+        (_completion("-0.1", '"h\\udc00"'), "choices.0.message.content"),
+    ],
+    ids=["nan", "infinity", "overflow", "surrogate"],
+)
+def test_an_engine_answer_json_cannot_carry_is_a_recorded_502(
+    gateway: Gateway, token: str, raw: str, field: str
+) -> None:
+    assert json.loads(_completion("-0.1"))  # the same answer with a finite logprob is JSON
+    response = post(gateway, token, {"messages": MESSAGES, "stub_raw": raw})
+    assert response.status_code == 502, response.text
+    assert field in response.json()["error"]["message"]
+    (call,) = calls(gateway)
+    assert call["status"] == 502
+    assert field in call["error"]
+    assert not call["response_token_ids"] and call["response_logprobs"] in (None, [])
+    assert_still_readable(gateway)
+
+
+def test_a_stream_answered_without_sse_is_a_recorded_failure(gateway: Gateway, token: str) -> None:
+    response = post(
+        gateway, token, {"messages": MESSAGES, "stream": True, "stub_raw": "not a stream"}
+    )
+    assert response.status_code == 502, response.text
+    assert "not a stream" in response.text or "event-stream" in response.text
+    (call,) = calls(gateway)
+    assert call["status"] == 502
+    assert call["error"]
+
+
+def _sse_engine(chunks: list[str]) -> Any:
+    """An engine whose chat stream is these `data:` payloads, as raw text (NaN included)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    from reins.serving import BackgroundServer
+
+    async def chat(_: Request) -> StreamingResponse:
+        async def lines() -> Any:
+            for chunk in chunks:
+                yield f"data: {chunk}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(lines(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    return BackgroundServer(app).start()
+
+
+def test_a_streamed_chunk_json_cannot_carry_ends_the_stream_as_a_recorded_failure(
+    gateway: Gateway,
+) -> None:
+    logprobs = {"content": [{"token": "h", "logprob": -0.5}]}
+    delta = {"role": "assistant", "content": "h"}
+    first = {
+        "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+        "prompt_token_ids": [1, 2],
+        "choices": [{"index": 0, "delta": delta, "token_ids": [104], "logprobs": logprobs}],
+    }  # fmt: skip
+    bad = json.dumps(first).replace("-0.5", "NaN").replace('"h"', '"i"')
+    engine = _sse_engine([json.dumps(first), bad])
+    try:
+        gateway.http.post("/api/models", json={"model": "m", "endpoint": f"{engine.url}/v1"})
+        gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+        token = gateway.http.post("/api/rollouts/r/attempts").json()["token"]
+        response = post(gateway, token, {"messages": MESSAGES, "stream": True})
+    finally:
+        engine.stop()
+    assert response.status_code == 200  # the stream had started
+    assert "choices.0.logprobs.content.0.logprob" in response.text
+    assert "NaN" not in response.text.replace("NaN, Infinity", "")
+    (call,) = calls(gateway)
+    assert call["status"] == 502
+    assert "choices.0.logprobs.content.0.logprob" in call["error"]
+    assert_still_readable(gateway)

@@ -1,0 +1,500 @@
+"""Shared by the coding-agent CLI tests (Claude Code, Codex CLI, OpenCode): a greedy gateway, the
+CLIs' homes and few-shot sessions, a loopback-only runner, and the checks on what was recorded.
+
+- **Gateway.** The session's embedded engine behind a gateway of its own whose `val` mode samples
+  greedily (`temperature` 0, and at most `MAX_TOKENS` per call unless the CLI asks for fewer):
+  every run is deterministic, and short.
+- **Steering tool calls.** A 135M model does not call a tool on a CLI's system prompt alone, nor
+  on instructions or examples written into it (tried: it echoes the prompt). It does copy a
+  pattern of earlier turns: each CLI resumes a session written here, three turns in which the
+  user asked "List the files." and the assistant ran `ls` through the CLI's own shell tool, saw
+  the listing and answered "Done.". The session files are the CLIs' own formats (a Claude Code
+  transcript, a Codex rollout, an OpenCode export imported with `opencode import`); each CLI
+  sends the whole history with the new prompt, and the engine's own greedy answer is the tool
+  call. Nothing on the engine or gateway side is scripted.
+- **Offline.** Every CLI runs in a network namespace of its own (`netns.py`): only the gateway's
+  port is reachable, and any DNS lookup or connection to ports 80/443 is logged; the tests assert
+  there were none. Where namespaces are not allowed, runs go unisolated, kept offline only by the
+  switches of `reins.agent.cli_home_env`, and the lookups are not checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import string
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from reins.agent import CLI_VERSIONS, AgentContext, cli_home_env
+from reins.engine.chat import parse_tool_calls
+from reins.gateway import GatewaySettings
+from reins.gateway.capture import SamplingPolicy
+from tests.conftest import ADMIN_KEY, serve
+from tests.embedded_support import ServedEngine
+from tests.harness import netns
+from tests.required import missing
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI_BIN = Path(os.environ.get("REINS_CLI_HARNESSES", ROOT / ".cache" / "cli-harnesses"))
+CLI_BIN = CLI_BIN / "node_modules" / ".bin"
+RUN_LIMIT_S = float(os.environ.get("REINS_CLI_RUN_LIMIT_S", "900"))
+"""The time limit of one CLI run: a tool turn is two engine calls of 1-2k-token prompts, a few
+seconds each on two idle cores, minutes when the cores are shared."""
+MAX_TOKENS = 48
+"""Most tokens one answer may have (`val` mode's cap): a tool call takes about 25."""
+
+FEW_SHOT_PROMPT = "List the files."
+FEW_SHOT_LISTINGS = ("notes.txt", "notes.txt\ntodo.txt", "notes.txt\ntodo.txt\nplan.md")
+FEW_SHOT_ANSWER = "Done."
+TOOL_PROMPT = FEW_SHOT_PROMPT
+"""The prompt of the tool turns: the few-shot history's own question."""
+TEXT_PROMPT = "Say hello."
+
+
+def cli(name: str) -> Path:
+    """The installed CLI `name` (claude, codex, opencode), or a skip (a failure under CI)."""
+    path = CLI_BIN / name
+    if not path.exists():
+        missing(f"{path} is missing: `make cli-harnesses` installs the coding-agent CLIs")
+    return path
+
+
+# --- the gateway and the rollouts --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One model answer: its text and its tool calls as (name, parsed arguments)."""
+
+    text: str
+    tool_calls: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass
+class CliRollout:
+    """A `val` rollout attempt on the CLI gateway and the agent context a CLI runs with."""
+
+    context: AgentContext
+    engine: ServedEngine
+    port: int
+
+    @property
+    def model(self) -> str:
+        return self.engine.name
+
+    def calls(self) -> list[dict[str, Any]]:
+        """The `model_request` events' data, in call order."""
+        response = httpx.get(
+            f"{self.context.gateway_url}/api/rollouts/{self.context.rollout_id}/events",
+            params={"type": "model_request"},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=30,
+        )
+        response.raise_for_status()
+        return [event["data"] for event in response.json()]
+
+    def checked_calls(self, kind: str) -> list[Answer]:
+        """Every call was recorded as `kind`, succeeded, and has its tokens and logprobs; its
+        response token IDs decode to exactly the recorded answer. Returns the answers."""
+        calls = self.calls()
+        assert calls, "no model call was recorded"
+        answers = []
+        for number, call in enumerate(calls, start=1):
+            where = f"call {number} of {len(calls)}"
+            assert call["status"] == 200, f"{where}: {call.get('error')}"
+            assert call.get("kind") == kind, f"{where} is {call.get('kind')}, not {kind}"
+            assert call["error"] is None, f"{where}: {call['error']}"
+            assert call["prompt_token_ids"], f"{where} has no prompt token IDs"
+            tokens, logprobs = call["response_token_ids"], call["response_logprobs"]
+            assert tokens, f"{where} has no response token IDs"
+            assert logprobs is not None and len(logprobs) == len(tokens), where
+            assert all(math.isfinite(lp) and lp <= 0 for lp in logprobs), f"{where}: {logprobs}"
+            assert call["model_version"] == self.engine.engine.weight_version, where
+            answer = recorded_answer(kind, call["response"])
+            assert decoded_answer(self.engine, tokens) == answer, where
+            answers.append(answer)
+        return answers
+
+
+def recorded_answer(kind: str, response: dict[str, Any]) -> Answer:
+    """The text and tool calls of a recorded answer, in the shape of its wire API."""
+    texts: list[str] = []
+    calls: list[tuple[str, Any]] = []
+    if kind == "messages":
+        for block in response["content"]:
+            if block["type"] == "text":
+                texts.append(block["text"])
+            elif block["type"] == "tool_use":
+                calls.append((block["name"], block["input"]))
+    elif kind == "responses":
+        for item in response["output"]:
+            if item["type"] == "message":
+                texts += [part["text"] for part in item["content"] if part["type"] == "output_text"]
+            elif item["type"] == "function_call":
+                calls.append((item["name"], json.loads(item["arguments"])))
+    elif kind == "chat":
+        message = response["choices"][0]["message"]
+        texts.append(message.get("content") or "")
+        for call in message.get("tool_calls") or ():
+            calls.append((call["function"]["name"], json.loads(call["function"]["arguments"])))
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    return Answer("".join(texts), tuple(calls))
+
+
+def history_tool_calls(kind: str, request: dict[str, Any]) -> int:
+    """How many earlier tool calls a recorded request carries (the few-shot turns)."""
+    if kind == "messages":
+        blocks = [
+            b for m in request["messages"] if isinstance(m["content"], list) for b in m["content"]
+        ]
+        return sum(block.get("type") == "tool_use" for block in blocks)
+    if kind == "responses":
+        return sum(item.get("type") == "function_call" for item in request["input"])
+    return sum(len(message.get("tool_calls") or ()) for message in request["messages"])
+
+
+def decoded_answer(engine: ServedEngine, token_ids: list[int]) -> Answer:
+    """What the sampled tokens say: their text, or the tool calls parsed out of it (the text
+    around the calls stripped, as every wire API drops whitespace-only text)."""
+    text = engine.engine.decode(token_ids)
+    content, calls = parse_tool_calls(text)
+    if not calls:
+        return Answer(text)
+    parsed = tuple((c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls)
+    return Answer(content or "", parsed)
+
+
+@dataclass
+class CliGateway:
+    url: str
+    port: int
+    engine: ServedEngine
+
+    def open_rollout(self) -> CliRollout:
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        rollout_id = f"cli-{uuid.uuid4().hex[:12]}"
+        httpx.post(
+            f"{self.url}/api/rollouts",
+            json=[{"rollout_id": rollout_id, "mode": "val"}],
+            headers=admin,
+        ).raise_for_status()
+        attempt = httpx.post(f"{self.url}/api/rollouts/{rollout_id}/attempts", headers=admin)
+        attempt.raise_for_status()
+        context = AgentContext(
+            openai_base_url=(f"{self.url}/proxy/rollout/{rollout_id}/attempt/1/mode/val/openai/v1"),
+            api_key=attempt.json()["token"],
+            gateway_url=self.url,
+            rollout_id=rollout_id,
+            attempt_id=1,
+            mode="val",
+            input=None,
+        )
+        return CliRollout(context, self.engine, self.port)
+
+
+@contextlib.contextmanager
+def cli_gateway(engine: ServedEngine, folder: Path) -> Iterator[CliGateway]:
+    """A gateway (SQLite in `folder`) in front of `engine`, sampling `val` calls greedily."""
+    greedy = SamplingPolicy(
+        set={"temperature": 0.0, "max_tokens": MAX_TOKENS}, keep_harness=["max_tokens"]
+    )
+    settings = GatewaySettings(
+        database_url=str(folder / "gateway.db"), api_key=ADMIN_KEY, val_sampling=greedy
+    )
+    with serve(settings) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        httpx.post(
+            f"{url}/api/models",
+            json={"model": engine.name, "endpoint": engine.base_url, "engine": "embedded"},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        ).raise_for_status()
+        yield CliGateway(url, server.port, engine)
+
+
+# --- running a CLI -------------------------------------------------------------------------------
+
+
+@dataclass
+class CliRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    outbound: list[dict[str, Any]] = field(default_factory=list)
+    """DNS lookups and web connections the CLI tried (empty when not isolated: not checked)."""
+
+    def json_lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.stdout.splitlines() if line.startswith("{")]
+
+    def check(self) -> None:
+        assert self.returncode == 0, f"exit {self.returncode}\n{self.stderr[-3000:]}"
+        assert self.outbound == [], f"calls beyond the proxy: {self.outbound}"
+
+
+def cli_env(rollout: CliRollout, home: Path, **extra: str) -> dict[str, str]:
+    """A CLI's whole environment: the controller's contract for this rollout, a home of its
+    own with every outbound switch off (`reins.agent.cli_home_env`), and `extra`."""
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+    return {**base, **rollout.context.env(), **cli_home_env(home), **extra}
+
+
+def run_cli(
+    argv: Sequence[str | Path], *, env: dict[str, str], cwd: Path, port: int, scratch: Path
+) -> CliRun:
+    """Runs `argv` with its stdin closed and a time limit of `RUN_LIMIT_S`, in a network
+    namespace of its own where only the gateway's `port` is reachable (when allowed)."""
+    command = [str(part) for part in argv]
+    started = time.monotonic()
+    if not netns.available():
+        try:
+            done = subprocess.run(
+                command,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=RUN_LIMIT_S,
+            )
+        except subprocess.TimeoutExpired as error:
+            raise AssertionError(f"{command[0]} ran past {RUN_LIMIT_S} s") from error
+        return CliRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+    socket_path = scratch / f"gw-{uuid.uuid4().hex[:8]}.sock"
+    log = scratch / f"outbound-{uuid.uuid4().hex[:8]}.json"
+    bridge = netns.LoopbackBridge(socket_path, port)
+    try:
+        wrapped = netns.command(
+            command, port=port, socket_path=socket_path, log=log, cwd=cwd, timeout_s=RUN_LIMIT_S
+        )
+        done = subprocess.run(
+            wrapped,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=RUN_LIMIT_S + 60,
+        )
+    finally:
+        bridge.close()
+    seconds = time.monotonic() - started
+    assert done.returncode != netns.TIMED_OUT, f"{command[0]} ran past {RUN_LIMIT_S} s"
+    outbound = json.loads(log.read_text()) if log.exists() else [{"missing log": str(log)}]
+    return CliRun(done.returncode, done.stdout, done.stderr, seconds, outbound)
+
+
+def workspace(root: Path) -> Path:
+    """The folder a CLI works in: one small file, so `ls` has something to show."""
+    folder = root / "work"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "notes.txt").write_text("reins\n")
+    return folder
+
+
+def report(name: str, run: CliRun, rollout: CliRollout) -> None:
+    """One line per run in the test output (`pytest -s`): time, and prompt/answer tokens."""
+    isolation = "loopback only" if netns.available() else "not isolated"
+    tokens = [
+        f"{len(c['prompt_token_ids'])}+{len(c['response_token_ids'])}" for c in rollout.calls()
+    ]
+    print(f"[{name}] {run.seconds:.1f} s, calls (prompt+answer tokens) {tokens}, {isolation}")
+
+
+# --- few-shot sessions in each CLI's own format ------------------------------------------------
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def claude_session(home: Path, cwd: Path, model: str) -> str:
+    """A Claude Code transcript of the few-shot turns (its `Bash` tool), for `--resume`;
+    returns the session id. Claude Code keeps one per working directory under
+    `~/.claude/projects/<the path with every non-alphanumeric character as ->`."""
+    session = str(uuid.uuid4())
+    slug = "".join(c if c.isalnum() else "-" for c in str(cwd))
+    folder = home / ".claude" / "projects" / slug
+    folder.mkdir(parents=True, exist_ok=True)
+    lines: list[dict[str, Any]] = []
+
+    def add(kind: str, message: dict[str, Any]) -> None:
+        lines.append(
+            {
+                "parentUuid": lines[-1]["uuid"] if lines else None,
+                "isSidechain": False,
+                "type": kind,
+                "message": message,
+                "uuid": str(uuid.uuid4()),
+                "timestamp": _now(),
+                "userType": "external",
+                "entrypoint": "sdk-cli",
+                "cwd": str(cwd),
+                "sessionId": session,
+                "version": CLI_VERSIONS["@anthropic-ai/claude-code"],
+            }
+        )
+
+    def said(content: list[dict[str, Any]], stop: str) -> dict[str, Any]:
+        return {
+            "id": f"msg_{uuid.uuid4().hex[:24]}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
+
+    for listing in FEW_SHOT_LISTINGS:
+        call = f"toolu_{uuid.uuid4().hex[:24]}"
+        add("user", {"role": "user", "content": FEW_SHOT_PROMPT})
+        use = {"type": "tool_use", "id": call, "name": "Bash", "input": {"command": "ls"}}
+        add("assistant", said([use], "tool_use"))
+        result = {"type": "tool_result", "tool_use_id": call, "content": listing}
+        add("user", {"role": "user", "content": [{**result, "is_error": False}]})
+        add("assistant", said([{"type": "text", "text": FEW_SHOT_ANSWER}], "end_turn"))
+    path = folder / f"{session}.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return session
+
+
+def codex_session(codex_home: Path, cwd: Path, model: str) -> str:
+    """A Codex rollout of the few-shot turns (its `exec_command` tool), for `codex exec resume`;
+    returns the thread id. The items are Responses API input items, as Codex re-sends them."""
+    thread = str(uuid.uuid4())
+    stamp = datetime.now(UTC)
+    folder = codex_home / "sessions" / stamp.strftime("%Y/%m/%d")
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "id": thread,
+        "timestamp": _now(),
+        "cwd": str(cwd),
+        "originator": "codex_exec",
+        "cli_version": CLI_VERSIONS["@openai/codex"],
+        "source": "exec",
+        "model_provider": "local",
+    }
+    # A resumed thread takes its multi-agent mode from the last turn context, not from the
+    # config: without this line Codex adds its 12k-character multi-agent tool on resume.
+    turn = {
+        "turn_id": str(uuid.uuid4()),
+        "cwd": str(cwd),
+        "approval_policy": "never",
+        "sandbox_policy": {"type": "read-only"},
+        "model": model,
+        "summary": "none",
+        "multi_agent_version": "disabled",
+    }
+    lines: list[dict[str, Any]] = [
+        {"timestamp": _now(), "type": "session_meta", "payload": meta},
+        {"timestamp": _now(), "type": "turn_context", "payload": turn},
+    ]
+
+    def item(payload: dict[str, Any]) -> None:
+        lines.append({"timestamp": _now(), "type": "response_item", "payload": payload})
+
+    for listing in FEW_SHOT_LISTINGS:
+        call = f"call_{uuid.uuid4().hex[:24]}"
+        text = {"type": "input_text", "text": FEW_SHOT_PROMPT}
+        item({"type": "message", "role": "user", "content": [text]})
+        arguments = json.dumps({"cmd": "ls"})
+        item(
+            {
+                "type": "function_call",
+                "name": "exec_command",
+                "arguments": arguments,
+                "call_id": call,
+            }
+        )
+        output = f"Process exited with code 0\nOutput:\n{listing}\n"
+        item({"type": "function_call_output", "call_id": call, "output": output})
+        answer = {"type": "output_text", "text": FEW_SHOT_ANSWER}
+        item({"type": "message", "role": "assistant", "content": [answer]})
+    name = f"rollout-{stamp.strftime('%Y-%m-%dT%H-%M-%S')}-{thread}.jsonl"
+    (folder / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return thread
+
+
+def opencode_session(cwd: Path, model: str) -> tuple[str, dict[str, Any]]:
+    """An OpenCode session export of the few-shot turns (its `bash` tool), for `opencode import`
+    then `opencode run --session`; returns its id and the export. OpenCode orders messages by
+    their ids, which start with the creation time (ms x 4096 + a counter, 12 hex digits): these
+    are a minute old, so the resumed turn sorts after them. OpenCode sends a `run` prompt
+    wrapped in quotes, so the few-shot prompts are too."""
+    counter = iter(range(1, 1 << 12))
+    alphabet = string.ascii_letters + string.digits
+
+    def ident(prefix: str, ms: int) -> str:
+        tail = "".join(random.choice(alphabet) for _ in range(14))
+        return f"{prefix}_{ms * 0x1000 + next(counter):012x}{tail}"
+
+    ms = int(time.time() * 1000) - 60_000
+    session = ident("ses", ms)
+    who = {"providerID": "local", "modelID": model}
+    messages: list[dict[str, Any]] = []
+
+    def message(info: dict[str, Any], part: dict[str, Any]) -> None:
+        nonlocal ms
+        ms += 1000
+        info = {**info, "id": ident("msg", ms), "sessionID": session}
+        info["time"] = (
+            {"created": ms, "completed": ms + 10}
+            if info["role"] == "assistant"
+            else {"created": ms}
+        )
+        part = {**part, "id": ident("prt", ms), "sessionID": session, "messageID": info["id"]}
+        messages.append({"info": info, "parts": [part]})
+
+    for listing in FEW_SHOT_LISTINGS:
+        message(
+            {"role": "user", "agent": "build", "model": who},
+            {"type": "text", "text": json.dumps(FEW_SHOT_PROMPT)},
+        )
+        asked = messages[-1]["info"]["id"]
+        reply = {
+            "parentID": asked,
+            "role": "assistant",
+            "mode": "build",
+            "agent": "build",
+            "path": {"cwd": str(cwd), "root": str(cwd)},
+            "cost": 0,
+            "tokens": {"input": 0, "output": 0, "reasoning": 0, "cache": {"read": 0, "write": 0}},
+            **who,
+        }
+        state = {
+            "status": "completed",
+            "input": {"command": "ls"},
+            "output": listing,
+            "metadata": {"output": listing, "exit": 0, "truncated": False},
+            "title": "ls",
+            "time": {"start": ms, "end": ms + 5},
+        }
+        call = f"call_{uuid.uuid4().hex[:24]}"
+        message(
+            {**reply, "finish": "tool-calls"},
+            {"type": "tool", "tool": "bash", "callID": call, "state": state},
+        )
+        message({**reply, "finish": "stop"}, {"type": "text", "text": FEW_SHOT_ANSWER})
+    info = {
+        "id": session,
+        "slug": "few-shot",
+        "projectID": "global",
+        "directory": str(cwd),
+        "title": "few-shot",
+        "version": CLI_VERSIONS["opencode-ai"],
+        "time": {"created": ms - 10_000, "updated": ms},
+    }
+    return session, {"info": info, "messages": messages}
