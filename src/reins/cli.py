@@ -67,7 +67,13 @@ def engine(
     ] = 2.0,
 ) -> None:
     """Serve the embedded engine: an OpenAI-compatible API on Hugging Face transformers."""
+    import logging
+
     import uvicorn
+
+    # The engine's own lines (weight versions, the prefix cache's figures every 30 s) at INFO.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("reins.engine").setLevel(logging.INFO)
 
     from reins.engine.api import create_engine_app
     from reins.engine.embedded import EmbeddedEngine

@@ -358,6 +358,8 @@ class FakeKubelet:
                     self.pods_seen.add(name)
                     if name in self.done or pod.metadata.deletion_timestamp:
                         continue
+                    if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
+                        continue  # ended before this kubelet started: a kubelet never reruns it
                     phase = self.decide(pod)
                     if phase is not None:
                         set_pod_phase(self.core, self.namespace, name, phase)

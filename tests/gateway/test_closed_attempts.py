@@ -34,24 +34,27 @@ def test_a_terminal_rollout_refuses_its_harness_events_with_409(
     gateway: Gateway, state: str
 ) -> None:
     token = _start(gateway)
+    # An event stored while the attempt is open, so the gateway has seen it open.
+    assert gateway.client(token).post(EVENTS, json={"type": "log"}).status_code == 200
     gateway.http.patch("/api/rollouts/r", json={"status": {"state": state}})
     response = gateway.client(token).post(EVENTS, json=REWARD)
     assert response.status_code == 409
     error = response.json()["error"]
     assert f"rollout r is {state}" in error
     assert "accepts no more events or calls from its harness" in error
-    assert _events(gateway) == []
+    assert [e["type"] for e in _events(gateway)] == ["log"]
 
 
 def test_a_superseded_attempt_refuses_its_harness_events_with_409(gateway: Gateway) -> None:
     token = _start(gateway)
+    assert gateway.client(token).post(EVENTS, json={"type": "log"}).status_code == 200
     gateway.http.post("/api/rollouts/r/attempts", json={"reason": "agent timed out"})
     response = gateway.client(token).post(EVENTS, json=[REWARD, {"type": "log"}])
     assert response.status_code == 409
     error = response.json()["error"]
     assert "attempt 1 of rollout r was superseded by attempt 2" in error
     assert "agent timed out" in error
-    assert _events(gateway, 1) == []
+    assert [e["type"] for e in _events(gateway, 1)] == ["log"]
     assert _events(gateway, 2) == []
 
 

@@ -44,6 +44,7 @@ from reins.gateway.capture import SamplingPolicy
 from tests.conftest import ADMIN_KEY, serve
 from tests.embedded_support import ServedEngine
 from tests.harness import netns
+from tests.harness.conftest import note_fidelity
 from tests.required import missing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -310,6 +311,8 @@ def report(name: str, run: CliRun, rollout: CliRollout) -> None:
         f"{len(c['prompt_token_ids'])}+{len(c['response_token_ids'])}" for c in rollout.calls()
     ]
     print(f"[{name}] {run.seconds:.1f} s, calls (prompt+answer tokens) {tokens}, {isolation}")
+    calls = rollout.calls()
+    note_fidelity(str(calls[0].get("kind")) if calls else "?", calls, rollout.engine)
 
 
 # --- few-shot sessions in each CLI's own format ------------------------------------------------

@@ -92,13 +92,7 @@ class Rollout:
     def sequences(self) -> tuple[int, list[str]]:
         """How many training sequences the sample adapter makes of this rollout's calls, and
         the reason of each split."""
-        calls = [
-            Call(c["prompt_token_ids"], c["response_token_ids"], seq=number)
-            for number, c in enumerate(self.calls())
-            if c["status"] == 200 and c["response_token_ids"]
-        ]
-        merged, splits = merge_calls(dedup_calls(calls), decode=self.engine.engine.decode)
-        return len(merged), [split.reason for split in splits]
+        return training_sequences(self.calls(), self.engine)
 
     def assert_recorded_as_received(
         self, received: list[Received], kind: str | None = None
@@ -131,16 +125,25 @@ class Rollout:
         # Values, not only lengths: the trainer's logprobs, the template's prompt.
         recorded.assert_logprobs_are_the_policys(self.engine, calls)
         recorded.assert_prompts_are_the_template(self.engine, calls)
-        sequences, reasons = self.sequences()
-        FIDELITY.append(
-            (
-                os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0],
-                kind or "chat",
-                len(calls),
-                sequences,
-                reasons,
-            )
-        )
+        note_fidelity(kind or "chat", calls, self.engine)
+
+
+def training_sequences(calls: list[dict[str, Any]], engine: ServedEngine) -> tuple[int, list[str]]:
+    """How many training sequences the sample adapter makes of recorded calls, and the reason of
+    each split."""
+    kept = [
+        Call(c["prompt_token_ids"], c["response_token_ids"], seq=number)
+        for number, c in enumerate(calls)
+        if c["status"] == 200 and c["response_token_ids"]
+    ]
+    merged, splits = merge_calls(dedup_calls(kept), decode=engine.engine.decode)
+    return len(merged), [split.reason for split in splits]
+
+
+def note_fidelity(api: str, calls: list[dict[str, Any]], engine: ServedEngine) -> None:
+    sequences, reasons = training_sequences(calls, engine)
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+    FIDELITY.append((test, api, len(calls), sequences, reasons))
 
 
 FIDELITY: list[tuple[str, str, int, int, list[str]]] = []

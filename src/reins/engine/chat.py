@@ -1,4 +1,4 @@
-"""Chat messages in, prompt text out; sampled tokens in, the response and what it shows out. Pure.
+"""Chat messages in, prompt text out; sampled tokens in, the response and what it shows out. No I/O.
 
 Tools: a chat template that knows tools (it mentions `tools`) gets them as they are. A template that
 silently ignores them, like the default model's ChatML template, gets them described in the system

@@ -16,8 +16,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from reins.gateway.store.tables import attempt_states, attempts, closed_reason, events
+from reins.gateway.store.tables import (
+    ATTEMPT_STATE,
+    attempt_states,
+    attempts,
+    closed_reason_of,
+    events,
+)
 from reins.schemas import Event
+
+_ONE_LOCKED = ATTEMPT_STATE.with_for_update(read=True, of=attempts)
 
 Key = tuple[str, int, str]
 """(rollout, attempt, idempotency key): one event."""
@@ -28,20 +36,25 @@ def insert_events(
     insert: Any,
     rows: list[dict[str, Any]],
     harness_keys: set[Key],
+    check: set[tuple[str, int]],
 ) -> tuple[list[tuple[int, str, int, str]], list[sa.Row[Any]], dict[tuple[str, int], str]]:
     """One INSERT of fresh events; returns (seq, rollout, attempt, key) of those inserted, the
     stored rows of keys that were already there (replayed posts), and why each closed attempt
-    refused its harness's events (`harness_keys`: the events a harness posted)."""
+    of `check` refused its harness's events (`harness_keys`: the events a harness posted)."""
     closed: dict[tuple[str, int], str] = {}
-    guarded = {key[:2] for key in harness_keys}
-    if guarded:
-        query = attempt_states(list(guarded))
-        if conn.dialect.name == "postgresql":
-            # A close updates the attempt row, so it waits for this transaction, or this one
-            # reads the closed state after it.
-            query = query.with_for_update(read=True, of=attempts)
-        for state in conn.execute(query):
-            reason = closed_reason(*state)
+    if check:
+        # PostgreSQL: a close updates the attempt row, so it waits for this transaction, or this
+        # one reads the closed state after it.
+        locked = conn.dialect.name == "postgresql"
+        if len(check) == 1:  # the usual case: a statement compiled once
+            ((rollout_id, attempt_id),) = check
+            query = _ONE_LOCKED if locked else ATTEMPT_STATE
+            states = conn.execute(query, {"rollout_id": rollout_id, "attempt_id": attempt_id})
+        else:
+            many = attempt_states(list(check))
+            states = conn.execute(many.with_for_update(read=True, of=attempts) if locked else many)
+        for state in states:
+            reason = closed_reason_of(state)
             if reason is not None:
                 closed[(state.rollout_id, state.attempt_id)] = reason
     fresh = rows

@@ -158,6 +158,18 @@ def closed_reason(
     return None
 
 
+def closed_reason_of(state: Any) -> str | None:
+    """`closed_reason` of a row of `attempt_states` or `ATTEMPT_STATE`."""
+    return closed_reason(
+        state.rollout_id,
+        state.attempt_id,
+        state.state,
+        state.reason,
+        state.rollout_state,
+        state.attempt_count,
+    )
+
+
 def attempt_states(
     pairs: Sequence[tuple[str, int]],
 ) -> sa.Select[Any]:
@@ -174,6 +186,25 @@ def attempt_states(
         .join(rollouts, rollouts.c.rollout_id == attempts.c.rollout_id)
         .where(sa.tuple_(attempts.c.rollout_id, attempts.c.attempt_id).in_(list(pairs)))
     )
+
+
+ATTEMPT_STATE = (
+    sa.select(
+        attempts.c.rollout_id,
+        attempts.c.attempt_id,
+        attempts.c.state,
+        attempts.c.reason,
+        rollouts.c.state.label("rollout_state"),
+        rollouts.c.attempt_count,
+    )
+    .join(rollouts, rollouts.c.rollout_id == attempts.c.rollout_id)
+    .where(
+        attempts.c.rollout_id == sa.bindparam("rollout_id"),
+        attempts.c.attempt_id == sa.bindparam("attempt_id"),
+    )
+)
+"""`attempt_states` of one attempt, built once (its compiled form is cached): the proxy runs it
+on every call."""
 
 
 def ts(epoch: float) -> datetime:
