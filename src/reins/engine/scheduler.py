@@ -187,8 +187,8 @@ class BatchScheduler:
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._stopped and not self._active and (
-                    not self._waiting or self._holding
+                while (
+                    not self._stopped and not self._active and (not self._waiting or self._holding)
                 ):
                     self._wake.wait()
                 if self._stopped:

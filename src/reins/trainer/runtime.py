@@ -70,7 +70,8 @@ class ConsoleReporter:
 
     def services(self, gateway_url: str, api_key: str) -> None:
         self.console.print(
-            f"dashboard: {gateway_url}/ui (admin key {api_key}); gateway API {gateway_url}/docs"
+            f"dashboard: {gateway_url}/ui (admin key {api_key}); "
+            f"API schema {gateway_url}/ui/openapi.json"
         )
 
     def rollouts(self, done: int, total: int) -> None:
