@@ -227,6 +227,9 @@ class Turn:
     prompt_tokens: int
     cached_tokens: int | None
     completion_tokens: int
+    cpu_s: float
+    """The engine's CPU time during the call: its own with one conversation (steadier than the
+    wall time on a busy machine), shared with the other calls in flight with several."""
 
 
 @dataclass
@@ -257,6 +260,10 @@ class Run:
         """Mean seconds of a call after the first turn."""
         return statistics.mean(t.seconds for c in self.turns for t in c[1:])
 
+    def later_turns_cpu_s(self) -> float:
+        """Mean engine CPU seconds of a call after the first turn (one conversation)."""
+        return statistics.mean(t.cpu_s for c in self.turns for t in c[1:])
+
     @property
     def turns_per_s(self) -> float:
         return sum(len(c) for c in self.turns) / self.seconds
@@ -283,9 +290,9 @@ async def _conversation(
         }
         if engine.name != "vllm-cpu":  # see UNSEEDED
             body["seed"] = 1000 * number + turn
-        started = time.perf_counter()
+        cpu, started = _cpu_s(engine.pids), time.perf_counter()
         response = await http.post(f"{engine.base_url}/chat/completions", json=body)
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, _cpu_s(engine.pids) - cpu
         if response.status_code != 200:
             raise RuntimeError(f"{engine.name}: {response.status_code} {response.text[:500]}")
         body = response.json()
@@ -297,6 +304,7 @@ async def _conversation(
                 int(usage["prompt_tokens"]),
                 details.get("cached_tokens"),
                 int(usage["completion_tokens"]),
+                cpu,
             )
         )
         messages += [
@@ -336,8 +344,9 @@ def _print_run(run: Run) -> None:
     for turn in range(len(run.turns[0])):
         seconds, prompt, prefilled = run.per_turn(turn)
         shown = "?" if prefilled is None else f"{prefilled:6.0f}"
+        cpu = f"  engine CPU {run.turns[0][turn].cpu_s:6.2f} s" if run.conversations == 1 else ""
         print(
-            f"    turn {turn + 1}: {seconds:6.2f} s  prompt {prompt:6.0f}  prefilled {shown}",
+            f"    turn {turn + 1}: {seconds:6.2f} s  prompt {prompt:6.0f}  prefilled {shown}{cpu}",
             flush=True,
         )
 
@@ -467,9 +476,14 @@ def main() -> None:
     off, on = results["cache off"], results["cache on"]
     for a, b in zip(off, on, strict=True):
         speedup = a.later_turns_s() / b.later_turns_s()
+        cpu = (
+            f" ({a.later_turns_cpu_s() / b.later_turns_cpu_s():.2f}x less engine CPU per turn)"
+            if a.conversations == 1
+            else ""
+        )
         print(
-            f"c={a.conversations}: turns after the first {speedup:.2f}x faster with the cache; "
-            f"throughput {b.turns_per_s / a.turns_per_s:.2f}x"
+            f"c={a.conversations}: turns after the first {speedup:.2f}x faster with the "
+            f"cache{cpu}; throughput {b.turns_per_s / a.turns_per_s:.2f}x"
         )
     if "vllm-cpu" in results:
         for a, b in zip(on, results["vllm-cpu"], strict=True):

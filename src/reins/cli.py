@@ -368,6 +368,61 @@ def report(
         print(path)
 
 
+@app.command(context_settings={"allow_interspersed_args": False})
+def doctor(
+    command: Annotated[list[str], typer.Argument(help="The harness command: -- CMD ARGS...")],
+    runs: Annotated[int, typer.Option(help="Runs of the command; each is one rollout.")] = 3,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    engine_url: Annotated[
+        str | None,
+        typer.Option("--engine", help="An OpenAI-compatible engine (.../v1); default: embedded."),
+    ] = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option(help="The policy's tokenizer folder (with --engine).")
+    ] = None,
+    model: Annotated[
+        Path | None, typer.Option(help="The embedded engine's model folder; default: SmolLM2.")
+    ] = None,
+    mode: Annotated[str, typer.Option(help="train (temperature 1) or val (harness settings).")] = (
+        "train"
+    ),
+    timeout: Annotated[float, typer.Option(help="Seconds one run may take.")] = 600.0,
+    input_json: Annotated[
+        str, typer.Option("--input", help="Every rollout's input (JSON; REINS_INPUT).")
+    ] = "null",
+    token_reuse: Annotated[
+        bool | None,
+        typer.Option(help="The gateway's token reuse on or off; default: the gateway's default."),
+    ] = None,
+) -> None:
+    """Run a harness N times through a private gateway and say whether it can be trained."""
+    import json
+
+    from reins.doctor import render_text
+    from reins.doctor.runner import DoctorError, DoctorOptions, run_doctor
+
+    if mode not in ("train", "val"):
+        console.print(f"[red]error:[/red] --mode is train or val, not {mode!r}")
+        raise typer.Exit(2)
+    try:
+        value = json.loads(input_json)
+    except ValueError as error:
+        console.print(f"[red]error:[/red] --input is not JSON: {error}")
+        raise typer.Exit(2) from error
+    options = DoctorOptions(
+        runs=runs, timeout_s=timeout, mode=mode, engine_url=engine_url, model=model,
+        tokenizer=tokenizer, input=value, token_reuse=token_reuse,
+    )  # fmt: skip
+    try:
+        result = run_doctor(command, options, progress=lambda line: console.print(line))
+    except DoctorError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from error
+    shown = render_text(result, " ".join(command))
+    print(json.dumps(result.to_json(), indent=2) if json_out else shown)
+    raise typer.Exit(0 if result.ok else 1)
+
+
 def main() -> None:
     app()
 

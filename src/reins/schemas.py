@@ -194,6 +194,9 @@ class ModelRequest(BaseModel):
     """HTTP status the engine answered with."""
     finish_reason: str | None = None
     error: str | None = None
+    abandoned: bool = False
+    """The harness hung up (or timed out) before the answer was complete: recorded with status
+    499 and whatever was streamed so far, its generation cancelled; never trained on."""
 
 
 class Reward(BaseModel):

@@ -58,6 +58,15 @@ MAX_TOKENS = 48
 
 FEW_SHOT_PROMPT = "List the files."
 FEW_SHOT_LISTINGS = ("notes.txt", "notes.txt\ntodo.txt", "notes.txt\ntodo.txt\nplan.md")
+OPENCODE_FEW_SHOT_LISTINGS = (
+    *FEW_SHOT_LISTINGS,
+    "notes.txt\ntodo.txt\nplan.md\nREADME.md",
+    "a.txt",
+)
+"""OpenCode's prompt names the test's temporary folders and today's date, and with three turns
+the greedy choice between `<tool_call>` and `<tool_response>` flipped with them (log-probability
+margins 0.0-0.5 across paths and dates, and a path with a 3-digit pytest number chose wrong on
+the Responses provider); with five turns the margin was 2.4-2.6."""
 FEW_SHOT_ANSWER = "Done."
 TOOL_PROMPT = FEW_SHOT_PROMPT
 """The prompt of the tool turns: the few-shot history's own question."""
@@ -431,7 +440,9 @@ def codex_session(codex_home: Path, cwd: Path, model: str) -> str:
     return thread
 
 
-def opencode_session(cwd: Path, model: str) -> tuple[str, dict[str, Any]]:
+def opencode_session(
+    cwd: Path, model: str, listings: tuple[str, ...] = OPENCODE_FEW_SHOT_LISTINGS
+) -> tuple[str, dict[str, Any]]:
     """An OpenCode session export of the few-shot turns (its `bash` tool), for `opencode import`
     then `opencode run --session`; returns its id and the export. OpenCode orders messages by
     their ids, which start with the creation time (ms x 4096 + a counter, 12 hex digits): these
@@ -461,7 +472,7 @@ def opencode_session(cwd: Path, model: str) -> tuple[str, dict[str, Any]]:
         part = {**part, "id": ident("prt", ms), "sessionID": session, "messageID": info["id"]}
         messages.append({"info": info, "parts": [part]})
 
-    for listing in FEW_SHOT_LISTINGS:
+    for listing in listings:
         message(
             {"role": "user", "agent": "build", "model": who},
             {"type": "text", "text": json.dumps(FEW_SHOT_PROMPT)},

@@ -21,8 +21,8 @@ import pytest
 from reins.agent import OpenCodeProvider, opencode_config, write_opencode_home
 from tests.embedded_support import ServedEngine
 from tests.harness.cli_support import (
-    FEW_SHOT_LISTINGS,
     MAX_TOKENS,
+    OPENCODE_FEW_SHOT_LISTINGS,
     TEXT_PROMPT,
     TOOL_PROMPT,
     Answer,
@@ -132,7 +132,7 @@ def test_tool_turn_runs_the_models_own_call(
 
     request = rollout.calls()[0]["request"]
     assert request["stream"] is True
-    assert history_tool_calls(provider, request) == len(FEW_SHOT_LISTINGS)
+    assert history_tool_calls(provider, request) == len(OPENCODE_FEW_SHOT_LISTINGS)
     (call,) = answers[0].tool_calls
     assert call[0] == "bash" and call[1]["command"] == "ls"
     outputs = [

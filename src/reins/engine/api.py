@@ -12,10 +12,11 @@ are always returned (the proxy removes what the harness did not ask for); logpro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -23,13 +24,16 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
+from reins.disconnect import CLIENT_CLOSED_REQUEST, ClientLeft, unless_client_leaves
 from reins.engine.chat import (
     ChatRequestError,
     PrefixDecoder,
     ResponseRules,
     SampledTurns,
     Settled,
+    extend_prompt,
     parse_tool_calls,
     prepare_messages,
     settle,
@@ -41,6 +45,9 @@ from reins.engine.metrics import CONTENT_TYPE, engine_metrics, render
 from reins.engine.sampling import SamplingParams
 
 WEIGHT_VERSION_HEADER = "x-reins-weight-version"
+TOKEN_REUSE_HEADER = "x-reins-token-reuse"
+"""On a chat answer to a request with `reins_prefix_token_ids`: `reused` (the prompt starts with
+those tokens) or `fallback` (the messages' rendering does not start with their text)."""
 
 
 class _Request(BaseModel):
@@ -64,6 +71,10 @@ class ChatRequest(_Request):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     logprobs: bool | None = False
+    reins_prefix_token_ids: list[int] | None = None
+    """Token reuse (the gateway's `token_reuse`): an earlier call's prompt and response IDs; when
+    the messages' rendering starts with their text, the prompt is those IDs + the tokens of the
+    rest (`chat.extend_prompt`), else the rendering as usual."""
 
 
 class CompletionRequest(_Request):
@@ -177,7 +188,11 @@ class _Api:
             messages = prepare_messages(
                 body.messages, tools, native_tools=self.native_tools, sampled=self.sampled
             )
-            prompt_ids = self._render(messages, tools)
+            text = self._render_text(messages, tools)
+            prompt_ids = self._reuse(body.reins_prefix_token_ids, text)
+            reused = prompt_ids is not None
+            if prompt_ids is None:
+                prompt_ids = self._tokens(text)
             params = self._params(body, len(prompt_ids), tool_calls=bool(tools))
         except ValidationError as error:
             return _error(400, _validation_message(error))
@@ -186,11 +201,11 @@ class _Api:
             return _error(status, str(error))
         call = _Call(self.engine, "chat", body, prompt_ids, params[0], self.sampled)
         headers = {WEIGHT_VERSION_HEADER: str(self.engine.weight_version)}
+        if body.reins_prefix_token_ids is not None:
+            headers[TOKEN_REUSE_HEADER] = "reused" if reused else "fallback"
         if body.stream:
-            return StreamingResponse(
-                call.stream(params), media_type="text/event-stream", headers=headers
-            )
-        return await call.answer(params, headers)
+            return _ClosingStream(call.stream(params), headers)
+        return await _unless_client_leaves(request, call.answer(params, headers))
 
     async def completions(self, request: Request) -> Response:
         try:
@@ -207,10 +222,8 @@ class _Api:
         call = _Call(self.engine, "completions", body, prompt_ids, params[0], self.sampled)
         headers = {WEIGHT_VERSION_HEADER: str(self.engine.weight_version)}
         if body.stream:
-            return StreamingResponse(
-                call.stream(params), media_type="text/event-stream", headers=headers
-            )
-        return await call.answer(params, headers)
+            return _ClosingStream(call.stream(params), headers)
+        return await _unless_client_leaves(request, call.answer(params, headers))
 
     def _check_model(self, body: _Request) -> None:
         if body.model is not None and body.model != self.engine.name:
@@ -228,18 +241,48 @@ class _Api:
         *,
         generation_prompt: bool = True,
     ) -> list[int]:
-        tokenizer = self.engine.tokenizer
+        return self._tokens(self._render_text(messages, tools, generation_prompt=generation_prompt))
+
+    def _render_text(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        generation_prompt: bool = True,
+    ) -> str:
         try:
-            text = tokenizer.apply_chat_template(
-                messages,
-                tools=tools if self.native_tools else None,
-                add_generation_prompt=bool(generation_prompt),
-                tokenize=False,
+            return str(
+                self.engine.tokenizer.apply_chat_template(
+                    messages,
+                    tools=tools if self.native_tools else None,
+                    add_generation_prompt=bool(generation_prompt),
+                    tokenize=False,
+                )
             )
         except Exception as error:  # the template's own error (jinja) says what is wrong
             message = f"the chat template cannot render these messages: {error}"
             raise EngineError(400, message) from error
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _tokens(self, text: str) -> list[int]:
+        return list(self.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _reuse(self, prefix_ids: list[int] | None, text: str) -> list[int] | None:
+        """The prompt continuing `prefix_ids` (token reuse), or None: none asked, or the
+        rendered `text` does not start with their text."""
+        if prefix_ids is None:
+            return None
+        vocab = len(self.engine.tokenizer)
+        if any(not 0 <= item < vocab for item in prefix_ids):
+            raise EngineError(400, f"reins_prefix_token_ids must be in [0, {vocab})")
+
+        def decode(ids: list[int]) -> str:
+            return str(
+                self.engine.tokenizer.decode(
+                    ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+                )
+            )
+
+        return extend_prompt(prefix_ids, text, decode, self._tokens)
 
     def _completion_prompt(
         self, prompt: str | list[int] | list[str] | list[list[int]]
@@ -344,15 +387,18 @@ class _Call:
 
     async def answer(self, params: list[SamplingParams], headers: dict[str, str]) -> Response:
         choices = [_Choice(i, self.engine.decode) for i in range(len(params))]
-        async for item in self.engine.generate(self.prompt_ids, params):
-            choice = choices[item.index]
-            if isinstance(item, Token):
-                choice.token_ids.append(item.token_id)
-                choice.logprobs.append(item.logprob)
-            elif item.error is not None:
-                return _error(500, item.error, "InternalServerError")
-            else:
-                choice.finish_reason, choice.cached_tokens = item.reason, item.cached_tokens
+        # Closed on any exit (a cancelled answer, a stream the client left): the generator's
+        # `finally` cancels the sequences still running, at once rather than when collected.
+        async with contextlib.aclosing(self.engine.generate(self.prompt_ids, params)) as items:
+            async for item in items:
+                choice = choices[item.index]
+                if isinstance(item, Token):
+                    choice.token_ids.append(item.token_id)
+                    choice.logprobs.append(item.logprob)
+                elif item.error is not None:
+                    return _error(500, item.error, "InternalServerError")
+                else:
+                    choice.finish_reason, choice.cached_tokens = item.reason, item.cached_tokens
         usage = self._usage(choices)
         if self.kind == "chat":
             payload: dict[str, Any] = {
@@ -430,26 +476,29 @@ class _Call:
             "text_offset": [],
         }
 
-    async def stream(self, params: list[SamplingParams]) -> AsyncIterator[bytes]:
+    async def stream(self, params: list[SamplingParams]) -> AsyncGenerator[bytes, None]:
         choices = [_Choice(i, self.engine.decode) for i in range(len(params))]
         started: set[int] = set()
-        async for item in self.engine.generate(self.prompt_ids, params):
-            choice = choices[item.index]
-            if isinstance(item, Token):
-                choice.token_ids.append(item.token_id)
-                choice.logprobs.append(item.logprob)
-                chunk = self._progress(choice, started)
-                if chunk is not None:
-                    yield chunk
-            elif item.error is not None:
-                error = {
-                    "error": {"message": item.error, "type": "InternalServerError", "code": 500}
-                }
-                yield f"data: {json.dumps(error)}\n\n".encode()
-                return
-            else:
-                choice.finish_reason, choice.cached_tokens = item.reason, item.cached_tokens
-                yield self._last_chunk(choice, started)
+        # Closed on any exit (a cancelled answer, a stream the client left): the generator's
+        # `finally` cancels the sequences still running, at once rather than when collected.
+        async with contextlib.aclosing(self.engine.generate(self.prompt_ids, params)) as items:
+            async for item in items:
+                choice = choices[item.index]
+                if isinstance(item, Token):
+                    choice.token_ids.append(item.token_id)
+                    choice.logprobs.append(item.logprob)
+                    chunk = self._progress(choice, started)
+                    if chunk is not None:
+                        yield chunk
+                elif item.error is not None:
+                    error = {
+                        "error": {"message": item.error, "type": "InternalServerError", "code": 500}
+                    }
+                    yield f"data: {json.dumps(error)}\n\n".encode()
+                    return
+                else:
+                    choice.finish_reason, choice.cached_tokens = item.reason, item.cached_tokens
+                    yield self._last_chunk(choice, started)
         options = self.body.stream_options or {}
         if options.get("include_usage"):
             yield _sse({**self._envelope(), "choices": [], "usage": self._usage(choices)})
@@ -567,6 +616,34 @@ class _Call:
         if first:
             chunk["prompt_token_ids"] = self.prompt_ids
         return _sse(chunk)
+
+
+async def _unless_client_leaves(
+    request: Request, answer: Coroutine[Any, Any, Response]
+) -> Response:
+    """A non-streamed answer, cancelled (its sequences with it) when the client hangs up first:
+    uvicorn does not stop a handler whose client left, and generating on for nobody holds a
+    batch slot for up to `max_tokens` steps."""
+    result = await unless_client_leaves(request.receive, answer)
+    if isinstance(result, ClientLeft):
+        return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
+    return result
+
+
+class _ClosingStream(StreamingResponse):
+    """A streamed answer whose generator is closed however the response ends, so a client that
+    left cancels its sequences at once (Starlette cancels the stream's task, which may leave the
+    generator suspended at a `yield` until it is collected)."""
+
+    def __init__(self, content: AsyncGenerator[bytes, None], headers: dict[str, str]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self._content = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._content.aclose()
 
 
 def _special_token_ids(tokenizer: Any) -> set[int]:

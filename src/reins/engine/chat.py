@@ -392,3 +392,31 @@ def _call_key(call: Any) -> tuple[str, Any] | None:
         with contextlib.suppress(json.JSONDecodeError):
             arguments = json.loads(arguments)
     return function["name"], json.dumps(arguments, sort_keys=True)
+
+
+# -- token reuse: a prompt that continues a prefix of token IDs as they were consumed ------------
+
+
+def extend_prompt(
+    prefix_ids: Sequence[int],
+    text: str,
+    decode: Callable[[list[int]], str],
+    encode: Callable[[str], list[int]],
+) -> list[int] | None:
+    """`prefix_ids` + the tokens of what the rendered prompt `text` adds after their text, or
+    None when `text` does not start with their text (`decode` keeps special tokens).
+
+    The proxy sends as `prefix_ids` an earlier call's prompt and sampled response (docs/proxy.md,
+    token reuse): the new prompt then holds those tokens exactly as they were consumed and
+    sampled, so the calls merge into one training sequence, and its text is still the template's
+    rendering of the messages. The harness having changed its history (an edited or dropped turn,
+    a template that strips reasoning) shows as a text that does not start so: None, and the
+    prompt is rendered as usual."""
+    prefix = list(prefix_ids)
+    if not prefix:
+        return None
+    head = decode(prefix)
+    if not head or not text.startswith(head):
+        return None
+    rest = text[len(head) :]
+    return prefix + (encode(rest) if rest else [])

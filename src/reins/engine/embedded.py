@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,7 +156,7 @@ class EmbeddedEngine:
 
     async def generate(
         self, prompt_ids: list[int], params: list[SamplingParams]
-    ) -> AsyncIterator[Token | Finished]:
+    ) -> AsyncGenerator[Token | Finished, None]:
         """Tokens of `len(params)` choices as they come, then one `Finished` per choice.
 
         Leaving the iteration early (the client went away) cancels the choices still running.

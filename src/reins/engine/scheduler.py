@@ -16,6 +16,9 @@ prefills only the rest. The joining rows' cached prefixes are right-aligned in f
 tokens: `[pad | cached prefix | pad | new tokens]`. The holes are masked out, and positions are
 still counted from the attention mask, so every token keeps its own position. A sequence's KV is
 kept only when all of it was computed under the weight version in force when it ends.
+
+A model on transformers' `sdpa` attention is switched to `attention.engine_attention`, which reads
+each KV head once per decode step and does not copy the cached KV to prefill over it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from reins.engine.attention import use_engine_attention
 from reins.engine.chat import tool_turn_end
 from reins.engine.prefix_cache import Match, PrefixCache, as_tokens, common_prefix
 from reins.engine.sampling import TOOL_TURN_TOKENS, SamplingParams, sample_next
@@ -134,6 +138,7 @@ class BatchScheduler:
         self._logged: tuple[int, float] = (0, time.monotonic())
         self._cache_kwarg = _cache_kwarg(model)
         self._head = _plain_head(model)
+        use_engine_attention(model)
         self._waiting: deque[Sequence] = deque()
         self._active: list[Sequence] = []
         self._cache: DynamicCache | None = None

@@ -40,6 +40,7 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
             {"train": settings.train_sampling, "val": settings.val_sampling},
             retries=settings.proxy_retries,
             read_timeout_s=settings.proxy_read_timeout_s,
+            token_reuse=settings.token_reuse,
         )
         app.state.proxy.on_record = app.state.metrics.observe_call
         try:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
+from reins.disconnect import CLIENT_CLOSED_REQUEST
 from reins.schemas import ModelRequest
 
 Kind = Literal["chat", "completions"]
@@ -169,6 +170,26 @@ def error_record(facts: CallFacts, status: int, error: str) -> ModelRequest:
         stream=facts.stream,
         **_notes(facts),
     )
+
+
+def abandoned_records(facts: CallFacts, partial: list[ModelRequest]) -> list[ModelRequest]:
+    """The records of a call whose harness hung up (or timed out) before its answer was
+    complete: `abandoned`, status 499 (`CLIENT_CLOSED_REQUEST`), with what was streamed so far
+    (`partial`, a `StreamRecorder`'s records; none for a non-streamed call), never trained on.
+    The answer the harness went on with, if any, is a later call (its retry)."""
+    message = (
+        f"abandoned: the client hung up after {facts.latency_s:.2f} s, before the answer was "
+        "complete; the engine's generation was cancelled and the call is not trained on"
+    )
+    status = {
+        "status": CLIENT_CLOSED_REQUEST,
+        "abandoned": True,
+        "finish_reason": None,
+        "error": message,
+    }
+    if not partial:
+        return [error_record(facts, CLIENT_CLOSED_REQUEST, message).model_copy(update=status)]
+    return [record.model_copy(update=status) for record in partial]
 
 
 def _record(

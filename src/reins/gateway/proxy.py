@@ -9,19 +9,22 @@ before the harness's call completes, so a trainer that sees the rollout finished
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import anyio
 from fastapi import Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from reins.disconnect import CLIENT_CLOSED_REQUEST, ClientLeft, unless_client_leaves
 from reins.gateway import jsonrule
 from reins.gateway.admission import AdmissionGate, AdmissionTimeout
 from reins.gateway.capture import (
@@ -29,12 +32,14 @@ from reins.gateway.capture import (
     Kind,
     SamplingPolicy,
     StreamRecorder,
+    abandoned_records,
     answer_and_records,
     error_record,
     strip_for_harness,
     upstream_body,
 )
-from reins.gateway.store import Store
+from reins.gateway.reuse import REUSE_HEADER, TokenReuse
+from reins.gateway.store import Conflict, Store
 from reins.gateway.wire import Translation, WireApi, WireError
 from reins.schemas import MODEL_REQUEST, EventIn, Model, ModelRequest
 
@@ -136,6 +141,7 @@ class LLMProxy:
         backoff_s: float = 0.2,
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 3600.0,
+        token_reuse: bool = False,
     ) -> None:
         self.store = store
         self.gate = gate
@@ -143,6 +149,8 @@ class LLMProxy:
         self.retries = retries
         self.backoff_s = backoff_s
         self.directory = ModelDirectory(store)
+        self.reuse = TokenReuse() if token_reuse else None
+        """Token reuse (`GatewaySettings.token_reuse`, `reuse.py`); None when off."""
         self.on_record: Callable[[ModelRequest], None] | None = None
         """Called with every recorded call (the gateway's Prometheus counters)."""
         # aiohttp rather than httpx for the engine: 0.56 vs 2.4 ms of CPU per call measured here,
@@ -181,6 +189,8 @@ class LLMProxy:
             sent = upstream_body(
                 body, kind=kind, model=target.model.model, policy=self.sampling[mode]
             )
+            if self.reuse is not None and kind == "chat":
+                self.reuse.prepare((rollout_id, attempt_id), body, sent, target.endpoints[0])
             facts = CallFacts(
                 kind=kind,
                 mode=mode,
@@ -262,6 +272,8 @@ class LLMProxy:
                 policy=self.sampling[mode],
             )
             sent["stream"] = translation.stream
+            if self.reuse is not None:
+                self.reuse.prepare((rollout_id, attempt_id), body, sent, target.endpoints[0])
             started = time.perf_counter()
             upstream = await self._call(
                 "chat", target, sent, facts, started, rollout_id, attempt_id
@@ -360,6 +372,8 @@ class LLMProxy:
             await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
             return _Failed(502, failure, "bad_upstream_answer")
         if upstream.status < 400:
+            if self.reuse is not None:
+                self.reuse.answered(facts.request, endpoint, upstream.headers.get(REUSE_HEADER))
             return upstream
         content = await _read_body(upstream)
         facts.latency_s = time.perf_counter() - started
@@ -453,19 +467,32 @@ class LLMProxy:
                 await asyncio.sleep(self.backoff_s * 2**attempt)
         return None, endpoint, failure
 
-    async def _relay(
+    def _relay(
         self,
         upstream: aiohttp.ClientResponse,
         facts: CallFacts,
         started: float,
         rollout_id: str,
         attempt_id: int,
-    ) -> AsyncIterator[bytes]:
-        """Passes the engine's SSE events on as they come, recording the whole call."""
-        recorder = StreamRecorder(facts)
+    ) -> _StreamedCall:
+        """Passes the engine's SSE events on as they come, recording the whole call (or, when
+        the harness leaves first, the call as abandoned: `_StreamedCall.settle`)."""
+        call = _StreamedCall(upstream, StreamRecorder(facts))
+        call.chunks = self._relay_chunks(call, facts, started, rollout_id, attempt_id)
+        call.abandon = lambda: self._abandon(call, facts, started, rollout_id, attempt_id)
+        return call
+
+    async def _relay_chunks(
+        self,
+        call: _StreamedCall,
+        facts: CallFacts,
+        started: float,
+        rollout_id: str,
+        attempt_id: int,
+    ) -> AsyncGenerator[bytes, None]:
         done_line: bytes | None = None
         try:
-            async for line in _lines(upstream):
+            async for line in _lines(call.upstream):
                 if not line.startswith("data:"):
                     if line:
                         yield (line + "\n").encode()
@@ -482,24 +509,51 @@ class LLMProxy:
                         continue
                     # A chunk JSON cannot carry (a NaN logprob): the call fails, recorded.
                     failure = f"the engine sent a stream chunk JSON cannot carry: {refused}"
-                    facts.latency_s = time.perf_counter() - started
-                    await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
-                    error = {"message": failure, "type": "bad_upstream_answer", "code": 502}
-                    yield b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+                    yield await self._stream_failure(
+                        call, facts, started, rollout_id, attempt_id, failure
+                    )
                     return
                 if isinstance(chunk, dict):
-                    recorder.feed(chunk)  # copies what it keeps, so stripping after is safe
+                    call.recorder.feed(chunk)  # copies what it keeps, so stripping after is safe
                     chunk = strip_for_harness(chunk, facts.request, facts.kind)
                 yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-            facts.latency_s = time.perf_counter() - started
-            # Recorded before the stream ends, so a finished call is always a recorded call.
-            await self._record(rollout_id, attempt_id, recorder.records())
-            if done_line is not None:
-                yield done_line
+        except (aiohttp.ClientError, TimeoutError) as error:
+            failure = f"the engine's stream broke off: {error!r}"
+            yield await self._stream_failure(call, facts, started, rollout_id, attempt_id, failure)
+            return
         finally:
-            upstream.release()
+            call.end_upstream()
+        facts.latency_s = time.perf_counter() - started
+        # Recorded before the stream ends, so a finished call is always a recorded call.
+        call.recorded = True
+        try:
+            await self._record(rollout_id, attempt_id, call.recorder.records())
+        except Conflict as closed:
+            message = f"{closed}; this answer was not recorded"
+            refusal = {"error": {"message": message, "type": "conflict", "code": 409}}
+            yield b"data: " + json.dumps(refusal).encode() + b"\n\n"
+            return
+        if done_line is not None:
+            yield done_line
 
-    async def _relay_wire(
+    async def _stream_failure(
+        self,
+        call: _StreamedCall,
+        facts: CallFacts,
+        started: float,
+        rollout_id: str,
+        attempt_id: int,
+        failure: str,
+    ) -> bytes:
+        """Records a chat stream that failed midway (502) and returns the error event."""
+        facts.latency_s = time.perf_counter() - started
+        call.recorded = True
+        with contextlib.suppress(Conflict):  # the attempt closed meanwhile: nothing to add
+            await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
+        error = {"message": failure, "type": "bad_upstream_answer", "code": 502}
+        return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+
+    def _relay_wire(
         self,
         upstream: aiohttp.ClientResponse,
         translation: Translation,
@@ -507,12 +561,28 @@ class LLMProxy:
         started: float,
         rollout_id: str,
         attempt_id: int,
-    ) -> AsyncIterator[bytes]:
+    ) -> _StreamedCall:
         """The engine's chat stream, recorded as it comes and passed on as the harness's API
-        events; the call is recorded before the closing events are sent."""
-        recorder = StreamRecorder(facts)
+        events; the call is recorded before the closing events are sent (or as abandoned when
+        the harness leaves first)."""
+        call = _StreamedCall(upstream, StreamRecorder(facts))
+        call.chunks = self._relay_wire_chunks(
+            call, translation, facts, started, rollout_id, attempt_id
+        )
+        call.abandon = lambda: self._abandon(call, facts, started, rollout_id, attempt_id)
+        return call
+
+    async def _relay_wire_chunks(
+        self,
+        call: _StreamedCall,
+        translation: Translation,
+        facts: CallFacts,
+        started: float,
+        rollout_id: str,
+        attempt_id: int,
+    ) -> AsyncGenerator[bytes, None]:
         try:
-            async for line in _lines(upstream):
+            async for line in _lines(call.upstream):
                 data = line[5:].strip() if line.startswith("data:") else ""
                 if not data or data == "[DONE]":
                     continue
@@ -526,25 +596,103 @@ class LLMProxy:
                 elif not isinstance(chunk, dict):
                     problem = f"the engine sent a stream line that is not JSON: {data[:200]}"
                     chunk = {"error": {"message": problem}}
-                recorder.feed(chunk)
+                call.recorder.feed(chunk)
                 for event in translation.stream_events(chunk):
                     yield event
-            closing = translation.stream_end()
-            facts.latency_s = time.perf_counter() - started
-            records = recorder.records()
-            answer = translation.assembled()
-            for record in records:
-                record.response = answer
-            # Recorded before the stream ends, so a finished call is always a recorded call.
-            await self._record(rollout_id, attempt_id, records)
-            for event in closing:
+        except (aiohttp.ClientError, TimeoutError) as error:
+            # Told to the harness in its API's shape, like an error the engine sent.
+            problem = f"the engine's stream broke off: {error!r}"
+            call.recorder.feed({"error": {"message": problem}})
+            for event in translation.stream_events({"error": {"message": problem}}):
                 yield event
         finally:
-            upstream.release()
+            call.end_upstream()
+        closing = translation.stream_end()
+        facts.latency_s = time.perf_counter() - started
+        records = call.recorder.records()
+        answer = translation.assembled()
+        for record in records:
+            record.response = answer
+        # Recorded before the stream ends, so a finished call is always a recorded call.
+        call.recorded = True
+        try:
+            await self._record(rollout_id, attempt_id, records)
+        except Conflict as closed:
+            refusal = {"error": {"message": f"{closed}; this answer was not recorded"}}
+            for event in translation.stream_events(refusal):
+                yield event
+            return
+        for event in closing:
+            yield event
+
+    async def _abandon(
+        self,
+        call: _StreamedCall,
+        facts: CallFacts,
+        started: float,
+        rollout_id: str,
+        attempt_id: int,
+    ) -> None:
+        """Records a stream whose harness left before its end: abandoned, with what it was sent
+        (a wire API's partial answer is not assembled: its `response` stays empty)."""
+        facts.latency_s = time.perf_counter() - started
+        records = abandoned_records(facts, call.recorder.records())
+        if facts.api is not None:
+            for record in records:
+                record.response = {}
+        with contextlib.suppress(Conflict):  # the attempt closed meanwhile: nothing to add
+            await self._record(rollout_id, attempt_id, records)
+
+    async def unless_abandoned(
+        self,
+        receive: Receive,
+        work: Coroutine[Any, Any, Response],
+        *,
+        rollout_id: str,
+        attempt_id: int,
+        mode: str,
+        body: dict[str, Any],
+        wire: WireApi | None = None,
+    ) -> Response:
+        """`work` (this call's `forward` or `forward_wire`), cancelled when the harness hangs up
+        or times out first: waiting at the admission gate, or for a non-streamed answer. The
+        engine's connection is closed with it, so the engine cancels the generation (the
+        embedded engine and vLLM both abort a request whose client left), and the call is
+        recorded as abandoned, not as the full answer nobody received. A stream the harness
+        leaves is handled by `_ReleasingStream`.
+
+        A call whose attempt closed while it ran (its rollout ended, or a retry superseded it)
+        is answered 409, in the API's error shape, and not recorded (`_record`)."""
+        try:
+            result = await unless_client_leaves(receive, work)
+        except Conflict as closed:
+            message = f"{closed}; this call's answer was not recorded and is not returned"
+            if wire is not None:
+                return JSONResponse(wire.error_body(409, message), 409)
+            return openai_error(409, message, "invalid_request_error")
+        if not isinstance(result, ClientLeft):
+            return result
+        target = await self.directory.target(body.get("model"), rollout_id)
+        facts = CallFacts(
+            kind="completions" if wire is None and "prompt" in body else "chat",
+            mode=mode,
+            request=body,
+            model=target.model.model if target else str(body.get("model")),
+            endpoint=target.endpoints[0] if target else "",
+            model_version=target.model.weight_version if target else None,
+            latency_s=result.after_s,
+            stream=body.get("stream") is True,
+            api=None if wire is None else wire.KIND,
+        )
+        with contextlib.suppress(Conflict):  # the attempt closed meanwhile: nothing to add
+            await self._record(rollout_id, attempt_id, abandoned_records(facts, []))
+        return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
 
     async def _record(self, rollout_id: str, attempt_id: int, records: list[ModelRequest]) -> None:
         if not records:
             return
+        if self.reuse is not None:
+            self.reuse.recorded(records)
         events = [
             EventIn.model_construct(
                 type=MODEL_REQUEST,
@@ -556,7 +704,11 @@ class LLMProxy:
         if self.on_record is not None:
             for record in records:
                 self.on_record(record)
-        await self.store.append_events(rollout_id, attempt_id, events)
+        # Checked as the harness's own event posts are: a call still in flight when its rollout
+        # ended (or its attempt was superseded) is not appended after the trainer may have read
+        # the rollout. `Conflict` reaches `unless_abandoned`, which answers 409; a stream ends
+        # with an error event instead of its last events.
+        await self.store.append_events(rollout_id, attempt_id, events, from_harness=True)
 
 
 def _weight_version(upstream: aiohttp.ClientResponse, registered: int) -> int:
@@ -585,8 +737,49 @@ async def _lines(upstream: aiohttp.ClientResponse) -> AsyncIterator[str]:
         yield pending.rstrip(b"\r").decode()
 
 
+class _StreamedCall:
+    """A stream being relayed: its chunks (an async generator), what was recorded of it, and
+    how it is recorded when the harness leaves before its end (`settle`)."""
+
+    def __init__(self, upstream: aiohttp.ClientResponse, recorder: StreamRecorder) -> None:
+        self.upstream = upstream
+        self.recorder = recorder
+        self.chunks: AsyncGenerator[bytes, None] | None = None
+        self.abandon: Callable[[], Awaitable[None]] | None = None
+        self.recorded = False
+        """Set when the relay records the call (answered or failed); else it was abandoned."""
+
+    def __aiter__(self) -> _StreamedCall:
+        return self
+
+    async def __anext__(self) -> bytes:
+        assert self.chunks is not None
+        return await self.chunks.__anext__()
+
+    def end_upstream(self) -> None:
+        """The engine's response is done with: released when the stream ended, else closed, so
+        the engine sees its client leave and cancels the generation."""
+        if self.upstream.content.at_eof():
+            self.upstream.release()
+        else:
+            self.upstream.close()
+
+    async def settle(self) -> None:
+        """After the response, however it ended: closes the relay (and the engine's response)
+        and records the call as abandoned if the relay did not record it. Shielded: it runs
+        while Starlette cancels the stream of a client that left."""
+        with anyio.CancelScope(shield=True):
+            if self.chunks is not None:
+                await self.chunks.aclose()
+            self.end_upstream()
+            if not self.recorded and self.abandon is not None:
+                self.recorded = True
+                await self.abandon()
+
+
 class _ReleasingStream(StreamingResponse):
-    """A streamed answer that releases its admission slot however the response ends.
+    """A streamed answer that releases its admission slot however the response ends, and has a
+    relayed call (`_StreamedCall`) recorded as abandoned when the harness left before the end.
 
     Starlette always calls the response it got from the route, also when the client has gone;
     the stream's own generator may never start, so it cannot be the one to release.
@@ -606,4 +799,6 @@ class _ReleasingStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
+            if isinstance(self.body_iterator, _StreamedCall):
+                await self.body_iterator.settle()
             await self._release()

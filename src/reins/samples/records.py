@@ -68,7 +68,11 @@ class RolloutRecord:
     """Rollouts of the same example share it; None: the rollout is a group of its own."""
     attempt_id: int = 1
     skipped_calls: int = 0
-    """``model_request`` events dropped by the converter (failed, or no tokens recorded)."""
+    """``model_request`` events dropped by the converter (failed, abandoned, or no tokens
+    recorded)."""
+    abandoned_calls: int = 0
+    """Of those, the calls whose harness hung up or timed out before the answer (``abandoned``):
+    the harness never used their answer, its retry (a later call) is the one trained on."""
 
 
 class MissingRewardError(ValueError):
@@ -87,8 +91,11 @@ def rollout_from_events(
 
     - Only events of ``attempt_id`` are read; None reads the latest attempt present in ``events``
       (the succeeded one when the rollout succeeded: a succeeded attempt is always the last).
-    - ``model_request`` events are kept when ``status == 200`` and both prompt and response token
-      IDs are non-empty; the others are counted in ``skipped_calls``.
+    - ``model_request`` events are kept when ``status == 200``, they are not ``abandoned`` and
+      both prompt and response token IDs are non-empty; the others are counted in
+      ``skipped_calls`` (and the abandoned ones in ``abandoned_calls`` too). An abandoned call
+      is never kept: dedup keeps the last of identical prompts, which would otherwise be
+      whichever finished last, not the answer the harness went on with.
     - The reward is the value of the last ``reward`` event (highest seq). With none, this raises
       ``MissingRewardError`` unless ``missing_reward`` gives a fill value (e.g. 0.0).
     - Other event types are ignored.
@@ -104,14 +111,21 @@ def rollout_from_events(
     if attempt_id is None:
         attempt_id = max((e.attempt_id for e in evs), default=1)
     calls: list[Call] = []
-    skipped = 0
+    skipped = abandoned = 0
     reward: float | None = None
     for ev in evs:
         if ev.attempt_id != attempt_id:
             continue
         if ev.type == MODEL_REQUEST:
             req = ModelRequest.model_validate(ev.data)
-            if req.status != 200 or not req.response_token_ids or not req.prompt_token_ids:
+            if req.abandoned:
+                abandoned += 1
+            if (
+                req.abandoned
+                or req.status != 200
+                or not req.response_token_ids
+                or not req.prompt_token_ids
+            ):
                 skipped += 1
                 continue
             calls.append(
@@ -143,4 +157,5 @@ def rollout_from_events(
         group_id=group_id,
         attempt_id=attempt_id,
         skipped_calls=skipped,
+        abandoned_calls=abandoned,
     )

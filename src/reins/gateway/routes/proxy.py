@@ -113,10 +113,25 @@ async def forward_call(
     closed = await guards.proxy_refusal(store, rollout_id, attempt_id)
     if closed is not None:
         return error_shape(kind)(*closed)
+    # A harness that hangs up or times out before its answer: the call is cancelled at the
+    # engine and recorded as abandoned (`LLMProxy.unless_abandoned`).
     if kind in ("responses", "messages"):
-        return await proxy.forward_wire(_WIRE[kind], rollout_id, attempt_id, mode, body)
-    return await proxy.forward(
+        api = _WIRE[kind]
+        work = proxy.forward_wire(api, rollout_id, attempt_id, mode, body)
+        return await proxy.unless_abandoned(
+            request.receive,
+            work,
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            mode=mode,
+            body=body,
+            wire=api,
+        )
+    work = proxy.forward(
         "chat" if kind == "chat" else "completions", rollout_id, attempt_id, mode, body
+    )
+    return await proxy.unless_abandoned(
+        request.receive, work, rollout_id=rollout_id, attempt_id=attempt_id, mode=mode, body=body
     )
 
 

@@ -1,0 +1,226 @@
+"""Token reuse: a chat call that extends an earlier call of its attempt is sent to the engine with
+that call's prompt and sampled response token IDs, so that its prompt starts with them exactly.
+
+Why: a harness sends its history back as text; rendered and tokenized again, a sampled response
+can come back as other tokens (` b|ros|per` sampled, ` bro|s|per` re-encoded) and the rollout
+splits into several training sequences (`retokenized`). With reuse the engine consumes
+*earlier prompt + earlier response + the template's rendering of only what was added*, so the
+calls merge (reins.samples.merge) and every recorded prompt is still exactly what the engine
+consumed (DESIGN invariant 1: nothing is stitched).
+
+What this module decides (pure but for its bounded memory; no I/O, no model-specific code):
+- `ReuseMemory.prefix_for`: the call extends a remembered call of the same attempt when its
+  messages start with that call's messages (compared by digest, message by message), the next
+  message is an assistant turn (that call's answer, as the harness sends it back), at least one
+  message follows, and the tools and tool choice are the same. Of several, the one with the most
+  messages wins. The answer is the token IDs to send as `reins_prefix_token_ids` (None: no reuse).
+- The engine (`reins.engine.chat.extend_prompt`) makes the final check with its own template:
+  the new messages' rendering must start with the text of those IDs. Where the harness changed
+  its history (an edited or dropped turn, an answer re-serialized, a template that strips
+  reasoning, compaction, other tools or system prompt), the check fails, the engine renders the
+  prompt as usual and answers `x-reins-token-reuse: fallback`; the split then happens and
+  `reins.samples.diagnose` names its reason. So a wrong match here costs nothing but the bytes.
+- `ReuseMemory.remember`: after a successful call with one choice, its messages' digests and
+  its prompt + response IDs join the attempt's few remembered calls (the call it extended stays,
+  so that a retry of the call is prompted the same and deduplicated). A gateway restart forgets
+  everything: the next call of each attempt is rendered as usual, and reuse resumes from it.
+
+Memory is bounded: `per_attempt` calls for each of the `attempts` most recently used attempts,
+and `max_tokens` token IDs in all (least recently used attempts go first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+PREFIX_FIELD = "reins_prefix_token_ids"
+"""The chat request's extension field the engine reads (`reins.engine.api.ChatRequest`)."""
+REUSE_HEADER = "x-reins-token-reuse"
+"""The engine's answer header: `reused` or `fallback`. An engine that does not answer it does
+not know the field (vLLM): the proxy stops sending it there."""
+
+AttemptKey = tuple[str, int]
+
+
+def digest(message: Any) -> bytes:
+    """A message's fingerprint: its JSON with sorted keys, hashed."""
+    text = json.dumps(message, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def request_view(chat: dict[str, Any]) -> tuple[list[bytes], bytes] | None:
+    """(message digests, digest of the rest that shapes the prompt) of a chat request; None when
+    it has no list of messages."""
+    messages = chat.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    shape = digest([chat.get("tools"), chat.get("tool_choice")])
+    return [digest(message) for message in messages], shape
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, dict) else None
+
+
+@dataclass
+class _Remembered:
+    messages: list[bytes]
+    shape: bytes
+    tokens: array[int]
+    """The call's prompt + response token IDs."""
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One call's reuse decision, kept until its record comes back (`ReuseMemory.remember`)."""
+
+    key: AttemptKey
+    messages: list[bytes]
+    shape: bytes
+
+
+class ReuseMemory:
+    """Per attempt, the last few successful chat calls (see the module docstring)."""
+
+    def __init__(
+        self, *, attempts: int = 1024, per_attempt: int = 6, max_tokens: int = 32_000_000
+    ) -> None:
+        self.attempts = attempts
+        self.per_attempt = per_attempt
+        self.max_tokens = max_tokens
+        self._calls: OrderedDict[AttemptKey, list[_Remembered]] = OrderedDict()
+        self._tokens = 0
+
+    @property
+    def tokens(self) -> int:
+        """Token IDs held in all."""
+        return self._tokens
+
+    def prefix_for(
+        self, key: AttemptKey, chat: dict[str, Any]
+    ) -> tuple[list[int] | None, Ticket | None]:
+        """The token IDs this chat request's prompt should start with (None: no reuse), and the
+        ticket to pass to `remember` with the call's records (None: nothing to remember)."""
+        view = request_view(chat)
+        if view is None:
+            return None, None
+        messages, shape = view
+        chosen: int | None = None
+        for index, call in enumerate(self._calls.get(key, ())):
+            size = len(call.messages)
+            if (
+                call.shape == shape
+                and len(messages) > size + 1
+                and messages[:size] == call.messages
+                and _role(chat["messages"][size]) == "assistant"
+                and (chosen is None or size >= len(self._calls[key][chosen].messages))
+            ):
+                chosen = index
+        if chosen is None:
+            return None, Ticket(key, messages, shape)
+        self._calls.move_to_end(key)
+        calls = self._calls[key]
+        calls.append(calls.pop(chosen))  # the most recently used last
+        return calls[-1].tokens.tolist(), Ticket(key, messages, shape)
+
+    def remember(self, ticket: Ticket, prompt: Sequence[int], response: Sequence[int]) -> None:
+        """A successful call of `ticket` joins its attempt's remembered calls (the least recently
+        used one out past `per_attempt`). The call it extended stays: a retry of this call
+        extends it again, gets the same prompt, and is deduplicated (`reins.samples`). An
+        earlier try of this same call is replaced."""
+        if not prompt or not response:
+            return
+        entry = _Remembered(ticket.messages, ticket.shape, array("i", prompt))
+        entry.tokens.extend(response)
+        calls = self._calls.setdefault(ticket.key, [])
+        self._calls.move_to_end(ticket.key)
+        for call in [c for c in calls if (c.messages, c.shape) == (entry.messages, entry.shape)]:
+            calls.remove(call)
+            self._tokens -= len(call.tokens)
+        calls.append(entry)
+        if len(calls) > self.per_attempt:
+            self._tokens -= len(calls.pop(0).tokens)
+        self._tokens += len(entry.tokens)
+        while self._calls and (len(self._calls) > self.attempts or self._tokens > self.max_tokens):
+            _, dropped = self._calls.popitem(last=False)
+            self._tokens -= sum(len(call.tokens) for call in dropped)
+
+
+Outcome = Literal["reused", "fallback", "none", "asked"]
+"""What became of a call's reuse, recorded as its `token_reuse`: `reused` (the prompt starts with
+the earlier call's tokens), `fallback` (the engine rendered it as usual: the history changed),
+`none` (it extends no remembered call: the first call, a new conversation, a restart; or the
+engine does not take the field). `asked` only while the engine has not answered."""
+
+
+@dataclass
+class _Pending:
+    request: dict[str, Any]
+    ticket: Ticket
+    outcome: Outcome
+
+
+class TokenReuse:
+    """The proxy's side of token reuse: asks (`prepare`), hears the engine (`answered`), learns
+    from the call's records (`recorded`). Calls are told apart by their request object, which
+    every record of the call carries (`CallFacts.request`)."""
+
+    def __init__(self, memory: ReuseMemory | None = None, *, pending: int = 1024) -> None:
+        self.memory = memory or ReuseMemory()
+        self.pending = pending
+        self._pending: OrderedDict[int, _Pending] = OrderedDict()
+        """Calls in flight, by `id(request)` (the request is held, so the id stays its own). A
+        call whose records never come is dropped past `pending` (oldest first); a call dropped
+        while still in flight is only not remembered."""
+        self.unsupported: set[str] = set()
+        """Endpoints that answered without `REUSE_HEADER`: they do not know the field."""
+
+    def prepare(
+        self, key: AttemptKey, request: dict[str, Any], sent: dict[str, Any], endpoint: str
+    ) -> None:
+        """Adds `PREFIX_FIELD` to the engine's chat body `sent` when the call extends a
+        remembered call of attempt `key`; `request` is the call's `CallFacts.request`."""
+        prefix, ticket = self.memory.prefix_for(key, sent)
+        if ticket is None:
+            return
+        outcome: Outcome = "none"
+        if prefix is not None and endpoint not in self.unsupported and sent.get("n", 1) == 1:
+            sent[PREFIX_FIELD] = prefix
+            outcome = "asked"
+        self._pending[id(request)] = _Pending(request, ticket, outcome)
+        while len(self._pending) > self.pending:
+            self._pending.popitem(last=False)
+
+    def answered(self, request: dict[str, Any], endpoint: str, header: str | None) -> None:
+        """The engine's 2xx answer to the call arrived, with `REUSE_HEADER`'s value."""
+        pending = self._pending.get(id(request))
+        if pending is None or pending.request is not request or pending.outcome != "asked":
+            return
+        heard: dict[str | None, Outcome] = {"reused": "reused", "fallback": "fallback"}
+        pending.outcome = heard.get(header, "none")
+        if header not in heard:
+            self.unsupported.add(endpoint)
+
+    def recorded(self, records: Sequence[Any]) -> None:
+        """The call's records (`ModelRequest`s), before they are stored: a successful call with
+        one choice is remembered; each record gets `token_reuse` (the `Outcome`)."""
+        if not records:
+            return
+        request = getattr(records[0], "request", None)
+        pending = self._pending.get(id(request))
+        if pending is None or pending.request is not request:
+            return
+        del self._pending[id(request)]
+        if pending.outcome == "asked":  # no 2xx answer came: the call failed
+            return
+        for record in records:
+            record.token_reuse = pending.outcome
+        if len(records) == 1 and records[0].status == 200:
+            record = records[0]
+            self.memory.remember(pending.ticket, record.prompt_token_ids, record.response_token_ids)

@@ -1,0 +1,249 @@
+"""`reins doctor`'s report on recorded call data (no process, no model): a toy tokenizer.
+
+Toy text: ids 0-25 are the letters a-z; 26 is "ab" (so "ab" has two tokenizations); 27 is " ";
+then chat markers, which are special (dropped from the text a harness is shown).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from reins.doctor import Detokenizer, HarnessRun, build_report, render_text
+from reins.doctor.received import Answer, matches, received_answer
+
+AB, SPACE, EOS, USER, ASSISTANT = 26, 27, 28, 29, 30
+SPECIAL = {EOS: "<eos>", USER: "<user>", ASSISTANT: "<assistant>"}
+VOCAB = {i: chr(ord("a") + i) for i in range(26)} | {AB: "ab", SPACE: " "} | SPECIAL
+
+
+class ToyTokenizer:
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return "".join(VOCAB[i] for i in token_ids if not (skip_special_tokens and i in SPECIAL))
+
+
+DETOK = Detokenizer(ToyTokenizer())
+
+
+def ids(text: str) -> list[int]:
+    """Letters and spaces one token each."""
+    return [SPACE if c == " " else ord(c) - ord("a") for c in text]
+
+
+def record(
+    prompt: list[int],
+    response: list[int],
+    *,
+    shown: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A successful chat call as the proxy records it; the harness was shown `shown` (default:
+    what the response tokens say)."""
+    text = DETOK.shown(response) if shown is None else shown
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "prompt_token_ids": prompt,
+        "response_token_ids": response,
+        "response_logprobs": [-0.5] * len(response),
+        "response": {"choices": [{"index": 0, "message": message}]},
+        "status": 200,
+        "kind": "chat",
+        "finish_reason": "stop",
+        "error": None,
+        **extra,
+    }
+
+
+FIRST_PROMPT = [USER, *ids("name a fruit"), ASSISTANT]
+
+
+def conversation(answer: list[int], sent_back: list[int] | None = None) -> list[dict[str, Any]]:
+    """Two turns: the second prompt carries `sent_back` (default: the sampled answer) as the
+    assistant turn."""
+    first = record(FIRST_PROMPT, [*answer, EOS])
+    back = answer if sent_back is None else sent_back
+    second_prompt = [*FIRST_PROMPT, *back, EOS, USER, *ids("another"), ASSISTANT]
+    return [first, record(second_prompt, [*ids("fig"), EOS])]
+
+
+def run(calls: list[dict[str, Any]], name: str = "r1", returncode: int | None = 0) -> HarnessRun:
+    return HarnessRun(name, calls, returncode, seconds=1.0)
+
+
+def checks(report: Any) -> dict[str, str]:
+    return {f.check: f.severity for f in report.findings}
+
+
+def test_append_only_harness_merges_every_rollout_and_passes() -> None:
+    report = build_report(
+        [run(conversation(ids("kiwi")), "r1"), run(conversation(ids("plum")), "r2")], DETOK
+    )
+    assert report.ok is True
+    assert (report.calls, report.trainable_calls, report.sequences) == (4, 4, 2)
+    assert report.samples_per_rollout == 1.0
+    assert report.one_sequence_ratio == 1.0
+    assert report.splits == {}
+    assert (report.fidelity_checked, report.fidelity_mismatched) == (4, 0)
+    assert report.findings == []
+
+
+def test_response_tokens_that_differ_from_what_the_harness_received_fail() -> None:
+    calls = conversation(ids("kiwi"))
+    calls[0] = record(FIRST_PROMPT, [*ids("kiwi"), EOS], shown="kiwi and the stop text")
+    report = build_report([run(calls)], DETOK)
+    assert report.ok is False
+    assert report.fidelity_mismatched == 1
+    assert checks(report) == {"mismatch": "error"}
+    (finding,) = report.findings
+    assert "r1 call 1" in finding.message and "'kiwi'" in finding.message
+    assert "embedded engine" in finding.fix
+
+
+def test_retokenized_and_transformed_splits_are_named_with_their_boundary() -> None:
+    retokenized = conversation([AB, *ids("c")], sent_back=ids("abc"))  # "ab" re-encoded a|b
+    transformed = conversation(ids("kiwi"), sent_back=ids("kiwi fruit"))  # the harness edited
+    report = build_report([run(retokenized, "r1"), run(transformed, "r2")], DETOK)
+    assert report.ok is True  # splits cost efficiency, not correctness
+    assert report.splits == {"retokenized": 1, "transformed": 1}
+    assert report.samples_per_rollout == 2.0
+    assert report.one_sequence_ratio == 0.0
+    example = report.split_examples["retokenized"]
+    assert (example.rollout_id, example.call) == ("r1", 2)
+    assert example.before[-1] == "<assistant>"
+    assert example.recorded[:2] == ["ab", "c"]
+    assert example.next_prompt[:3] == ["a", "b", "c"]
+    edited = report.split_examples["transformed"]
+    assert "".join(edited.before).endswith("kiwi")
+    assert edited.recorded[0] == "<eos>" and edited.next_prompt[0] == " "
+    assert checks(report) == {"split:retokenized": "warning", "split:transformed": "warning"}
+    assert [r.splits for r in report.rollouts] == [["retokenized"], ["transformed"]]
+
+
+def test_a_dropped_answer_is_reported_as_intended() -> None:
+    first = record(FIRST_PROMPT, [*ids("bad"), EOS])
+    retry_prompt = [USER, *ids("name a fruit"), USER, *ids("format"), ASSISTANT]
+    report = build_report([run([first, record(retry_prompt, [*ids("fig"), EOS])])], DETOK)
+    assert report.splits == {"dropped": 1}
+    assert checks(report) == {"split:dropped": "info"}
+
+
+def test_calls_without_token_ids_or_logprobs_cannot_be_trained() -> None:
+    no_ids = record([], [], error="the engine returned no token IDs", finish_reason="length")
+    no_logprobs = record(FIRST_PROMPT, [*ids("kiwi"), EOS], response_logprobs=None)
+    positive = record(FIRST_PROMPT, [*ids("fig"), EOS], response_logprobs=[0.5, -1.0, -1.0, -1.0])
+    report = build_report([run([no_ids, no_logprobs, positive])], DETOK)
+    assert report.ok is False
+    assert (report.missing_token_ids, report.bad_logprobs, report.trainable_calls) == (1, 2, 0)
+    assert checks(report) == {"no_token_ids": "error", "no_logprobs": "error"}
+
+
+def test_every_call_failed_is_an_error_and_some_failed_a_warning() -> None:
+    failed = {"status": 400, "error": "the prompt is too long", "kind": "chat", "response": {}}
+    all_failed = build_report([run([failed, failed], returncode=1)], DETOK)
+    assert all_failed.ok is False
+    assert checks(all_failed) == {"failed": "error", "harness_exit": "warning"}
+    assert "status 400: the prompt is too long" in all_failed.findings[0].message
+    some = build_report([run([failed, *conversation(ids("kiwi"))])], DETOK)
+    assert some.ok is True
+    assert checks(some) == {"failed": "warning"}
+    assert some.sequences == 1  # the failed call takes no part in merging
+
+
+def test_no_call_in_any_run_is_an_error() -> None:
+    report = build_report([run([]), run([])], DETOK)
+    assert report.ok is False
+    assert checks(report) == {"no_calls": "error"}
+    assert report.samples_per_rollout is None
+
+
+def test_an_abandoned_call_is_left_out_and_warned_about() -> None:
+    calls = conversation(ids("kiwi"))
+    late = record(FIRST_PROMPT, [*ids("pear"), EOS], abandoned=True)
+    report = build_report([run([late, *calls])], DETOK)
+    assert (report.abandoned_calls, report.trainable_calls, report.sequences) == (1, 2, 1)
+    assert checks(report) == {"abandoned": "warning"}
+
+
+def test_tool_call_round_trip_and_stop_truncation_are_counted() -> None:
+    tool_ids = ids("zzz")  # stands for the call's text; without a tokenizer text is not read
+    shown_call = [{"id": "c1", "type": "function", "function": {"name": "look", "arguments": "{}"}}]
+    first = record(FIRST_PROMPT, [*tool_ids, EOS], shown="", tool_calls=shown_call)
+    first["finish_reason"] = "tool_calls"
+    first["stop_reason"] = "</tool_call>"
+    second_prompt = [*FIRST_PROMPT, *tool_ids, EOS, USER, *ids("seen"), ASSISTANT]
+    second = record(second_prompt, [*ids("done"), EOS], stop_reason="observation")
+    third_prompt = [*second_prompt, *ids("done"), *ids("observation"), EOS, ASSISTANT]
+    third = record(third_prompt, [*ids("ok"), EOS])
+    report = build_report([run([first, second, third])], None)  # token evidence only
+    assert (report.tool_call_turns, report.tool_call_merged) == (1, 1)
+    assert (report.stop_truncated, report.stop_followed_by_split) == (1, 1)
+    assert report.fidelity_checked == 0
+    assert checks(report) == {
+        "split:unknown": "warning",
+        "stop": "warning",
+        "no_tokenizer": "warning",
+    }
+
+
+def test_text_and_json_show_the_same_figures() -> None:
+    report = build_report(
+        [run(conversation(ids("kiwi"), sent_back=ids("kiwi fruit"))), run([], "r2", None)], DETOK
+    )
+    text = render_text(report, "python agent.py")
+    assert "of `python agent.py`" in text
+    assert "samples per rollout           2.00" in text
+    assert "transformed 1" in text
+    assert "r2: timed out" in text
+    assert "sampled:   '…" in text and "‖" in text
+    assert text.rstrip().endswith("verdict: OK, this harness can be trained (exit 0)")
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["ok"] is True
+    assert data["samples_per_rollout"] == 2.0
+    assert data["splits"] == {"transformed": 1}
+    assert data["split_examples"]["transformed"]["call"] == 2
+    assert [f["check"] for f in data["findings"]] == [
+        "no_calls",
+        "harness_exit",
+        "split:transformed",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "response", "expected"),
+    [
+        ("completions", {"choices": [{"text": "kiwi"}]}, Answer("kiwi")),
+        (
+            "responses",
+            {
+                "output": [
+                    {"type": "message", "content": [{"type": "output_text", "text": "ok"}]},
+                    {"type": "function_call", "name": "look", "arguments": '{"a": 1}'},
+                ]
+            },
+            Answer("ok", (("look", {"a": 1}),)),
+        ),
+        (
+            "messages",
+            {"content": [{"type": "tool_use", "name": "look", "input": {"a": 1}}]},
+            Answer("", (("look", {"a": 1}),)),
+        ),
+    ],
+)
+def test_each_wire_api_answer_is_read(
+    kind: str, response: dict[str, Any], expected: Answer
+) -> None:
+    assert received_answer(kind, response) == expected
+
+
+def test_tool_calls_match_as_json_values_not_as_text() -> None:
+    sampled = 'Let me look.\n<tool_call>\n{"name": "look", "arguments": {"a": 1}}\n</tool_call>'
+    assert matches(sampled, Answer("Let me look.", (("look", {"a": 1}),))) is True
+    assert matches(sampled, Answer("Let me look.", (("look", {"a": 2}),))) is False
+    assert matches(sampled, Answer("Let me look.\n", (("look", {"a": 1}),))) is False
+    assert matches("kiwi", Answer("kiwi ")) is False
