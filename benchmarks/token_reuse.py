@@ -26,16 +26,20 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import openai
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from reins.gateway import GatewaySettings  # noqa: E402
-from tests.conftest import ADMIN_KEY, serve  # noqa: E402
+from tests.conftest import ADMIN_KEY  # noqa: E402
 from tests.embedded_support import ServedEngine, served_engine  # noqa: E402
-from tests.harness.conftest import Rollout, open_rollout, training_sequences  # noqa: E402
+from tests.harness.conftest import (  # noqa: E402
+    Rollout,
+    gateway_for,
+    open_rollout,
+    training_sequences,
+)
 from tests.harness.conversations import weather_conversation  # noqa: E402
 
 
@@ -100,13 +104,7 @@ def gateway(engine: ServedEngine, *, reuse: bool) -> Iterator[str]:
         settings = GatewaySettings(
             database_url=str(Path(folder) / "gateway.db"), api_key=ADMIN_KEY, token_reuse=reuse
         )
-        with serve(settings) as server:
-            url = f"http://127.0.0.1:{server.port}"
-            httpx.post(
-                f"{url}/api/models",
-                json={"model": engine.name, "endpoint": engine.base_url, "engine": "embedded"},
-                headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-            ).raise_for_status()
+        with gateway_for(settings, engine) as (url, _):
             yield url
 
 

@@ -41,10 +41,10 @@ from reins.agent import CLI_VERSIONS, AgentContext, cli_home_env
 from reins.engine.chat import parse_tool_calls
 from reins.gateway import GatewaySettings
 from reins.gateway.capture import SamplingPolicy
-from tests.conftest import ADMIN_KEY, serve
+from tests.conftest import ADMIN_KEY
 from tests.embedded_support import ServedEngine
 from tests.harness import netns
-from tests.harness.conftest import note_fidelity
+from tests.harness.conftest import gateway_for, note_fidelity
 from tests.required import missing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,14 +224,8 @@ def cli_gateway(engine: ServedEngine, folder: Path) -> Iterator[CliGateway]:
     settings = GatewaySettings(
         database_url=str(folder / "gateway.db"), api_key=ADMIN_KEY, val_sampling=greedy
     )
-    with serve(settings) as server:
-        url = f"http://127.0.0.1:{server.port}"
-        httpx.post(
-            f"{url}/api/models",
-            json={"model": engine.name, "endpoint": engine.base_url, "engine": "embedded"},
-            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-        ).raise_for_status()
-        yield CliGateway(url, server.port, engine)
+    with gateway_for(settings, engine) as (url, port):
+        yield CliGateway(url, port, engine)
 
 
 # --- running a CLI -------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ what the proxy recorded for it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -166,17 +167,24 @@ def embedded() -> Iterator[ServedEngine]:
         yield served
 
 
-@pytest.fixture(scope="session")
-def gateway_url(embedded: ServedEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    database = tmp_path_factory.mktemp("harness-gateway") / "gateway.db"
-    settings = GatewaySettings(database_url=str(database), api_key=ADMIN_KEY)
+@contextlib.contextmanager
+def gateway_for(settings: GatewaySettings, engine: ServedEngine) -> Iterator[tuple[str, int]]:
+    """A gateway served on loopback with `engine` registered as its model; (URL, port)."""
     with serve(settings) as server:
         url = f"http://127.0.0.1:{server.port}"
         httpx.post(
             f"{url}/api/models",
-            json={"model": embedded.name, "endpoint": embedded.base_url, "engine": "embedded"},
+            json={"model": engine.name, "endpoint": engine.base_url, "engine": "embedded"},
             headers={"Authorization": f"Bearer {ADMIN_KEY}"},
         ).raise_for_status()
+        yield url, server.port
+
+
+@pytest.fixture(scope="session")
+def gateway_url(embedded: ServedEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    database = tmp_path_factory.mktemp("harness-gateway") / "gateway.db"
+    settings = GatewaySettings(database_url=str(database), api_key=ADMIN_KEY)
+    with gateway_for(settings, embedded) as (url, _):
         yield url
 
 

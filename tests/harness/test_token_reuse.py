@@ -15,9 +15,9 @@ import openai
 import pytest
 
 from reins.gateway import GatewaySettings
-from tests.conftest import ADMIN_KEY, serve
+from tests.conftest import ADMIN_KEY
 from tests.embedded_support import ServedEngine
-from tests.harness.conftest import Rollout, open_rollout, training_sequences
+from tests.harness.conftest import Rollout, gateway_for, open_rollout, training_sequences
 from tests.harness.conversations import ask, weather_conversation
 
 pytestmark = pytest.mark.slow
@@ -30,13 +30,7 @@ def reuse_gateway_url(
     """A gateway with token reuse on, in front of the session's engine."""
     database = tmp_path_factory.mktemp("reuse-gateway") / "gateway.db"
     settings = GatewaySettings(database_url=str(database), api_key=ADMIN_KEY, token_reuse=True)
-    with serve(settings) as server:
-        url = f"http://127.0.0.1:{server.port}"
-        httpx.post(
-            f"{url}/api/models",
-            json={"model": embedded.name, "endpoint": embedded.base_url, "engine": "embedded"},
-            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-        ).raise_for_status()
+    with gateway_for(settings, embedded) as (url, _):
         yield url
 
 
