@@ -39,6 +39,17 @@ def reuse_rollout(reuse_gateway_url: str, embedded: ServedEngine) -> Rollout:
     return open_rollout(reuse_gateway_url, embedded)
 
 
+@pytest.fixture(scope="module")
+def plain_gateway_url(
+    embedded: ServedEngine, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A gateway with token reuse turned off, in front of the session's engine."""
+    database = tmp_path_factory.mktemp("plain-gateway") / "gateway.db"
+    settings = GatewaySettings(database_url=str(database), api_key=ADMIN_KEY, token_reuse=False)
+    with gateway_for(settings, embedded) as (url, _):
+        yield url
+
+
 def client(rollout: Rollout) -> openai.OpenAI:
     return openai.OpenAI(base_url=rollout.base_url, api_key=rollout.token, timeout=300)
 
@@ -98,8 +109,11 @@ def test_an_edited_history_falls_back_and_the_split_says_why(reuse_rollout: Roll
     assert training_sequences(calls, reuse_rollout.engine) == (2, ["transformed"])
 
 
-def test_without_reuse_the_calls_record_no_reuse(rollout: Rollout) -> None:
-    """The default gateway (reuse off) renders every prompt from the template."""
+def test_without_reuse_the_calls_record_no_reuse(
+    plain_gateway_url: str, embedded: ServedEngine
+) -> None:
+    """A gateway with reuse off renders every prompt from the template."""
+    rollout = open_rollout(plain_gateway_url, embedded)
     weather_conversation(client(rollout), rollout.model, stream=True, turns=2)
     calls = rollout.calls()
     assert all("token_reuse" not in call for call in calls)
@@ -133,3 +147,12 @@ def test_a_messages_api_conversation_reuses_its_tokens(reuse_rollout: Rollout) -
         head = before["prompt_token_ids"] + before["response_token_ids"]
         assert call["prompt_token_ids"][: len(head)] == head
     assert training_sequences(calls, reuse_rollout.engine) == (1, [])
+
+
+def test_the_default_gateway_reuses_tokens(rollout: Rollout) -> None:
+    """Reuse is on by default (`GatewaySettings.token_reuse`): a gateway made with no setting
+    prompts the second call with the first call's tokens."""
+    weather_conversation(client(rollout), rollout.model, stream=False, turns=2)
+    calls = rollout.calls()
+    assert [call["token_reuse"] for call in calls] == ["none", "reused"]
+    assert_each_prompt_extends_the_last_call(rollout, calls)

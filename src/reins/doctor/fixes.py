@@ -45,9 +45,10 @@ FIXES: dict[str, str] = {
     ),
     "split:retokenized": (
         "the harness sent the answer back as text and the chat template re-encoded it into other "
-        "tokens (same text): turn on token reuse at the proxy (the gateway's `token_reuse`, "
-        "REINS_TOKEN_REUSE=true; `reins doctor --token-reuse` to try it; docs/proxy.md), which "
-        "prompts the engine with the sampled tokens; without it each part is still trained on "
+        "tokens (same text): keep token reuse on at the proxy (the gateway's `token_reuse`, on "
+        "by default; `reins doctor --token-reuse` to try it; docs/proxy.md) with an engine that "
+        "takes token-ID prompts; it prompts the engine with the sampled tokens; without it each "
+        "part is still trained on "
         "the tokens it sampled, only the shared prompt is trained again"
     ),
     "split:template": (

@@ -52,12 +52,13 @@ class GatewaySettings(BaseSettings):
     """Retries of a call whose engine could not be reached (backoff, next endpoint)."""
     proxy_read_timeout_s: float = Field(default=3600.0, gt=0)
     """Longest an engine may take to answer one call."""
-    token_reuse: bool = False
+    token_reuse: bool = True
     """Token reuse: a chat call whose messages extend an earlier call of its attempt (that call's
     messages, its answer, new messages) is prompted with that call's prompt and response token
     IDs + the rendering of only the new messages, so the rollout merges into one training
-    sequence (docs/proxy.md). Needs an engine that takes `reins_prefix_token_ids` (the embedded
-    one; vLLM does not: its calls are rendered as usual)."""
+    sequence (docs/proxy.md). On by default: measured, it turns `retokenized` splits into merged
+    rollouts (docs/benchmarks.md); an engine that cannot take a token-ID prompt renders as
+    usual. `REINS_TOKEN_REUSE=false` renders every prompt from the template."""
     runs_dir: Path = Path(".reins") / "runs"
     """Where the dashboard finds training runs: `<runs_dir>/<run>/metrics.jsonl`."""
     monitor_tokenizer: str | None = None
