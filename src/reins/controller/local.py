@@ -41,6 +41,7 @@ from reins.controller.loop import (
     State,
     agent_command,
 )
+from reins.controller.zygote import DIE_WITH_PARENT, die_with_parent, pdeathsig_call
 
 # Runs the agent as its child so that the exit status is written even when no controller is
 # alive to wait for it. `"$@"` is the agent's argv, so nothing of it is parsed by this shell.
@@ -83,6 +84,7 @@ class LocalReconciler:
         kill_grace_s: float = 2.0,
         adopt_poll_s: float = 0.2,
         preload: bool = True,
+        die_with_parent: bool = False,
     ) -> None:
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be at least 1, not {max_parallel}")
@@ -101,6 +103,10 @@ class LocalReconciler:
         self.preload = preload
         """`module:function` agents are forked from a zygote that imported their module once
         (`reins.controller.zygote`), instead of a fresh interpreter per attempt."""
+        self.die_with_parent = die_with_parent
+        """Agents (and zygotes) are killed by the kernel when this process ends, even by
+        SIGKILL: for a controller inside the trainer, whose gateway dies with it. A standalone
+        controller leaves it off, so that its agents outlive a crash and are adopted."""
         self._zygotes: dict[str, _Zygote] = {}
         self._unloadable: set[str] = set()
         self._execs: dict[Key, _Execution] = {}
@@ -233,6 +239,7 @@ class LocalReconciler:
                 env=env,
                 cwd=self.workdir,
                 start_new_session=True,  # its own process group, killed whole
+                preexec_fn=self._preexec(),
             )
         execution = _Execution(
             key, folder, process.pid, deadline, launch.timeout_s, launch.incarnation, process
@@ -266,6 +273,12 @@ class LocalReconciler:
             self._unloadable.add(agent)
             del self._zygotes[agent]
             return None
+
+    def _preexec(self) -> Callable[[], None] | None:
+        if not self.die_with_parent:
+            return None
+        parent, prctl = os.getpid(), pdeathsig_call()  # nothing is loaded after the fork
+        return lambda: die_with_parent(parent, prctl)
 
     def _base_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "REINS_API_KEY"}  # never the admin key
@@ -539,11 +552,18 @@ class _Zygote:
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=log,
-                    env=self.owner._base_env(),
+                    env=self._env(),
                     cwd=self.owner.workdir,
                     start_new_session=True,  # a Ctrl-C at the controller's terminal is ours
                 )
         return self.process
+
+    def _env(self) -> dict[str, str]:
+        env = self.owner._base_env()
+        if self.owner.die_with_parent:
+            env[DIE_WITH_PARENT] = "1"
+            env[DIE_WITH_PARENT + "_PID"] = str(os.getpid())
+        return env
 
     async def close(self) -> None:
         process = self.process

@@ -9,6 +9,10 @@ the agent exactly as `run_agent` does, and writes its `exit` file as the shell w
 zygote writes its `pid` and `pid.start` before answering); the controller watches it like an
 adopted agent.
 
+With `REINS_ZYGOTE_DIE_WITH_PARENT=1` in its environment (the trainer's own controller sets it),
+the zygote and every child die with their parent (`die_with_parent`): a SIGKILL of the trainer
+leaves no agent behind.
+
 Protocol: one JSON request per line on stdin, `{"folder": ..., "env": {...}, "cwd": ...}`, one
 answer per line on stdout, `{"pid": N}` or `{"error": "..."}`. The zygote exits when stdin closes.
 
@@ -22,6 +26,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,32 @@ def process_start_time(pid: int) -> str | None:
     except OSError:
         return None
     return stat.rsplit(")", 1)[-1].split()[19]
+
+
+DIE_WITH_PARENT = "REINS_ZYGOTE_DIE_WITH_PARENT"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int, prctl: Callable[..., int] | None = None) -> None:
+    """Has the kernel SIGKILL this process when `parent` (its parent) ends (Linux; elsewhere
+    nothing). Called in a freshly forked child; if the parent is already gone, dies now. A child
+    forked from a threaded process must not import or load anything: pass `pdeathsig_call()`,
+    taken before the fork."""
+    prctl = prctl or pdeathsig_call()
+    if prctl is None or prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pdeathsig_call() -> Callable[..., int] | None:
+    """libc's `prctl` (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    return prctl
 
 
 def _write(path: Path, text: str) -> None:
@@ -52,11 +83,13 @@ def _exit_status(code: object) -> int:
     return 1
 
 
-def _child(agent: str, function: Any, request: dict[str, Any]) -> None:
+def _child(agent: str, function: Any, request: dict[str, Any], parent: int | None) -> None:
     """Runs in the forked child; never returns."""
     code = 1
     try:
         os.setsid()
+        if parent is not None:
+            die_with_parent(parent)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the agent's own subprocesses are waited
         folder = Path(request["folder"])
         log = os.open(folder / "agent.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -96,6 +129,10 @@ def main(argv: list[str]) -> int:
     function = load_agent(agent)
     if function is None:
         return 2
+    parent = None
+    if os.environ.pop(DIE_WITH_PARENT, "") == "1":
+        die_with_parent(int(os.environ.pop(DIE_WITH_PARENT + "_PID", "0")) or os.getppid())
+        parent = os.getpid()
     # Children are reaped by the kernel: the controller learns their end from their files.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     out = sys.stdout
@@ -112,7 +149,7 @@ def main(argv: list[str]) -> int:
             out.flush()
             continue
         if pid == 0:
-            _child(agent, function, request)
+            _child(agent, function, request, parent)
         # Written here, before the answer, so the controller never sees a pid it cannot check.
         folder = Path(request["folder"])
         _write(folder / "pid.start", process_start_time(pid) or "")

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import sqlalchemy.exc
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -134,6 +135,34 @@ def _install_error_handlers(app: FastAPI) -> None:
         shaped = proxy.error_for_path(request.url.path, status_code, str(exc))
         return shaped or _error(status_code, str(exc))
 
+    @app.exception_handler(sqlalchemy.exc.DBAPIError)
+    async def on_database_error(request: Request, exc: sqlalchemy.exc.DBAPIError) -> Response:
+        # A full disk or a database that went away is an outage to wait out or fix, not a bug:
+        # say which (507, 503 with Retry-After) instead of a bare 500. The request was not
+        # acknowledged; every write is idempotent, so clients retry 5xx (`GatewayClient`), and
+        # the same process serves again once the database does.
+        if _disk_full(exc):
+            message = (
+                "the gateway's database has no space left on its disk "
+                f"({str(exc.orig).splitlines()[0]}); this request was not stored. Free space "
+                "on the database's disk and retry: acknowledged writes are kept"
+            )
+            return _outage(request, 507, message)
+        if (
+            exc.connection_invalidated
+            or isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError)
+            # PostgreSQL: connection exception (08), shutting down or starting up (57P0x)
+            or _sqlstate(exc).startswith(("08", "57P0"))
+        ):
+            return _unavailable(request, str(exc.orig).splitlines()[0])
+        raise exc
+
+    @app.exception_handler(ConnectionError)
+    async def on_connection_error(request: Request, exc: ConnectionError) -> Response:
+        # Only the store connects from a route (the proxy handles its engine's errors itself):
+        # the database refused a new connection (it is restarting, or down).
+        return _unavailable(request, repr(exc))
+
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # Under /proxy/, in the shape of the harness's API (its SDK shows only that).
@@ -142,6 +171,35 @@ def _install_error_handlers(app: FastAPI) -> None:
         if exc.headers:
             response.headers.update(exc.headers)
         return response
+
+
+def _outage(request: Request, status_code: int, message: str) -> Response:
+    response = proxy.error_for_path(request.url.path, status_code, message) or _error(
+        status_code, message
+    )
+    if status_code == 503:
+        response.headers["Retry-After"] = "1"
+    return response
+
+
+def _unavailable(request: Request, detail: str) -> Response:
+    return _outage(
+        request,
+        503,
+        f"the gateway cannot reach its database ({detail}); this request was not "
+        "acknowledged. Retry it (every write is idempotent): the gateway reconnects by itself "
+        "once the database is back",
+    )
+
+
+def _sqlstate(error: sqlalchemy.exc.DBAPIError) -> str:
+    orig = error.orig
+    return str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
+
+
+def _disk_full(error: sqlalchemy.exc.DBAPIError) -> bool:
+    """SQLite's SQLITE_FULL, or PostgreSQL's disk_full (SQLSTATE 53100)."""
+    return "database or disk is full" in str(error.orig) or _sqlstate(error) == "53100"
 
 
 class BodySizeLimit:

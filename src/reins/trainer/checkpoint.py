@@ -1,13 +1,22 @@
 """Checkpoints: `<run>/checkpoints/step-NNNNNN/` holds the backend's model and optimizer state and
-`trainer.json` (next step, data position, weight version, RNG states). A checkpoint is written in a
-temporary folder and renamed into place, so it is complete or absent; older ones are pruned."""
+`trainer.json` (next step, data position, weight version and lineage, groups declared but not yet
+trained, the step's metrics record, RNG states).
+
+Invariants:
+- a checkpoint is written in a hidden staging folder and renamed into place, so a folder named
+  `step-*` is complete; a staging folder left by a crash is never loaded (`latest` does not see
+  it) and `remove_partial` deletes it;
+- the trainer saves a step's checkpoint before it writes the step's metrics line, and the
+  checkpoint holds that line, so a crash in between loses neither (`MetricsLog.settle`);
+- older checkpoints are pruned only after the new one is in place.
+"""
 
 from __future__ import annotations
 
 import json
 import random
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +26,7 @@ import torch
 from reins.trainer.backend import Backend
 
 PREFIX = "step-"
+STAGING = ".partial"
 
 
 @dataclass
@@ -28,6 +38,14 @@ class TrainerState:
     weight_version: int
     """The engine's weight version after the last update."""
     rng: dict[str, Any]
+    lineage: list[int] = field(default_factory=list)
+    """Every weight version this run's weights went through, in order, up to `weight_version`
+    (staleness is counted along it; a version not in it names weights a crash discarded)."""
+    pending: list[int] = field(default_factory=list)
+    """Stream positions of groups declared but not trained yet (async): a resume declares them
+    again."""
+    record: dict[str, Any] | None = None
+    """The metrics record of step `next_step - 1`."""
 
 
 def capture_rng() -> dict[str, Any]:
@@ -50,7 +68,7 @@ def save(run_dir: Path, backend: Backend, state: TrainerState, *, keep: int) -> 
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{state.next_step:06d}"
-    staging = root / f".{final.name}.partial"
+    staging = root / f".{final.name}{STAGING}"
     shutil.rmtree(staging, ignore_errors=True)
     backend.save_checkpoint(staging)
     (staging / "trainer.json").write_text(json.dumps(asdict(state), default=_plain))
@@ -66,9 +84,24 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def remove_partial(run_dir: Path) -> list[Path]:
+    """Deletes staging folders a crash left mid-save; returns them."""
+    partial = sorted((run_dir / "checkpoints").glob(f".{PREFIX}*{STAGING}"))
+    for folder in partial:
+        shutil.rmtree(folder, ignore_errors=True)
+    return partial
+
+
+def read_state(folder: Path) -> TrainerState:
+    state = TrainerState(**json.loads((folder / "trainer.json").read_text()))
+    if not state.lineage:  # a checkpoint written before lineages were kept
+        state.lineage = [state.weight_version]
+    return state
+
+
 def load(folder: Path, backend: Backend) -> TrainerState:
     backend.load_checkpoint(folder)
-    return TrainerState(**json.loads((folder / "trainer.json").read_text()))
+    return read_state(folder)
 
 
 def _plain(value: Any) -> Any:

@@ -54,7 +54,8 @@ def load_tasks(path: Path) -> list[Task]:
 
 
 class TaskStream:
-    """Tasks in a seeded shuffle per epoch; `position` (tasks served) is all a resume needs."""
+    """Tasks in a seeded shuffle per epoch; `position` (tasks served) and the positions of groups
+    declared but not trained (`at`) are all a resume needs."""
 
     def __init__(self, tasks: list[Task], seed: int, position: int = 0) -> None:
         self.tasks = tasks
@@ -66,11 +67,16 @@ class TaskStream:
         random.Random(f"{self.seed}:{epoch}").shuffle(order)
         return order
 
+    def at(self, positions: list[int]) -> list[tuple[int, Task]]:
+        """The tasks at these stream positions (served already: the position does not move)."""
+        out = []
+        for position in positions:
+            epoch, index = divmod(position, len(self.tasks))
+            out.append((position, self.tasks[self._order(epoch)[index]]))
+        return out
+
     def take(self, count: int) -> list[tuple[int, Task]]:
         """The next `count` tasks, each with its position in the stream (a stable id)."""
-        out = []
-        for _ in range(count):
-            epoch, index = divmod(self.position, len(self.tasks))
-            out.append((self.position, self.tasks[self._order(epoch)[index]]))
-            self.position += 1
+        out = self.at(list(range(self.position, self.position + count)))
+        self.position += count
         return out

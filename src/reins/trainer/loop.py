@@ -9,6 +9,11 @@ read their events, build samples with `reins.samples`, update the policy, publis
 
 The trainer talks to the gateway only through `GatewayClient` (HTTP). Completions are read in the
 order the gateway reached them (its change cursor).
+
+A step is committed in this order: the update (the version to be served is recorded in
+`versions.json` first), the checkpoint when due (it holds the step's metrics record), then the
+metrics line. Staleness is counted along the run's weight lineage, so a call served by weights a
+crash discarded is never trained on (see `reins.trainer.resume`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from reins.trainer.config import TrainConfig
 from reins.trainer.data import Task, TaskStream
 from reins.trainer.metrics import MetricsLog
 from reins.trainer.publish import WeightPublisher
+from reins.trainer.resume import VersionLedger
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +121,8 @@ class Group:
     task: Task
     rollout_ids: list[str]
     declared_version: int
+    position: int = -1
+    """The task's position in the training stream (-1 for validation)."""
     declared_at: float = field(default_factory=time.monotonic)
 
 
@@ -132,6 +140,10 @@ class Trainer:
         reporter: Reporter | None = None,
         metrics: MetricsLog | None = None,
         on_update: Callable[[], Any] | None = None,
+        incarnation: int = 0,
+        lineage: Sequence[int] = (),
+        pending: Sequence[int] = (),
+        versions: VersionLedger | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -153,11 +165,23 @@ class Trainer:
         )
         self.watch = CompletionWatch(client)
         self.last_val: float | None = None
+        self.incarnation = incarnation
+        """How many times this run was resumed: it is part of every rollout id it declares, so a
+        resumed run never picks up a rollout an earlier incarnation declared."""
+        self.lineage = list(lineage) or [publisher.version]
+        """The weight versions this run's weights went through, in order."""
+        self.pending = list(pending)
+        """Stream positions of groups an earlier incarnation declared and did not train."""
+        self.versions = versions
+        self._running: list[Group] = []
 
     # -- the run ---------------------------------------------------------------------------
 
-    async def run(self, start_step: int = 0) -> list[dict[str, Any]]:
-        """Makes steps `start_step .. config.steps - 1`; returns their metrics records."""
+    async def run(
+        self, start_step: int = 0, *, final_validation: bool = True
+    ) -> list[dict[str, Any]]:
+        """Makes steps `start_step .. config.steps - 1`, then validates the final weights (unless
+        `final_validation` is False: done already); returns the steps' metrics records."""
         self.watch.start()
         records: list[dict[str, Any]] = []
         try:
@@ -165,6 +189,8 @@ class Trainer:
                 records = await self._run_sync(start_step)
             else:
                 records = await self._run_async(start_step)
+            if final_validation:
+                await self._final_validation()
         finally:
             await self.watch.stop()
         return records
@@ -181,12 +207,14 @@ class Trainer:
             record = await self._update(step, finished, val, timings={"time/rollout": rollout_s})
             record["time/step"] = time.monotonic() - started
             records.append(self._finish_step(step, record))
-        await self._final_validation(records)
         return records
 
     async def _run_async(self, start_step: int) -> list[dict[str, Any]]:
         records = []
-        running: list[Group] = []
+        # Groups an earlier incarnation declared and never trained: declared again, first.
+        running = self._running = (
+            await self._declare(self.train_tasks.at(self.pending)) if self.pending else []
+        )
         capacity = self.config.tasks_per_step * (self.config.max_staleness + 1)
         needed = self.config.steps * self.config.tasks_per_step
         for step in range(start_step, self.config.steps):
@@ -198,7 +226,7 @@ class Trainer:
             if room > 0:
                 running += await self._declare(self.train_tasks.take(room))
             ready = await self._wait_groups(running, need=self.config.tasks_per_step)
-            running = [g for g in running if g not in ready]
+            running = self._running = [g for g in running if g not in ready]
             rollout_s = time.monotonic() - started
             self.reporter.phase(step, "drain")
             drained_at = time.monotonic()
@@ -220,23 +248,27 @@ class Trainer:
                 record["gateway/drain_timed_out"] = 1
             record["time/step"] = time.monotonic() - started
             records.append(self._finish_step(step, record))
-        await self._final_validation(records)
         return records
 
     def _finish_step(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
-        written = self.metrics.write(step, record)
-        self.reporter.step_done(written)
+        """Commits a step: its checkpoint when due (holding its metrics line), then the line."""
+        line = self.metrics.prepare(step, record)
         every = self.config.checkpoint_every
         if (every and (step + 1) % every == 0) or step + 1 == self.config.steps:
-            self.save_checkpoint(step + 1)
-        return written
+            self.save_checkpoint(step + 1, line)
+        self.metrics.append(line)
+        self.reporter.step_done(line)
+        return line
 
-    def save_checkpoint(self, next_step: int) -> None:
+    def save_checkpoint(self, next_step: int, record: dict[str, Any] | None = None) -> None:
         state = checkpoint.TrainerState(
             next_step=next_step,
             data_position=self.train_tasks.position,
             weight_version=self.publisher.version,
             rng=checkpoint.capture_rng(),
+            lineage=list(self.lineage),
+            pending=sorted(g.position for g in self._running),
+            record=record,
         )
         checkpoint.save(self.config.run_dir, self.backend, state, keep=self.config.keep_checkpoints)
 
@@ -244,18 +276,23 @@ class Trainer:
 
     async def _declare(self, tasks: list[tuple[int, Task]]) -> list[Group]:
         """Declares a group per task. Ids derive from the task's stream position, so a resumed run
-        re-declares the same rollouts (the gateway returns them as they are, finished or not)."""
+        declares the same rollouts again if it is retried (the gateway returns them as they are);
+        a resumed run's ids carry its incarnation, so they are new rollouts."""
         run = self.config.run_name
         version = self.publisher.version
         groups, specs = [], []
         for position, task in tasks:
-            group_id = f"{run}.t{position:07d}.{task.id}"
+            group_id = f"{run}.t{position:07d}.{task.id}{self._suffix}"
             ids = [f"{group_id}.{k}" for k in range(self.config.group_size)]
-            groups.append(Group(group_id, task, ids, version))
+            groups.append(Group(group_id, task, ids, version, position=position))
             step = position // self.config.tasks_per_step
             specs += [self._spec(rollout_id, group_id, task, "train", step) for rollout_id in ids]
         await self.client.create_rollouts(specs)
         return groups
+
+    @property
+    def _suffix(self) -> str:
+        return f".r{self.incarnation}" if self.incarnation else ""
 
     def _spec(
         self, rollout_id: str, group_id: str, task: Task, mode: Mode, step: int
@@ -275,6 +312,11 @@ class Trainer:
         """The first `need` groups (in completion order) whose rollouts all finished."""
         limit = self.config.rollout_timeout_s * self.config.max_attempts + 60.0
         total = sum(len(g.rollout_ids) for g in groups)
+        if need > len(groups):
+            raise RuntimeError(
+                f"the trainer waits for {need} finished groups but only {len(groups)} are "
+                "declared: nothing could ever end this wait (a bug; please report it)"
+            )
         while True:
             done_ids = {rid for g in groups for rid in g.rollout_ids if rid in self.watch.finished}
             self.reporter.rollouts(len(done_ids), total)
@@ -304,10 +346,14 @@ class Trainer:
 
     # -- reading and updating --------------------------------------------------------------
 
-    async def _records(self, groups: list[Group]) -> tuple[list[RolloutRecord], dict[str, int]]:
-        """Records of the groups' rollouts, and counts of what was dropped and why."""
+    async def _records(
+        self, groups: list[Group]
+    ) -> tuple[list[RolloutRecord], dict[str, int], list[str]]:
+        """Records of the groups' rollouts, counts of what was dropped and why, and the ids of
+        the groups whose rollouts are trained."""
         counts = {"failed": 0, "dropped_groups": 0, "stale_groups": 0, "missing_reward": 0}
         records: list[RolloutRecord] = []
+        trained: list[str] = []
         current = self.publisher.version
         for group in groups:
             rollouts = [self.watch.finished[r] for r in group.rollout_ids]
@@ -329,13 +375,22 @@ class Trainer:
                     for call in record.calls
                     if call.model_version is not None
                 ]
-                if versions and current - min(versions) > self.config.max_staleness:
+                if versions and self._staleness(current, versions) > self.config.max_staleness:
                     counts["stale_groups"] += 1
                     continue
                 records += group_records
+                trained.append(group.group_id)
                 continue
             counts["dropped_groups"] += 1
-        return records, counts
+        return records, counts, trained
+
+    def _staleness(self, current: int, versions: list[int]) -> float:
+        """Updates between the oldest weights that served a call and the current ones, counted
+        along the lineage; infinite for a version outside it (weights a crash discarded)."""
+        index = {version: i for i, version in enumerate(self.lineage)}
+        if current not in index or any(v not in index for v in versions):
+            return float("inf")
+        return index[current] - min(index[v] for v in versions)
 
     async def _record(self, rollout: Rollout, counts: dict[str, int]) -> RolloutRecord | None:
         events = await self.client.get_events(rollout.rollout_id)
@@ -366,7 +421,7 @@ class Trainer:
     ) -> dict[str, Any]:
         self.reporter.phase(step, "samples")
         built_at = time.monotonic()
-        records, counts = await self._records(groups)
+        records, counts, trained = await self._records(groups)
         rewards = [r.reward for r in records]
         batch: Batch | None = None
         if records:
@@ -376,9 +431,15 @@ class Trainer:
         updated_at = time.monotonic()
         stats, publish_s = StepStats(), 0.0
         if batch is not None and batch.sequences:
+            if self.versions is not None:
+                self.versions.served(self.publisher.version + 1)
             stats, publish_s = await asyncio.to_thread(
                 self.publisher.update, lambda: self.backend.train_step(batch)
             )
+            if self.versions is not None:
+                self.versions.served(self.publisher.version)
+            if self.publisher.version != self.lineage[-1]:
+                self.lineage.append(self.publisher.version)
         update_s = time.monotonic() - updated_at - publish_s
         if self.on_update is not None:
             self.on_update()
@@ -389,6 +450,7 @@ class Trainer:
             "rollouts/dropped_groups": counts["dropped_groups"],
             "rollouts/stale_groups": counts["stale_groups"],
             "rollouts/missing_reward": counts["missing_reward"],
+            "rollouts/groups": trained,
             "time/build": build_s,
             "time/update": update_s,
             "time/publish": publish_s,
@@ -428,9 +490,9 @@ class Trainer:
             return None
         return await self.validate(step)
 
-    async def _final_validation(self, records: list[dict[str, Any]]) -> None:
-        """Validates the final weights (the metrics line of the last step gets it)."""
-        if not self.val_tasks or self.config.val_every <= 0 or not records:
+    async def _final_validation(self) -> None:
+        """Validates the final weights (a metrics line of its own, step `steps`)."""
+        if not self.val_tasks or self.config.val_every <= 0:
             return
         step = self.config.steps
         val = await self.validate(step)
@@ -441,7 +503,7 @@ class Trainer:
         """Mean reward of the validation tasks (one rollout each, `val` mode); failed count 0."""
         self.reporter.phase(step, "validation")
         version = self.publisher.version
-        prefix = f"{self.config.run_name}.val{step:06d}.v{version}"
+        prefix = f"{self.config.run_name}.val{step:06d}.v{version}{self._suffix}"
         specs = [
             self._spec(f"{prefix}.{task.id}", f"{prefix}.{task.id}", task, "val", step)
             for task in self.val_tasks

@@ -27,6 +27,7 @@ from reins.client import GatewayClient
 from reins.schemas import ModelEndpointIn
 from reins.serving import BackgroundServer
 from reins.trainer import checkpoint
+from reins.trainer import resume as resuming
 from reins.trainer.backend import BackendConfig, TorchBackend
 from reins.trainer.config import TrainConfig
 from reins.trainer.data import TaskStream, load_tasks
@@ -67,6 +68,9 @@ class ConsoleReporter:
 
     def phase(self, step: int, name: str) -> None:
         self.progress.update(self.task, phase=f"[cyan]{name}[/cyan]")
+
+    def say(self, message: str) -> None:
+        self.console.print(message)
 
     def services(self, gateway_url: str, api_key: str) -> None:
         self.console.print(
@@ -168,6 +172,15 @@ async def _gateway(config: TrainConfig, api_key: str, tokenizer: Path) -> AsyncI
         server.stop()
 
 
+def _tell(reporter: Reporter | None, message: str) -> None:
+    """A line for the user: the console's when there is one, the log's otherwise."""
+    say = getattr(reporter, "say", None)
+    if say is not None:
+        say(message)
+    else:
+        log.warning("%s", message)
+
+
 async def train(
     config: TrainConfig, *, resume: bool = False, reporter: Reporter | None = None
 ) -> list[dict[str, Any]]:
@@ -175,13 +188,30 @@ async def train(
     from reins.controller import Controller, LocalReconciler
 
     run_dir = config.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    found = checkpoint.latest(run_dir) if resume else None
-    if not resume and (run_dir / "metrics.jsonl").exists():
+    point = resuming.find(config) if resume else None  # a ResumeError says what exists
+    if point is None and (
+        (run_dir / "metrics.jsonl").exists() or checkpoint.latest(run_dir) is not None
+    ):
         raise FileExistsError(
             f"{run_dir} already holds a run; pass --resume to go on with it, or choose another "
             "run_name"
         )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    metrics = MetricsLog(run_dir, tensorboard=config.tensorboard)
+    final_validation = True
+    if point is not None:
+        start = point.state.next_step
+        if start > config.steps:
+            metrics.close()
+            raise resuming.ResumeError(
+                f"run {config.run_name!r} made {start} steps already (checkpoint "
+                f"{point.folder}); set steps to {start} or more to go on with it"
+            )
+        validates = bool(config.val_tasks) and config.val_every > 0
+        if start == config.steps and (not validates or metrics.has_final_validation(config.steps)):
+            metrics.close()
+            _tell(reporter, f"run {config.run_name} is finished ({start} steps): nothing to do")
+            return []
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json")))
     torch.manual_seed(config.seed)
 
@@ -195,18 +225,31 @@ async def train(
     train_tasks = load_tasks(config.tasks)
     val_tasks = load_tasks(config.val_tasks) if config.val_tasks else []
     stream = TaskStream(train_tasks, config.seed)
-    start_step, version = 0, 0
-    if found is not None:
-        state = checkpoint.load(found, backend)
+    versions = resuming.VersionLedger.open(run_dir)
+    start_step, version, lineage, pending, used = 0, 0, [0], [], 0
+    if point is not None:
+        state = checkpoint.load(point.folder, backend)
         checkpoint.restore_rng(state.rng)
-        start_step, stream.position, version = (
-            state.next_step,
-            state.data_position,
-            state.weight_version,
+        start_step, stream.position = state.next_step, state.data_position
+        # Weights served after the checkpoint are gone: their version numbers are never reused.
+        used = versions.highest
+        version = versions.resumed(state.weight_version)
+        lineage = state.lineage + ([version] if version != state.weight_version else [])
+        pending = state.pending
+        moved = metrics.settle(start_step, steps=config.steps, checkpoint_record=state.record)
+        final_validation = not metrics.has_final_validation(config.steps)
+        notes = [f"weights served as version {version}"]
+        if moved:
+            notes.append(f"{len(moved)} metrics lines of steps it redoes moved aside")
+        if point.removed_partial:
+            notes.append(f"removed {len(point.removed_partial)} partial checkpoint folder(s)")
+        _tell(
+            reporter,
+            f"resumed run {config.run_name} from step {start_step} (checkpoint {point.folder}); "
+            + "; ".join(notes),
         )
-        log.info("resuming from %s at step %d", found, start_step)
-    metrics = MetricsLog(run_dir, tensorboard=config.tensorboard)
-    metrics.truncate_after(start_step - 1)
+    else:
+        versions.served(0)
 
     api_key = (
         config.api_key or os.environ.get("REINS_API_KEY") or "rk-admin-" + secrets.token_urlsafe(18)
@@ -215,6 +258,14 @@ async def train(
     engine_server = None
     async with _gateway(config, api_key, folder) as gateway_url:
         client = GatewayClient(gateway_url, api_key)
+        if point is not None:
+            # Before the controller starts: nothing an earlier incarnation declared runs again.
+            await resuming.cancel_leftovers(
+                client,
+                config.run_name,
+                f"the trainer was restarted from {point.folder.name}; the run declares this "
+                "rollout's task again when it serves the weights of its step",
+            )
         announce = getattr(reporter, "services", None)
         if announce is not None:
             announce(gateway_url, api_key)
@@ -240,13 +291,28 @@ async def train(
             publisher = ReloadPublisher(
                 backend, config.engine_url, run_dir / "weights", version=version
             )
+            if point is not None:
+                # The engine may hold weights the crash discarded: hand it the checkpoint's.
+                await asyncio.to_thread(publisher.update, lambda: None)
+                if publisher.version <= used:
+                    raise resuming.ResumeError(
+                        f"the engine at {config.engine_url} serves the checkpoint's weights as "
+                        f"version {publisher.version}, a number this run used before (up to "
+                        f"{used}): it was restarted; a resume needs an engine whose versions "
+                        "go on past the run's"
+                    )
+                versions.served(publisher.version)
+                lineage = [*point.state.lineage, publisher.version]
             endpoint = f"{config.engine_url.rstrip('/')}/v1"
         await client.register_models(
             [ModelEndpointIn(model=name, endpoint=endpoint, engine="reins", weight_version=version)]
         )
         controller = Controller(
             client,
-            LocalReconciler(config.agent, config.max_parallel, run_dir / "agents"),
+            # Its agents die with this process: the gateway they talk to does too.
+            LocalReconciler(
+                config.agent, config.max_parallel, run_dir / "agents", die_with_parent=True
+            ),
             gateway_url=gateway_url,
             max_attempts=config.max_attempts,
             default_timeout_s=config.rollout_timeout_s,
@@ -263,11 +329,23 @@ async def train(
             decode=tokenizer.decode,
             reporter=reporter,
             metrics=metrics,
+            incarnation=versions.incarnation,
+            lineage=lineage,
+            pending=pending,
+            versions=versions,
         )
         started = time.monotonic()
         try:
-            records = await trainer.run(start_step)
+            records = await trainer.run(start_step, final_validation=final_validation)
         finally:
+            # Stopping (done, an error, Ctrl-C): no rollout of this run stays queuing or running.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    resuming.cancel_leftovers(
+                        client, config.run_name, "the trainer stopped before this rollout ended"
+                    ),
+                    30,
+                )
             stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(controller_task, 60)

@@ -1,0 +1,151 @@
+"""What `reins train --resume` finds in a run folder, and the bookkeeping that lets a run go on
+after a crash (SIGKILL, power loss, Ctrl-C) without training on anything it should not.
+
+Invariants:
+- `--resume` goes on from a complete checkpoint or not at all: a missing run folder or a run with
+  no checkpoint yet is a `ResumeError` that says what exists; nothing is wiped.
+- A weight version number names one set of weights, forever. Before the engine serves version
+  `v`, `<run>/versions.json` records `v` (written to a temporary file and renamed). A resumed run
+  whose checkpoint is older than the highest version ever recorded serves the loaded weights under
+  a new number above it, so no call recorded before the crash carries a number that now names
+  other weights.
+- Each resume is a new incarnation (counted in the same file). Rollouts an earlier incarnation
+  left queuing or running are failed before the controller starts, so none of them runs on
+  weights other than those of its step, and no agent is retried for them; the resumed run
+  declares its groups again under ids that carry the incarnation (`...r1`), when the trainer
+  serves the weights of their step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from reins.client import GatewayClient, GatewayError
+from reins.trainer import checkpoint
+from reins.trainer.checkpoint import TrainerState
+from reins.trainer.config import TrainConfig
+from reins.trainer.metrics import MetricsLog
+
+log = logging.getLogger(__name__)
+
+VERSIONS = "versions.json"
+
+
+class ResumeError(ValueError):
+    """`--resume` cannot go on with this run; the message says what exists and what to do."""
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    folder: Path
+    """The checkpoint folder."""
+    state: TrainerState
+    removed_partial: list[Path]
+    """Staging folders of a checkpoint a crash interrupted (deleted)."""
+
+
+def find(config: TrainConfig) -> ResumePoint:
+    """The checkpoint a resume of `config`'s run starts from, or a `ResumeError`."""
+    run_dir = config.run_dir
+    if not run_dir.is_dir():
+        runs = (
+            sorted(p.name for p in config.runs_dir.iterdir() if p.is_dir())
+            if config.runs_dir.is_dir()
+            else []
+        )
+        listed = ", ".join(runs[:20]) + (" ..." if len(runs) > 20 else "") if runs else "none"
+        raise ResumeError(
+            f"there is no run {config.run_name!r} to resume ({run_dir} does not exist; runs in "
+            f"{config.runs_dir}: {listed}); check run_name, or drop --resume to start it"
+        )
+    removed = checkpoint.remove_partial(run_dir)
+    found = checkpoint.latest(run_dir)
+    if found is None:
+        steps = [r.get("step") for r in MetricsLog(run_dir, tensorboard=False).records()]
+        made = (
+            f"its metrics.jsonl holds steps {steps[0]}..{steps[-1]}"
+            if steps
+            else "it holds no metrics line"
+        )
+        raise ResumeError(
+            f"run {config.run_name!r} has no checkpoint yet ({made}; checkpoint_every is "
+            f"{config.checkpoint_every}), so it cannot be resumed. Start it again under another "
+            f"run_name (or delete {run_dir}); a lower checkpoint_every makes resumes possible "
+            "sooner"
+        )
+    return ResumePoint(found, checkpoint.read_state(found), removed)
+
+
+@dataclass
+class VersionLedger:
+    """`<run>/versions.json`: the highest weight version ever served, and the incarnation."""
+
+    path: Path
+    highest: int = 0
+    incarnation: int = 0
+
+    @classmethod
+    def open(cls, run_dir: Path) -> VersionLedger:
+        ledger = cls(run_dir / VERSIONS)
+        try:
+            data = json.loads(ledger.path.read_text())
+        except FileNotFoundError:
+            return ledger
+        except ValueError as error:
+            raise ResumeError(
+                f"{ledger.path} is not JSON ({error}); it cannot be trusted"
+            ) from error
+        ledger.highest = int(data["highest"])
+        ledger.incarnation = int(data["incarnation"])
+        return ledger
+
+    def served(self, version: int) -> None:
+        """Records that `version` is (about to be) served; call it before the engine serves it."""
+        if version > self.highest:
+            self.highest = version
+            self._save()
+
+    def resumed(self, checkpoint_version: int) -> int:
+        """Starts a new incarnation; returns the version the loaded weights are served under."""
+        self.incarnation += 1
+        version = checkpoint_version if self.highest <= checkpoint_version else self.highest + 1
+        self.highest = max(self.highest, version)
+        self._save()
+        return version
+
+    def _save(self) -> None:
+        staging = self.path.with_suffix(".json.tmp")
+        with staging.open("w") as out:
+            json.dump({"highest": self.highest, "incarnation": self.incarnation}, out)
+            out.flush()
+            os.fsync(out.fileno())
+        staging.replace(self.path)
+
+
+async def cancel_leftovers(client: GatewayClient, run_name: str, reason: str) -> list[str]:
+    """Fails the run's queuing and running rollouts (all of them belong to an earlier
+    incarnation or to a run that is stopping); returns their ids."""
+    cancelled: list[str] = []
+    cursor = 0
+    ids: list[str] = []
+    while True:
+        page = await client.list_rollouts(states=("queuing", "running"), cursor=cursor, limit=1000)
+        ids += [r.rollout_id for r in page.items if r.metadata.get("run") == run_name]
+        cursor = page.next_cursor
+        if len(page.items) < 1000:
+            break
+    for rollout_id in ids:
+        try:
+            await client.set_status(rollout_id, "failed", reason)
+        except GatewayError as error:
+            if error.status_code != 409:  # 409: it finished meanwhile
+                raise
+            continue
+        cancelled.append(rollout_id)
+    if cancelled:
+        log.info("failed %d rollouts left in flight: %s", len(cancelled), reason)
+    return cancelled

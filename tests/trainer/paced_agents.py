@@ -1,0 +1,25 @@
+"""An agent for the crash tests: three chat calls with a pause between them (a harness that
+thinks), so rollouts are still in flight when the trainer updates or is killed."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from openai import OpenAI
+
+
+def paced(task: dict[str, Any]) -> float:
+    client = OpenAI(max_retries=5, timeout=300)
+    messages: list[Any] = [{"role": "user", "content": f"Say {task['word']}."}]
+    text = ""
+    for _ in range(3):
+        answer = client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+        content = answer.choices[0].message.content or ""
+        text += content
+        messages += [
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": "Again."},
+        ]
+        time.sleep(float(task.get("pause_s", 0.5)))
+    return float(len(text) % 3) / 2

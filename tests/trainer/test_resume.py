@@ -1,0 +1,185 @@
+"""`reins train --resume` after a crash: it goes on from a complete checkpoint or refuses with a
+message that says what exists, never wipes metrics, never loses a committed step, and redoes what
+the crash interrupted on the weights of its step (`reins.trainer.resume`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reins.trainer import checkpoint
+from reins.trainer.metrics import MetricsLog
+from reins.trainer.runtime import train
+from tests.trainer.test_loop import config, metrics
+
+
+class Told:
+    """A reporter that keeps what the trainer says to the user."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def say(self, message: str) -> None:
+        self.said.append(message)
+
+    def phase(self, step: int, name: str) -> None:
+        pass
+
+    def rollouts(self, done: int, total: int) -> None:
+        pass
+
+    def step_done(self, record: dict[str, Any]) -> None:
+        pass
+
+
+def write_lines(path: Path, records: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+# -- refusals (nothing is trained: fast) -----------------------------------------------------
+
+
+def test_resuming_a_run_that_does_not_exist_names_the_runs_there(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    (tmp_path / "runs" / "spelled-right").mkdir(parents=True)
+    run = config(tmp_path, tiny_model_dir, run_name="speled-rihgt")
+    with pytest.raises(ValueError, match=r"no run 'speled-rihgt'.*spelled-right"):
+        asyncio.run(train(run, resume=True))
+    assert not run.run_dir.exists()
+
+
+def test_resuming_a_run_without_a_checkpoint_refuses_and_keeps_its_metrics(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    run = config(tmp_path, tiny_model_dir)
+    run.run_dir.mkdir(parents=True)
+    write_lines(run.run_dir / "metrics.jsonl", [{"step": s, "reward/mean": 0.5} for s in range(3)])
+    before = (run.run_dir / "metrics.jsonl").read_bytes()
+    with pytest.raises(ValueError, match=r"no checkpoint yet \(its metrics.jsonl holds steps 0..2"):
+        asyncio.run(train(run, resume=True))
+    assert (run.run_dir / "metrics.jsonl").read_bytes() == before
+
+
+# -- metrics on resume (pure) ----------------------------------------------------------------
+
+
+def test_settle_puts_back_the_checkpoints_line_and_moves_redone_steps_aside(
+    tmp_path: Path,
+) -> None:
+    log = MetricsLog(tmp_path, tensorboard=False)
+    write_lines(log.path, [{"step": 0, "x": 0}, {"step": 1, "x": 1}, {"step": 3, "x": 3}])
+    with log.path.open("a") as out:
+        out.write('{"step": 4, "x"')  # torn by a crash mid-write
+    moved = log.settle(3, steps=10, checkpoint_record={"step": 2, "x": 2})
+    assert [r["step"] for r in log.records()] == [0, 1, 2]
+    assert [r["step"] for r in moved] == [3]
+    discarded = (tmp_path / "metrics.discarded.jsonl").read_text().splitlines()
+    assert [json.loads(line)["x"] for line in discarded] == [3]
+
+
+def test_settle_keeps_a_finished_runs_final_validation(tmp_path: Path) -> None:
+    log = MetricsLog(tmp_path, tensorboard=False)
+    write_lines(log.path, [{"step": 0}, {"step": 1}, {"step": 2, "val/reward_mean": 0.25}])
+    assert log.settle(2, steps=2, checkpoint_record=None) == []
+    assert log.has_final_validation(2)
+
+
+# -- crashes inside a step commit (real runs on the tiny model: slow) ------------------------
+
+
+class SimulatedCrash(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_a_crash_while_a_checkpoint_is_saved_loses_no_committed_step(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = config(tmp_path, tiny_model_dir, steps=2, val_every=0, checkpoint_every=1)
+    save = checkpoint.save
+
+    def crash_in_second_save(run_dir: Path, backend: Any, state: Any, *, keep: int) -> Path:
+        if state.next_step == 2:
+            staging = run_dir / "checkpoints" / ".step-000002.partial"
+            staging.mkdir(parents=True)
+            (staging / "model.safetensors").write_bytes(b"half")
+            raise SimulatedCrash
+        return save(run_dir, backend, state, keep=keep)
+
+    monkeypatch.setattr(checkpoint, "save", crash_in_second_save)
+    with pytest.raises(SimulatedCrash):
+        asyncio.run(train(run))
+    # The step whose checkpoint did not complete is not committed: no metrics line.
+    assert [line["step"] for line in metrics(run.run_dir)] == [0]
+    monkeypatch.setattr(checkpoint, "save", save)
+
+    told = Told()
+    records = asyncio.run(train(run, resume=True, reporter=told))
+    assert [r["step"] for r in records] == [1]
+    assert [line["step"] for line in metrics(run.run_dir)] == [0, 1]
+    folder = run.run_dir / "checkpoints" / "step-000001"
+    assert told.said[0].startswith(f"resumed run t from step 1 (checkpoint {folder})")
+    assert not (run.run_dir / "checkpoints" / ".step-000002.partial").exists()
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_keeps_its_final_validation_or_redoes_it(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    run = config(tmp_path, tiny_model_dir, steps=1, val_every=1, checkpoint_every=1)
+    asyncio.run(train(run))
+    lines = metrics(run.run_dir)
+    assert [line["step"] for line in lines] == [0, 1]
+    told = Told()
+    assert asyncio.run(train(run, resume=True, reporter=told)) == []
+    assert metrics(run.run_dir) == lines
+    assert told.said == ["run t is finished (1 steps): nothing to do"]
+
+    # A crash during the final validation: the resume validates the final weights again.
+    write_lines(run.run_dir / "metrics.jsonl", lines[:1])
+    assert asyncio.run(train(run, resume=True)) == []
+    again = metrics(run.run_dir)
+    assert [line["step"] for line in again] == [0, 1]
+    assert isinstance(again[1]["val/reward_mean"], float)
+    assert again[1]["weight_version"] == lines[1]["weight_version"]
+
+
+@pytest.mark.slow
+def test_a_stopped_trainer_leaves_no_rollout_queuing_or_running(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Ctrl-C (asyncio.run cancels the main task) while agents run: the run's rollouts end."""
+    run = config(tmp_path, tiny_model_dir, agent="tests.trainer.paced_agents:paced", val_every=0)
+    db = run.run_dir / "gateway.db"
+
+    def running() -> int:
+        if not db.exists():
+            return 0
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+            (count,) = connection.execute(
+                "SELECT count(*) FROM rollouts WHERE state IN ('queuing', 'running')"
+            ).fetchone()
+        return int(count)
+
+    async def interrupted() -> None:
+        task = asyncio.create_task(train(run))
+        deadline = time.monotonic() + 120
+        while running() == 0:
+            assert not task.done() and time.monotonic() < deadline
+            await asyncio.sleep(0.05)  # polling the database, bounded by the deadline
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(interrupted())
+    assert running() == 0
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+        reasons = [r for (r,) in connection.execute("SELECT reason FROM rollouts")]
+    assert reasons and all(r == "the trainer stopped before this rollout ended" for r in reasons)
