@@ -227,7 +227,13 @@ def train(
         list[str] | None,
         typer.Option("--set", help="Override a field: --set lr=3e-5 --set mode=async"),
     ] = None,
-    resume: Annotated[bool, typer.Option(help="Go on from the run's latest checkpoint.")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Go on from the run's latest checkpoint (refused, saying what exists, when the "
+            "run or its checkpoint is missing)."
+        ),
+    ] = False,
     help_config: Annotated[bool, typer.Option(help="List every config field and exit.")] = False,
 ) -> None:
     """Train: declare rollouts, run the harness through the proxy, update, publish; repeat."""
@@ -370,7 +376,10 @@ def report(
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def doctor(
-    command: Annotated[list[str], typer.Argument(help="The harness command: -- CMD ARGS...")],
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(help="A named harness (see --list), or the harness command: -- CMD ARGS..."),
+    ] = None,
     runs: Annotated[int, typer.Option(help="Runs of the command; each is one rollout.")] = 3,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     engine_url: Annotated[
@@ -394,13 +403,42 @@ def doctor(
         bool | None,
         typer.Option(help="The gateway's token reuse on or off; default: the gateway's default."),
     ] = None,
+    list_names: Annotated[
+        bool, typer.Option("--list", help="List the named harnesses and whether each can run.")
+    ] = False,
+    cli_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where the coding-agent CLIs are (claude, codex, opencode); else PATH."),
+    ] = None,
 ) -> None:
     """Run a harness N times through a private gateway and say whether it can be trained."""
     import json
+    import shutil
 
     from reins.doctor import render_text
+    from reins.doctor.named import HARNESSES, harness_command, list_harnesses, render_list
     from reins.doctor.runner import DoctorError, DoctorOptions, run_doctor
 
+    if list_names:
+        print(render_list(list_harnesses(cli_dir)))
+        raise typer.Exit(0)
+    command = list(command or [])
+    if len(command) > 1 and command[0] in HARNESSES:
+        console.print(
+            f"[red]error:[/red] options go before the harness's name: reins doctor "
+            f"{' '.join(command[1:])} {command[0]}"
+        )
+        raise typer.Exit(2)
+    word = command[0] if len(command) == 1 else "/"
+    label = " ".join(command)
+    if word in HARNESSES or ("/" not in word and not shutil.which(word)):
+        # A name, or a lone word that is no program (a name mistyped): `-- ./prog` runs a program.
+        label = word
+        try:
+            command = harness_command(word, cli_dir)
+        except DoctorError as error:
+            console.print(f"[red]error:[/red] {error}")
+            raise typer.Exit(2) from error
     if mode not in ("train", "val"):
         console.print(f"[red]error:[/red] --mode is train or val, not {mode!r}")
         raise typer.Exit(2)
@@ -418,7 +456,7 @@ def doctor(
     except DoctorError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(2) from error
-    shown = render_text(result, " ".join(command))
+    shown = render_text(result, label)
     print(json.dumps(result.to_json(), indent=2) if json_out else shown)
     raise typer.Exit(0 if result.ok else 1)
 

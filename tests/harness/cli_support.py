@@ -24,20 +24,21 @@ import contextlib
 import json
 import math
 import os
-import random
-import string
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from reins.agent import CLI_VERSIONS, AgentContext, cli_home_env
+from reins.agent import AgentContext, cli_home_env
+from reins.doctor.harnesses.cli_sessions import claude_session as claude_session
+from reins.doctor.harnesses.cli_sessions import codex_session as codex_session
+from reins.doctor.harnesses.cli_sessions import opencode_session as opencode_session
+from reins.doctor.harnesses.task import CLI_ANSWER, CLI_LISTINGS, CLI_PROMPT, OPENCODE_LISTINGS
 from reins.engine.chat import parse_tool_calls
 from reins.gateway import GatewaySettings
 from reins.gateway.capture import SamplingPolicy
@@ -56,18 +57,14 @@ seconds each on two idle cores, minutes when the cores are shared."""
 MAX_TOKENS = 48
 """Most tokens one answer may have (`val` mode's cap): a tool call takes about 25."""
 
-FEW_SHOT_PROMPT = "List the files."
-FEW_SHOT_LISTINGS = ("notes.txt", "notes.txt\ntodo.txt", "notes.txt\ntodo.txt\nplan.md")
-OPENCODE_FEW_SHOT_LISTINGS = (
-    *FEW_SHOT_LISTINGS,
-    "notes.txt\ntodo.txt\nplan.md\nREADME.md",
-    "a.txt",
-)
-"""OpenCode's prompt names the test's temporary folders and today's date, and with three turns
-the greedy choice between `<tool_call>` and `<tool_response>` flipped with them (log-probability
-margins 0.0-0.5 across paths and dates, and a path with a 3-digit pytest number chose wrong on
-the Responses provider); with five turns the margin was 2.4-2.6."""
-FEW_SHOT_ANSWER = "Done."
+# The few-shot data and sessions are the doctor's named CLI harnesses' (one copy, in the package):
+# OpenCode gets five turns, as its prompt names the test's folders and the date (with three the
+# greedy choice between `<tool_call>` and `<tool_response>` flipped with them: margins 0.0-0.5;
+# with five 2.4-2.6).
+FEW_SHOT_PROMPT = CLI_PROMPT
+FEW_SHOT_LISTINGS = CLI_LISTINGS
+OPENCODE_FEW_SHOT_LISTINGS = OPENCODE_LISTINGS
+FEW_SHOT_ANSWER = CLI_ANSWER
 TOOL_PROMPT = FEW_SHOT_PROMPT
 """The prompt of the tool turns: the few-shot history's own question."""
 TEXT_PROMPT = "Say hello."
@@ -316,193 +313,3 @@ def report(name: str, run: CliRun, rollout: CliRollout) -> None:
     print(f"[{name}] {run.seconds:.1f} s, calls (prompt+answer tokens) {tokens}, {isolation}")
     calls = rollout.calls()
     note_fidelity(str(calls[0].get("kind")) if calls else "?", calls, rollout.engine)
-
-
-# --- few-shot sessions in each CLI's own format ------------------------------------------------
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def claude_session(home: Path, cwd: Path, model: str) -> str:
-    """A Claude Code transcript of the few-shot turns (its `Bash` tool), for `--resume`;
-    returns the session id. Claude Code keeps one per working directory under
-    `~/.claude/projects/<the path with every non-alphanumeric character as ->`."""
-    session = str(uuid.uuid4())
-    slug = "".join(c if c.isalnum() else "-" for c in str(cwd))
-    folder = home / ".claude" / "projects" / slug
-    folder.mkdir(parents=True, exist_ok=True)
-    lines: list[dict[str, Any]] = []
-
-    def add(kind: str, message: dict[str, Any]) -> None:
-        lines.append(
-            {
-                "parentUuid": lines[-1]["uuid"] if lines else None,
-                "isSidechain": False,
-                "type": kind,
-                "message": message,
-                "uuid": str(uuid.uuid4()),
-                "timestamp": _now(),
-                "userType": "external",
-                "entrypoint": "sdk-cli",
-                "cwd": str(cwd),
-                "sessionId": session,
-                "version": CLI_VERSIONS["@anthropic-ai/claude-code"],
-            }
-        )
-
-    def said(content: list[dict[str, Any]], stop: str) -> dict[str, Any]:
-        return {
-            "id": f"msg_{uuid.uuid4().hex[:24]}",
-            "type": "message",
-            "role": "assistant",
-            "model": model,
-            "content": content,
-            "stop_reason": stop,
-            "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
-        }
-
-    for listing in FEW_SHOT_LISTINGS:
-        call = f"toolu_{uuid.uuid4().hex[:24]}"
-        add("user", {"role": "user", "content": FEW_SHOT_PROMPT})
-        use = {"type": "tool_use", "id": call, "name": "Bash", "input": {"command": "ls"}}
-        add("assistant", said([use], "tool_use"))
-        result = {"type": "tool_result", "tool_use_id": call, "content": listing}
-        add("user", {"role": "user", "content": [{**result, "is_error": False}]})
-        add("assistant", said([{"type": "text", "text": FEW_SHOT_ANSWER}], "end_turn"))
-    path = folder / f"{session}.jsonl"
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return session
-
-
-def codex_session(codex_home: Path, cwd: Path, model: str) -> str:
-    """A Codex rollout of the few-shot turns (its `exec_command` tool), for `codex exec resume`;
-    returns the thread id. The items are Responses API input items, as Codex re-sends them."""
-    thread = str(uuid.uuid4())
-    stamp = datetime.now(UTC)
-    folder = codex_home / "sessions" / stamp.strftime("%Y/%m/%d")
-    folder.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "id": thread,
-        "timestamp": _now(),
-        "cwd": str(cwd),
-        "originator": "codex_exec",
-        "cli_version": CLI_VERSIONS["@openai/codex"],
-        "source": "exec",
-        "model_provider": "local",
-    }
-    # A resumed thread takes its multi-agent mode from the last turn context, not from the
-    # config: without this line Codex adds its 12k-character multi-agent tool on resume.
-    turn = {
-        "turn_id": str(uuid.uuid4()),
-        "cwd": str(cwd),
-        "approval_policy": "never",
-        "sandbox_policy": {"type": "read-only"},
-        "model": model,
-        "summary": "none",
-        "multi_agent_version": "disabled",
-    }
-    lines: list[dict[str, Any]] = [
-        {"timestamp": _now(), "type": "session_meta", "payload": meta},
-        {"timestamp": _now(), "type": "turn_context", "payload": turn},
-    ]
-
-    def item(payload: dict[str, Any]) -> None:
-        lines.append({"timestamp": _now(), "type": "response_item", "payload": payload})
-
-    for listing in FEW_SHOT_LISTINGS:
-        call = f"call_{uuid.uuid4().hex[:24]}"
-        text = {"type": "input_text", "text": FEW_SHOT_PROMPT}
-        item({"type": "message", "role": "user", "content": [text]})
-        arguments = json.dumps({"cmd": "ls"})
-        item(
-            {
-                "type": "function_call",
-                "name": "exec_command",
-                "arguments": arguments,
-                "call_id": call,
-            }
-        )
-        output = f"Process exited with code 0\nOutput:\n{listing}\n"
-        item({"type": "function_call_output", "call_id": call, "output": output})
-        answer = {"type": "output_text", "text": FEW_SHOT_ANSWER}
-        item({"type": "message", "role": "assistant", "content": [answer]})
-    name = f"rollout-{stamp.strftime('%Y-%m-%dT%H-%M-%S')}-{thread}.jsonl"
-    (folder / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return thread
-
-
-def opencode_session(
-    cwd: Path, model: str, listings: tuple[str, ...] = OPENCODE_FEW_SHOT_LISTINGS
-) -> tuple[str, dict[str, Any]]:
-    """An OpenCode session export of the few-shot turns (its `bash` tool), for `opencode import`
-    then `opencode run --session`; returns its id and the export. OpenCode orders messages by
-    their ids, which start with the creation time (ms x 4096 + a counter, 12 hex digits): these
-    are a minute old, so the resumed turn sorts after them. OpenCode sends a `run` prompt
-    wrapped in quotes, so the few-shot prompts are too."""
-    counter = iter(range(1, 1 << 12))
-    alphabet = string.ascii_letters + string.digits
-
-    def ident(prefix: str, ms: int) -> str:
-        tail = "".join(random.choice(alphabet) for _ in range(14))
-        return f"{prefix}_{ms * 0x1000 + next(counter):012x}{tail}"
-
-    ms = int(time.time() * 1000) - 60_000
-    session = ident("ses", ms)
-    who = {"providerID": "local", "modelID": model}
-    messages: list[dict[str, Any]] = []
-
-    def message(info: dict[str, Any], part: dict[str, Any]) -> None:
-        nonlocal ms
-        ms += 1000
-        info = {**info, "id": ident("msg", ms), "sessionID": session}
-        info["time"] = (
-            {"created": ms, "completed": ms + 10}
-            if info["role"] == "assistant"
-            else {"created": ms}
-        )
-        part = {**part, "id": ident("prt", ms), "sessionID": session, "messageID": info["id"]}
-        messages.append({"info": info, "parts": [part]})
-
-    for listing in listings:
-        message(
-            {"role": "user", "agent": "build", "model": who},
-            {"type": "text", "text": json.dumps(FEW_SHOT_PROMPT)},
-        )
-        asked = messages[-1]["info"]["id"]
-        reply = {
-            "parentID": asked,
-            "role": "assistant",
-            "mode": "build",
-            "agent": "build",
-            "path": {"cwd": str(cwd), "root": str(cwd)},
-            "cost": 0,
-            "tokens": {"input": 0, "output": 0, "reasoning": 0, "cache": {"read": 0, "write": 0}},
-            **who,
-        }
-        state = {
-            "status": "completed",
-            "input": {"command": "ls"},
-            "output": listing,
-            "metadata": {"output": listing, "exit": 0, "truncated": False},
-            "title": "ls",
-            "time": {"start": ms, "end": ms + 5},
-        }
-        call = f"call_{uuid.uuid4().hex[:24]}"
-        message(
-            {**reply, "finish": "tool-calls"},
-            {"type": "tool", "tool": "bash", "callID": call, "state": state},
-        )
-        message({**reply, "finish": "stop"}, {"type": "text", "text": FEW_SHOT_ANSWER})
-    info = {
-        "id": session,
-        "slug": "few-shot",
-        "projectID": "global",
-        "directory": str(cwd),
-        "title": "few-shot",
-        "version": CLI_VERSIONS["opencode-ai"],
-        "time": {"created": ms - 10_000, "updated": ms},
-    }
-    return session, {"info": info, "messages": messages}

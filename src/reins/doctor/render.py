@@ -15,7 +15,8 @@ def _ratio(part: int, whole: int) -> str:
     return f"{part}/{whole}" if whole else "-"
 
 
-def _rows(report: DoctorReport) -> list[tuple[str, str]]:
+def rows(report: DoctorReport) -> list[tuple[str, str]]:
+    """The figures as (row, value): this table's rows, and the dashboard's (monitor/fidelity)."""
     per_rollout = report.samples_per_rollout
     one = report.one_sequence_ratio
     exits = sum(1 for r in report.rollouts if r.returncode == 0)
@@ -62,9 +63,9 @@ def _rows(report: DoctorReport) -> list[tuple[str, str]]:
 def render_text(report: DoctorReport, command: str = "") -> str:
     """The table, the per-rollout lines, each finding with its fix, and the verdict."""
     lines = [f"reins doctor: {report.runs} runs" + (f" of `{command}`" if command else ""), ""]
-    rows = _rows(report)
-    width = max(len(name) for name, _ in rows)
-    lines += [f"  {name.ljust(width)}  {value}" for name, value in rows]
+    table = rows(report)
+    width = max(len(name) for name, _ in table)
+    lines += [f"  {name.ljust(width)}  {value}" for name, value in table]
     lines.append("")
     for r in report.rollouts:
         status = "timed out" if r.returncode is None else f"exit {r.returncode}"

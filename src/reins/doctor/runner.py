@@ -226,7 +226,10 @@ def run_doctor(
 ) -> DoctorReport:
     """Runs the harness `argv` `options.runs` times through a private gateway; the report."""
     if not argv:
-        raise DoctorError("no harness command: reins doctor -- CMD ARGS...")
+        raise DoctorError(
+            "no harness command: reins doctor -- CMD ARGS..., or a named harness: "
+            "reins doctor NAME (the names: reins doctor --list)"
+        )
     if options.runs < 1:
         raise DoctorError(f"--runs must be at least 1, not {options.runs}")
     runs: list[HarnessRun] = []

@@ -38,13 +38,16 @@ from reins.gateway.capture import (
     strip_for_harness,
     upstream_body,
 )
-from reins.gateway.reuse import REUSE_HEADER, TokenReuse
+from reins.gateway.reuse import PREFIX_FIELD, REUSE_HEADER, TokenReuse
+from reins.gateway.reuse_vllm import ReusedAnswer, VllmReuse
 from reins.gateway.store import Conflict, Store
 from reins.gateway.wire import Translation, WireApi, WireError
 from reins.schemas import MODEL_REQUEST, EventIn, Model, ModelRequest
 
 WEIGHT_VERSION_HEADER = "x-reins-weight-version"
 _PATHS: dict[Kind, str] = {"chat": "/chat/completions", "completions": "/completions"}
+Upstream = aiohttp.ClientResponse | ReusedAnswer
+"""An engine's answer, body unread (`ReusedAnswer`: a call reused through vLLM's routes)."""
 
 
 def openai_error(
@@ -162,6 +165,8 @@ class LLMProxy:
             connector=aiohttp.TCPConnector(limit=1000),
             auto_decompress=True,
         )
+        self.vllm_reuse = VllmReuse(self.http)
+        """Token reuse with vLLM engines (`reuse_vllm.py`); used only when `reuse` is on."""
 
     async def close(self) -> None:
         await self.http.close()
@@ -351,9 +356,16 @@ class LLMProxy:
         started: float,
         rollout_id: str,
         attempt_id: int,
-    ) -> aiohttp.ClientResponse | _Failed:
+    ) -> Upstream | _Failed:
         """The engine's 2xx answer, body unread; a failure is recorded and returned."""
-        upstream, endpoint, failure = await self._send(kind, target, sent)
+        heard: str | None = None
+        upstream: Upstream | None = None
+        if PREFIX_FIELD in sent and target.model.engine == "vllm":
+            upstream, heard = await self._reuse_vllm(target, sent, facts.request)
+        if upstream is None:
+            upstream, endpoint, failure = await self._send(kind, target, sent)
+        else:
+            endpoint, failure = target.endpoints[0], ""
         facts.endpoint = endpoint
         if upstream is None:
             facts.latency_s = time.perf_counter() - started
@@ -373,7 +385,8 @@ class LLMProxy:
             return _Failed(502, failure, "bad_upstream_answer")
         if upstream.status < 400:
             if self.reuse is not None:
-                self.reuse.answered(facts.request, endpoint, upstream.headers.get(REUSE_HEADER))
+                heard = heard or upstream.headers.get(REUSE_HEADER)
+                self.reuse.answered(facts.request, endpoint, heard)
             return upstream
         content = await _read_body(upstream)
         facts.latency_s = time.perf_counter() - started
@@ -385,7 +398,7 @@ class LLMProxy:
 
     async def _json_answer(
         self,
-        upstream: aiohttp.ClientResponse,
+        upstream: Upstream,
         facts: CallFacts,
         started: float,
         rollout_id: str,
@@ -435,7 +448,21 @@ class LLMProxy:
         self.directory.served_names[endpoint] = name
         return name
 
-    async def _release_stream(self, upstream: aiohttp.ClientResponse) -> None:
+    async def _reuse_vllm(
+        self, target: Target, sent: dict[str, Any], request: dict[str, Any]
+    ) -> tuple[ReusedAnswer | None, str | None]:
+        """A reused call answered through vLLM's render/generate/derender routes, or None and
+        what to tell `TokenReuse.answered` (`fallback`, `none`; None: the engine lacks them)."""
+        endpoint = target.endpoints[0]
+        prefix = sent.pop(PREFIX_FIELD)
+        name = await self._served_name(endpoint, target.model.model)
+        asked = bool(request.get("logprobs")) or bool(request.get("top_logprobs"))
+        answer = await self.vllm_reuse.answer(endpoint, name, sent, prefix, shows_logprobs=asked)
+        if isinstance(answer, ReusedAnswer):
+            return answer, "reused"
+        return None, None if answer == "unsupported" else answer
+
+    async def _release_stream(self, upstream: Upstream) -> None:
         upstream.release()
         self.gate.exit()
 
@@ -469,7 +496,7 @@ class LLMProxy:
 
     def _relay(
         self,
-        upstream: aiohttp.ClientResponse,
+        upstream: Upstream,
         facts: CallFacts,
         started: float,
         rollout_id: str,
@@ -555,7 +582,7 @@ class LLMProxy:
 
     def _relay_wire(
         self,
-        upstream: aiohttp.ClientResponse,
+        upstream: Upstream,
         translation: Translation,
         facts: CallFacts,
         started: float,
@@ -711,20 +738,20 @@ class LLMProxy:
         await self.store.append_events(rollout_id, attempt_id, events, from_harness=True)
 
 
-def _weight_version(upstream: aiohttp.ClientResponse, registered: int) -> int:
+def _weight_version(upstream: Upstream, registered: int) -> int:
     """The engine's own word on its weights (the embedded engine sends it), else the registry's."""
     header = upstream.headers.get(WEIGHT_VERSION_HEADER)
     return int(header) if header and header.isdigit() else registered
 
 
-async def _read_body(upstream: aiohttp.ClientResponse) -> bytes:
+async def _read_body(upstream: Upstream) -> bytes:
     try:
         return await upstream.read()
     finally:
         upstream.release()
 
 
-async def _lines(upstream: aiohttp.ClientResponse) -> AsyncIterator[str]:
+async def _lines(upstream: Upstream) -> AsyncIterator[str]:
     """The body's lines, however long: an SSE chunk carrying a long prompt's token IDs can be
     far over aiohttp's own line limit."""
     pending = b""
@@ -741,7 +768,7 @@ class _StreamedCall:
     """A stream being relayed: its chunks (an async generator), what was recorded of it, and
     how it is recorded when the harness leaves before its end (`settle`)."""
 
-    def __init__(self, upstream: aiohttp.ClientResponse, recorder: StreamRecorder) -> None:
+    def __init__(self, upstream: Upstream, recorder: StreamRecorder) -> None:
         self.upstream = upstream
         self.recorder = recorder
         self.chunks: AsyncGenerator[bytes, None] | None = None

@@ -43,7 +43,8 @@ PREFIX_FIELD = "reins_prefix_token_ids"
 """The chat request's extension field the engine reads (`reins.engine.api.ChatRequest`)."""
 REUSE_HEADER = "x-reins-token-reuse"
 """The engine's answer header: `reused` or `fallback`. An engine that does not answer it does
-not know the field (vLLM): the proxy stops sending it there."""
+not know the field: the proxy stops sending it there. A vLLM engine is not sent the field: the
+proxy reuses through vLLM's own routes instead (`reuse_vllm.py`)."""
 
 AttemptKey = tuple[str, int]
 
@@ -156,7 +157,8 @@ Outcome = Literal["reused", "fallback", "none", "asked"]
 """What became of a call's reuse, recorded as its `token_reuse`: `reused` (the prompt starts with
 the earlier call's tokens), `fallback` (the engine rendered it as usual: the history changed),
 `none` (it extends no remembered call: the first call, a new conversation, a restart; or the
-engine does not take the field). `asked` only while the engine has not answered."""
+engine does not take the field, or a vLLM engine does not reuse this kind of call:
+`reuse_vllm.py`). `asked` only while the engine has not answered."""
 
 
 @dataclass
@@ -198,13 +200,14 @@ class TokenReuse:
             self._pending.popitem(last=False)
 
     def answered(self, request: dict[str, Any], endpoint: str, header: str | None) -> None:
-        """The engine's 2xx answer to the call arrived, with `REUSE_HEADER`'s value."""
+        """The engine's 2xx answer to the call arrived, with `REUSE_HEADER`'s value (`none`: the
+        engine takes reuse but not for this call, `reuse_vllm.py`)."""
         pending = self._pending.get(id(request))
         if pending is None or pending.request is not request or pending.outcome != "asked":
             return
         heard: dict[str | None, Outcome] = {"reused": "reused", "fallback": "fallback"}
         pending.outcome = heard.get(header, "none")
-        if header not in heard:
+        if header not in heard and header != "none":
             self.unsupported.add(endpoint)
 
     def recorded(self, records: Sequence[Any]) -> None:

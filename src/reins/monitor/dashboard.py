@@ -3,6 +3,7 @@
 - `/ui`: the rollouts table (filters, sort, search, pages; live updates by polling a fragment)
 - `/ui/rollouts/{id}`: one rollout, its calls in order with logprobs and sample decisions
 - `/ui/runs`, `/ui/runs/{name}`: training runs and their curves (inline SVG)
+- `/ui/runs/{name}/fidelity`: `reins doctor`'s report of a run's recorded rollouts
 
 Auth is the admin key: as `Authorization: Bearer KEY` (scripts, AI agents), or once through
 `/ui/login`, which sets an HttpOnly cookie derived from the key (browsers).
@@ -26,9 +27,10 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from reins.doctor.report import format_boundary
 from reins.gateway.settings import GatewaySettings
 from reins.gateway.store import NotFound, RolloutQuery, RolloutSort, Store
-from reins.monitor import svg, tokens
+from reins.monitor import fidelity, svg, tokens
 from reins.monitor.panels import charts
 from reins.monitor.prometheus import CONTENT_TYPE
 from reins.monitor.rollout import LOW_P, Token, attempt_view
@@ -426,6 +428,30 @@ def _run_context(request: Request, name: str) -> dict[str, Any]:
 async def run_page(request: Request, name: str) -> HTMLResponse:
     require_viewer(request)
     return _html("run.html", poll_s=10, **_run_context(request, name))
+
+
+@router.get("/runs/{name}/fidelity")
+async def run_fidelity(request: Request, name: str) -> HTMLResponse:
+    """`reins doctor`'s report of the run's recorded rollouts (monitor/fidelity.py)."""
+    require_viewer(request)
+    settings: GatewaySettings = request.app.state.settings
+    text: TokenText | None = None
+    notice = None
+    if settings.monitor_tokenizer:
+        try:
+            text = await asyncio.to_thread(tokens.load, settings.monitor_tokenizer)
+        except tokens.TokenizerError as error:
+            notice = str(error)
+    runs, finished, cut = await fidelity.harness_runs(request.app.state.store, name)
+    view = await asyncio.to_thread(fidelity.fidelity_view, name, runs, finished, cut, text)
+    return _html(
+        "fidelity.html",
+        view=view,
+        max_calls=fidelity.MAX_CALLS,
+        tokenizer=text is not None,
+        notice=notice,
+        boundary=format_boundary,
+    )
 
 
 @router.get("/runs/{name}/charts")

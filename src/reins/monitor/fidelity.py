@@ -1,0 +1,98 @@
+"""A training run's capture fidelity: `reins doctor`'s report, computed from the run's recorded
+rollouts, for the page `/ui/runs/{name}/fidelity`.
+
+What it keeps:
+- **One implementation.** The figures, split examples and findings are
+  `reins.doctor.report.build_report`'s, fed one `HarnessRun` per rollout (the calls of its latest
+  attempt, the one the trainer reads), and the rows are `reins.doctor.render.rows`: the page and
+  `reins doctor` cannot disagree. A rollout's "exit" is its agent log's exit code when it has one,
+  else 0 for `succeeded` and 1 for `failed`.
+- **Bounded.** Only finished rollouts are read, the latest `MAX_ROLLOUTS` of the run (by
+  creation), and at most `MAX_CALLS` calls of each; the page says when it read fewer than there
+  are. Unfinished rollouts are left out (their calls are still coming).
+- **Text checks need the tokenizer.** Without `REINS_MONITOR_TOKENIZER` token fidelity is not
+  checked and split reasons are token-only, as `reins doctor --engine` without `--tokenizer`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from reins.doctor.render import rows
+from reins.doctor.report import Detokenizer, DoctorReport, HarnessRun, build_report
+from reins.gateway.store import RolloutQuery, Store
+from reins.monitor.rollout import AGENT_LOG
+from reins.monitor.tokens import TokenText
+from reins.schemas import MODEL_REQUEST, Rollout
+
+MAX_ROLLOUTS = 200
+"""Finished rollouts of a run read for the page (the latest ones)."""
+MAX_CALLS = 1000
+"""Calls of one rollout read for the page."""
+
+
+@dataclass
+class FidelityView:
+    run: str
+    report: DoctorReport
+    rows: list[tuple[str, str]]
+    finished: int
+    """Finished rollouts the run has."""
+    read: int
+    """Of those, the rollouts read (at most MAX_ROLLOUTS)."""
+    truncated_rollouts: list[str] = field(default_factory=list)
+    """Rollouts with more than MAX_CALLS calls (only the first MAX_CALLS read)."""
+
+
+def _exit_code(rollout: Rollout, logs: list[dict[str, Any]]) -> int:
+    for log in reversed(logs):
+        code = log.get("exit_code")
+        if isinstance(code, int) and not isinstance(code, bool):
+            return code
+    return 0 if rollout.status.state == "succeeded" else 1
+
+
+async def harness_runs(
+    store: Store, run: str, limit: int | None = None
+) -> tuple[list[HarnessRun], int, list[str]]:
+    """The run's latest `limit` (MAX_ROLLOUTS) finished rollouts as doctor runs; the finished
+    count; the rollouts whose events were cut at MAX_CALLS."""
+    query = RolloutQuery(states=("succeeded", "failed"), run=run, limit=limit or MAX_ROLLOUTS)
+    rollouts, finished = await store.query_rollouts(query)
+    out: list[HarnessRun] = []
+    cut: list[str] = []
+    for rollout in reversed(rollouts):  # oldest first, as the runs of `reins doctor`
+        attempt = rollout.attempt_count
+        if not attempt:
+            out.append(HarnessRun(rollout.rollout_id, [], _exit_code(rollout, [])))
+            continue
+        calls: list[dict[str, Any]] = []
+        logs: list[dict[str, Any]] = []
+        events = await store.get_events(
+            rollout.rollout_id,
+            attempt_id=attempt,
+            types=(MODEL_REQUEST, AGENT_LOG),
+            limit=MAX_CALLS + 1,
+        )
+        if len(events) > MAX_CALLS:
+            events = events[:MAX_CALLS]
+            cut.append(rollout.rollout_id)
+        for event in events:
+            (calls if event.type == MODEL_REQUEST else logs).append(event.data)
+        tail = str(logs[-1].get("tail") or "") if logs else ""
+        out.append(HarnessRun(rollout.rollout_id, calls, _exit_code(rollout, logs), 0.0, tail))
+    return out, finished, cut
+
+
+def fidelity_view(
+    run: str,
+    runs: list[HarnessRun],
+    finished: int,
+    cut: list[str],
+    text: TokenText | None,
+) -> FidelityView:
+    """The page's data (pure; CPU work: call it off the event loop)."""
+    detok = Detokenizer(text.tokenizer) if text is not None else None
+    report = build_report(runs, detok)
+    return FidelityView(run, report, rows(report), finished, len(runs), cut)
