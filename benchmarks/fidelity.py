@@ -11,8 +11,8 @@ whose tokens do not say what the gateway answered); what each harness itself rec
 objects: the SDK's messages, LangGraph's state, the Agents SDK's items, mini-swe-agent's
 trajectory) is compared with the decoded tokens too (`reins.doctor.received.matches`).
 
-    .venv/bin/python benchmarks/fidelity.py              # in-process harnesses, 2 rollouts a cell
-    .venv/bin/python benchmarks/fidelity.py --long       # 5 a cell, and the 3 CLIs (2 a cell)
+    .venv/bin/python benchmarks/fidelity.py              # 5 append-only harnesses, 1 rollout a cell
+    .venv/bin/python benchmarks/fidelity.py --long       # 5 a cell, mini-swe-agent, the 3 CLIs
     .venv/bin/python benchmarks/fidelity.py --harnesses litellm,langgraph --rollouts 4
 
 Harnesses, and whether their history is append-only (each call's messages are the previous
@@ -28,7 +28,7 @@ sequence, so the only ones in the headline.
 - `mini-swe-agent` (default agent, `mini.yaml`, litellm tool-calling model): NOT append-only. An
   answer without exactly one valid `bash` call is rejected: the agent keeps it out of its
   history and sends a format-error message instead, so the next prompt drops that answer (split
-  `dropped`, on purpose). Shown, excluded from the headline.
+  `dropped`, on purpose). `--long` only; shown, excluded from the headline.
 - `claude`, `codex`, `opencode` (`--long` only; the Messages, Responses and chat APIs): two CLI
   runs of `List the files.` in one session resumed from a few-shot session
   (tests/harness/cli_support.py, tests/harness/cli_drivers.py): each call sends the session's
@@ -96,10 +96,12 @@ class Harness:
     """Python modules it imports: missing ones make it a skip."""
     cli: str = ""
     """The coding-agent CLI it runs (`--long` only): a missing one makes it a skip."""
+    slow: bool = False
+    """Run with `--long` only (besides the CLIs): it takes longer and is not in the headline."""
 
     @property
     def long_only(self) -> bool:
-        return bool(self.cli)
+        return bool(self.cli) or self.slow
 
 
 def _cli_task(name: str) -> Task:
@@ -123,6 +125,7 @@ HARNESSES = [
         False,
         why="drops a rejected answer (no valid bash call) from its history",
         needs=("minisweagent",),
+        slow=True,
     ),
     Harness("claude", _cli_task("claude"), True, cli="claude"),
     Harness("codex", _cli_task("codex"), True, cli="codex"),
@@ -325,10 +328,10 @@ def headline(cells: list[Cell]) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--long", action="store_true", help="more rollouts, and the CLIs")
-    parser.add_argument("--rollouts", type=int, help="per harness and setting (2; --long 5)")
+    parser.add_argument("--rollouts", type=int, help="per harness and setting (1; --long 5)")
     parser.add_argument("--cli-rollouts", type=int, default=2, help="per CLI and setting (--long)")
     parser.add_argument("--harnesses", help="comma-separated names (default: all that apply)")
-    parser.add_argument("--workers", type=int, default=6, help="rollouts at once (default 6)")
+    parser.add_argument("--workers", type=int, default=10, help="rollouts at once (default 10)")
     parser.add_argument(
         "--threads", type=int, default=1, help="the engine's torch threads (default 1, see above)"
     )
@@ -336,7 +339,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    rollouts = args.rollouts or (5 if args.long else 2)
+    rollouts = args.rollouts or (5 if args.long else 1)
     wanted = set(args.harnesses.split(",")) if args.harnesses else None
     chosen: list[Harness] = []
     for harness in HARNESSES:
