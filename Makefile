@@ -72,3 +72,4 @@ screenshots: setup
 bench: setup
 	$(PY) benchmarks/gateway.py
 	$(PY) benchmarks/samples.py
+	$(PY) benchmarks/records.py
