@@ -9,6 +9,7 @@ from typing import Any
 
 import openai
 
+from reins.doctor.harnesses.openai_chat import assemble
 from tests.embedded_support import FEW_SHOT_TOOL_USE, WEATHER_TOOL
 
 FOLLOW_UPS = ["Thanks. And tomorrow?", "Should I take an umbrella?", "Say it in one word."]
@@ -25,28 +26,11 @@ def ask(
             model=model, messages=messages, max_tokens=MAX_TOKENS, **fields
         )
         return completion.choices[0].message.model_dump(exclude_none=True)
-    content: list[str] = []
-    calls: dict[int, dict[str, Any]] = {}
-    for chunk in sdk.chat.completions.create(
-        model=model, messages=messages, max_tokens=MAX_TOKENS, stream=True, **fields
-    ):
-        delta = chunk.choices[0].delta if chunk.choices else None
-        if delta is None:
-            continue
-        content.append(delta.content or "")
-        for piece in delta.tool_calls or ():
-            slot = calls.setdefault(
-                piece.index,
-                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
-            )
-            slot["id"] = piece.id or slot["id"]
-            if piece.function is not None:
-                slot["function"]["name"] += piece.function.name or ""
-                slot["function"]["arguments"] += piece.function.arguments or ""
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
-    if calls:
-        message["tool_calls"] = [calls[index] for index in sorted(calls)]
-    return message
+    return assemble(
+        sdk.chat.completions.create(
+            model=model, messages=messages, max_tokens=MAX_TOKENS, stream=True, **fields
+        )
+    )
 
 
 def weather_conversation(

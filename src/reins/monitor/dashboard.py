@@ -249,6 +249,17 @@ async def _table(store: Store, request: Request) -> dict[str, Any]:
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 
+async def _monitor_text(request: Request) -> tuple[TokenText | None, str | None]:
+    """The monitor tokenizer's text for token IDs (`monitor_tokenizer`), or None and why not."""
+    settings: GatewaySettings = request.app.state.settings
+    if not settings.monitor_tokenizer:
+        return None, None
+    try:
+        return await asyncio.to_thread(tokens.load, settings.monitor_tokenizer), None
+    except tokens.TokenizerError as error:
+        return None, str(error)
+
+
 @router.get("/login")
 async def login_page(request: Request, next: str = "/ui") -> HTMLResponse:
     return _html("login.html", next=_safe_next(next), error=None)
@@ -328,14 +339,7 @@ async def rollout_page(
     chosen = min(attempt or latest, latest) if latest else None
     view = None
     version = await _version(store, rollout_id, detail.rollout.change_seq)
-    settings: GatewaySettings = request.app.state.settings
-    text: TokenText | None = None
-    notice = None
-    if settings.monitor_tokenizer:
-        try:
-            text = await asyncio.to_thread(tokens.load, settings.monitor_tokenizer)
-        except tokens.TokenizerError as error:
-            notice = str(error)
+    text, notice = await _monitor_text(request)
     if chosen is not None:
         events = await store.get_events(rollout_id, attempt_id=chosen, limit=1_000_000)
         view = await asyncio.to_thread(
@@ -434,14 +438,7 @@ async def run_page(request: Request, name: str) -> HTMLResponse:
 async def run_fidelity(request: Request, name: str) -> HTMLResponse:
     """`reins doctor`'s report of the run's recorded rollouts (monitor/fidelity.py)."""
     require_viewer(request)
-    settings: GatewaySettings = request.app.state.settings
-    text: TokenText | None = None
-    notice = None
-    if settings.monitor_tokenizer:
-        try:
-            text = await asyncio.to_thread(tokens.load, settings.monitor_tokenizer)
-        except tokens.TokenizerError as error:
-            notice = str(error)
+    text, notice = await _monitor_text(request)
     runs, finished, cut = await fidelity.harness_runs(request.app.state.store, name)
     view = await asyncio.to_thread(fidelity.fidelity_view, name, runs, finished, cut, text)
     return _html(

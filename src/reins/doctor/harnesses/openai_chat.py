@@ -4,6 +4,7 @@ or streamed (`--stream`: the answer assembled from the deltas, as a streaming ha
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from reins.doctor.harnesses import task
@@ -21,9 +22,15 @@ def ask(client: Any, messages: list[dict[str, Any]], stream: bool) -> dict[str, 
         answer = client.chat.completions.create(**common)
         message: dict[str, Any] = answer.choices[0].message.model_dump(exclude_none=True)
         return message
+    return assemble(client.chat.completions.create(stream=True, **common))
+
+
+def assemble(chunks: Iterable[Any]) -> dict[str, Any]:
+    """The assistant message a streaming harness builds from the SDK's chunks: the content's
+    deltas joined, each tool call's name and arguments joined by its index."""
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
-    for chunk in client.chat.completions.create(stream=True, **common):
+    for chunk in chunks:
         delta = chunk.choices[0].delta if chunk.choices else None
         if delta is None:
             continue
@@ -37,10 +44,10 @@ def ask(client: Any, messages: list[dict[str, Any]], stream: bool) -> dict[str, 
             if piece.function is not None:
                 slot["function"]["name"] += piece.function.name or ""
                 slot["function"]["arguments"] += piece.function.arguments or ""
-    assembled: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
     if calls:
-        assembled["tool_calls"] = [calls[index] for index in sorted(calls)]
-    return assembled
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    return message
 
 
 def main(argv: list[str]) -> None:
