@@ -41,6 +41,8 @@ Json = Union[dict[str, "Json"], list["Json"], str, int, float, bool, None]  # no
 
 REWARD = "reward"
 """The built-in reward event type (`reins.schemas.REWARD`)."""
+TOOL = "tool"
+"""A harness's tool use (`reins.schemas.TOOL`)."""
 
 _VARIABLES = {
     "openai_base_url": "OPENAI_BASE_URL",
@@ -180,13 +182,40 @@ def report_reward(
     *,
     reason: str | None = None,
     source: str = "agent",
+    metrics: Mapping[str, float] | None = None,
     context: AgentContext | None = None,
 ) -> None:
-    """Posts this attempt's `reward` event (the trainer reads the last one of the attempt)."""
+    """Posts this attempt's `reward` event (the trainer reads the last one of the attempt).
+
+    `metrics` are numbers about the episode (searches made, tool calls, answered or not): the
+    trainer logs their mean over a step's trained rollouts as `agent/<name>` and over a
+    validation as `val/agent/<name>`."""
     data: dict[str, Json] = {"value": float(value), "source": source}
     if reason is not None:
         data["reason"] = reason
+    if metrics:
+        for name, number in metrics.items():
+            if isinstance(number, bool) or not isinstance(number, int | float):
+                raise TypeError(f"metric {name!r} is {number!r}: metrics are numbers")
+        data["metrics"] = {name: float(number) for name, number in metrics.items()}
     emit_event(REWARD, data, context=context)
+
+
+def report_tool(
+    name: str,
+    input: Json,
+    output: str,
+    *,
+    ok: bool = True,
+    seconds: float | None = None,
+    context: AgentContext | None = None,
+) -> None:
+    """Posts a `tool` event: one tool use of the harness (a search and its passages, a shell
+    command and its output), shown on the dashboard's rollout page in the calls' timeline."""
+    data: dict[str, Json] = {"name": name, "input": input, "output": output, "ok": ok}
+    if seconds is not None:
+        data["seconds"] = round(float(seconds), 4)
+    emit_event(TOOL, data, context=context)
 
 
 def _message(body: bytes) -> str:

@@ -281,35 +281,52 @@ def _run_training(config: object, *, resume: bool) -> None:
 
 @app.command()
 def demo(
-    example: Annotated[Path, typer.Option(help="The example's config.")] = Path(
-        "examples/recall/config.yaml"
-    ),
+    example: Annotated[
+        str,
+        typer.Option(
+            help="An example's name (its config is examples/NAME/config.yaml: recall, search, "
+            "sandbox) or a config file's path."
+        ),
+    ] = "recall",
     run_name: Annotated[
-        str | None, typer.Option(help="Name of the run [default: recall-<time>]")
+        str | None, typer.Option(help="Name of the run [default: EXAMPLE-<time>]")
     ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config field (key=value).")
     ] = None,
 ) -> None:
     """The main job on the embedded defaults: SQLite gateway, embedded engine, local agents,
-    torch trainer, on the `recall` example (run it from the repository's root)."""
+    torch trainer, on the `recall` example or another one (run it from the repository's root)."""
     import time
 
     from reins.trainer.config import ConfigError, load_config
 
-    if not example.exists():
+    config = demo_config(example)
+    if config is None:
+        found = sorted(p.parent.name for p in Path("examples").glob("*/config.yaml"))
         console.print(
-            f"[red]error:[/red] {example} not found: run `reins demo` from the reins repository's "
-            "root, or pass --example"
+            f"[red]error:[/red] no example {example!r}: run `reins demo` from the reins "
+            f"repository's root (examples here: {', '.join(found) or 'none'}), or pass a config "
+            "file's path"
         )
         raise typer.Exit(2)
-    name = run_name or f"recall-{time.strftime('%Y%m%d-%H%M%S')}"
+    default_name = config.parent.name if config.name == "config.yaml" else config.stem
+    name = run_name or f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        loaded = load_config(example, [f"run_name={name}", *(set_ or [])])
+        loaded = load_config(config, [f"run_name={name}", *(set_ or [])])
     except ConfigError as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(2) from error
     _run_training(loaded, resume=False)
+
+
+def demo_config(example: str) -> Path | None:
+    """`recall` -> examples/recall/config.yaml; a path to a file (or an example's folder) as is."""
+    given = Path(example)
+    for candidate in (given, given / "config.yaml", Path("examples") / example / "config.yaml"):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 @app.command()

@@ -29,6 +29,8 @@ VALID_TRANSITIONS: dict[str, frozenset[str]] = {
 
 MODEL_REQUEST = "model_request"
 REWARD = "reward"
+TOOL = "tool"
+"""A harness's tool use, posted by `reins.agent.report_tool`: {name, input, output, ok, seconds}."""
 
 Identifier = Annotated[
     str,

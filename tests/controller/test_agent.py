@@ -10,7 +10,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from reins.agent import AgentContext, AgentEnvError, ReportError, emit_event, report_reward
+from reins.agent import (
+    AgentContext,
+    AgentEnvError,
+    ReportError,
+    emit_event,
+    report_reward,
+    report_tool,
+)
 from tests.conftest import ADMIN_KEY
 from tests.support import free_port
 
@@ -81,6 +88,39 @@ def test_rewards_and_events_are_posted_with_the_scoped_token(gateway_url: str) -
         {"type": "tool_call", "data": {"name": "bash", "ok": True}},
         {"type": "reward", "data": {"value": 0.75, "source": "agent", "reason": "3 of 4 tests"}},
     ]
+
+
+def test_tool_uses_and_reward_metrics_are_posted_as_given(gateway_url: str) -> None:
+    context = context_for(gateway_url)
+    report_tool("search", "founder of Orlin Vale", "Maren Ostby.", seconds=0.01234, context=context)
+    report_tool("run_shell", {"command": "ls"}, "", ok=False, context=context)
+    report_reward(1, metrics={"searches": 1, "answered": 1}, context=context)
+    assert events(gateway_url, "r-1") == [
+        {
+            "type": "tool",
+            "data": {
+                "name": "search",
+                "input": "founder of Orlin Vale",
+                "output": "Maren Ostby.",
+                "ok": True,
+                "seconds": 0.0123,
+            },
+        },
+        {
+            "type": "tool",
+            "data": {"name": "run_shell", "input": {"command": "ls"}, "output": "", "ok": False},
+        },
+        {
+            "type": "reward",
+            "data": {
+                "value": 1.0,
+                "source": "agent",
+                "metrics": {"searches": 1.0, "answered": 1.0},
+            },
+        },
+    ]
+    with pytest.raises(TypeError, match="metric 'answered' is True: metrics are numbers"):
+        report_reward(1, metrics={"answered": True}, context=context)
 
 
 def test_a_token_of_another_attempt_is_refused_at_once(gateway_url: str) -> None:

@@ -136,6 +136,16 @@ def coding_rollout(gateway: Gateway, rollout_id: str = "fix-bug-1", *, run: str 
             chat_call(first, reply1, version=3),
             chat_call(second, reply2, logprobs=shaky, version=3),
             {"type": "tool_result", "data": {"tool": "bash", "command": "sed -i ...", "exit": 0}},
+            {
+                "type": "tool",
+                "data": {
+                    "name": "run_shell",
+                    "input": {"command": "curl -s https://example.com/pager.py"},
+                    "output": "curl: (6) Could not resolve host: example.com",
+                    "ok": False,
+                    "seconds": 0.02,
+                },
+            },
             chat_call(third, reply3, version=4),
             chat_call(third, reply3, version=4),
             chat_call(summary, "", status=502, error="engine unreachable"),

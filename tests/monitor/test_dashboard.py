@@ -118,6 +118,10 @@ def test_rollout_page_shows_calls_boundaries_logprobs_and_logs(gateway: Gateway)
     assert "not trained on: failed call (status 502)" in html
     assert '<span class="t0 id"' in html  # a token sampled with p < 0.01 stands out
     assert "tool_result" in html and "sed -i ..." in html
+    tool = html[html.index('class="card event tool"') :].split("</details>")[0]
+    assert '<b class="mono">run_shell</b>' in tool and "failed" in tool
+    assert "curl -s https://example.com/pager.py" in tool
+    assert "Could not resolve host: example.com" in tool
     assert "3 passed in 0.12s" in html
     assert "3 training sequences" in html
     assert "3 earlier messages, as in call 1, not repeated" in html

@@ -145,3 +145,50 @@ def test_a_call_whose_logprobs_do_not_match_its_tokens_does_not_break_the_page()
     assert view.samples_error is not None and "logprobs" in view.samples_error
     assert view.calls[0].tokens[0].logprob is None
     assert view.calls[0].boundary.kind == "skipped"
+
+
+def test_tool_uses_and_tool_calls_read_as_what_was_run_and_what_came_back() -> None:
+    asked = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "run_shell", "arguments": '{"command": "wc -l data.csv"}'},
+            }
+        ],
+    }
+    answered = [USER, asked, {"role": "tool", "tool_call_id": "call_1", "content": "12 data.csv"}]
+    view = attempt_view(
+        "r",
+        1,
+        events(
+            chat_call([USER], "<search>founder of Orlin Vale</search>"),
+            {
+                "type": "tool",
+                "data": {
+                    "name": "search",
+                    "input": "founder of Orlin Vale",
+                    "output": "Orlin Vale was founded by Maren Ostby.",
+                    "ok": True,
+                    "seconds": 0.004,
+                },
+            },
+            {"type": "tool", "data": {"name": "run_shell", "input": {"command": "curl x"}}},
+            chat_call(answered, "12"),
+        ),
+    )
+    search, shell = (item.tool for item in view.items if item.tool is not None)
+    assert search is not None and shell is not None
+    assert (search.name, search.input.text, search.ok, search.seconds) == (
+        "search",
+        "founder of Orlin Vale",
+        True,
+        0.004,
+    )
+    assert search.output.text == "Orlin Vale was founded by Maren Ostby."
+    assert shell.input.text == '{\n "command": "curl x"\n}' and shell.output.text == ""
+    call_message, tool_message = view.calls[1].messages[-2:]
+    assert call_message.text == '→ run_shell [call_1]\n{\n "command": "wc -l data.csv"\n}'
+    assert (tool_message.role, tool_message.text) == ("tool [call_1]", "12 data.csv")

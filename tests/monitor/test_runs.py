@@ -38,6 +38,23 @@ def test_missing_keys_are_skipped_and_unknown_keys_get_their_own_chart(tmp_path:
     assert found["x/new"].series[0].points == [(1.0, 3.0), (3.0, 5.0)]
 
 
+def test_each_agent_metric_gets_one_chart_with_training_and_validation(tmp_path: Path) -> None:
+    rows = [
+        {"step": 0, "val/reward_mean": 0.1, "val/agent/searches": 0.5, "val/agent/answered": 0.2},
+        {"step": 1, "reward/mean": 0.2, "agent/searches": 1.0, "agent/answered": 0.5},
+        {"step": 2, "reward/mean": 0.3, "agent/searches": 1.5, "agent/tool_calls": 4},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    found = {chart.panel.title: chart for chart in charts(load_run(tmp_path))}
+    assert set(found) == {"Reward", "Agent: answered", "Agent: searches", "Agent: tool_calls"}
+    searches = found["Agent: searches"].series
+    assert [(s.name, s.points) for s in searches] == [
+        ("train", [(1.0, 1.0), (2.0, 1.5)]),
+        ("val", [(0.0, 0.5)]),
+    ]
+    assert [s.name for s in found["Agent: tool_calls"].series] == ["train"]
+
+
 def test_split_reasons_become_one_series_per_reason_labelled_by_reason(runs_dir: Path) -> None:
     run = load_run(write_run(runs_dir, "demo", steps=3))
     chart = next(c for c in charts(run) if c.panel.title.startswith("Split reasons"))

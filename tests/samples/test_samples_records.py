@@ -70,6 +70,24 @@ def test_reward_is_the_last_reward_event() -> None:
     assert rollout_from_events(events).reward == 0.25
 
 
+def test_the_agents_metrics_come_from_the_last_reward_and_only_numbers_count() -> None:
+    events = [
+        _event(2, "reward", {"value": 1.0, "metrics": {"searches": 5}}),
+        _event(4, "model_request", _request([1], [2])),
+        _event(
+            9,
+            "reward",
+            {
+                "value": 0.0,
+                "metrics": {"searches": 2, "answered": 0, "ok": True, "note": "x", "bad": None},
+            },
+        ),
+    ]
+    assert rollout_from_events(events).metrics == {"searches": 2.0, "answered": 0.0}
+    odd = [_event(1, "reward", {"value": 1.0, "metrics": "many"})]
+    assert rollout_from_events(odd).metrics == {}
+
+
 def test_missing_reward_is_an_error_by_default() -> None:
     events = [_event(1, "model_request", _request([1], [2]))]
     with pytest.raises(MissingRewardError, match="r-1 attempt 1 has no reward"):

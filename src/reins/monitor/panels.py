@@ -50,6 +50,9 @@ PANELS: tuple[Panel, ...] = (
     Panel("Throughput", ("throughput/tokens_per_s",), unit="tokens/s"),
 )
 
+AGENT_PREFIXES = ("agent/", "val/agent/")
+"""The agents' own numbers (`reins.agent.report_reward(metrics=...)`), train and val."""
+
 _AUX_KEYS = ("step", "time", "weight_version", "reward/std")
 """Keys shown elsewhere (axes, the band), never as a chart of their own."""
 
@@ -117,9 +120,25 @@ def charts(run: Run) -> list[Chart]:
         if panel.total and run.series(panel.total):
             total = Series(panel.total, run.series(panel.total))
         out.append(Chart(panel, series, band, total))
+    out += _agent_charts(run, keys, used)
     for key in keys:
         if key not in used:
             out.append(Chart(Panel(key, (key,)), [Series(key, run.series(key))]))
+    return out
+
+
+def _agent_charts(run: Run, keys: list[str], used: set[str]) -> list[Chart]:
+    """One chart per metric the agents report (`agent/<name>`, `val/agent/<name>`: searches
+    per rollout, answer rate, tool calls...), training and validation on the same axes."""
+    names = sorted(
+        {k.removeprefix(prefix) for k in keys for prefix in AGENT_PREFIXES if k.startswith(prefix)}
+    )
+    out: list[Chart] = []
+    for name in names:
+        pairs = [(AGENT_PREFIXES[0] + name, "train"), (AGENT_PREFIXES[1] + name, "val")]
+        series = [Series(key, run.series(key), label) for key, label in pairs if key in keys]
+        used.update(key for key, _ in pairs)
+        out.append(Chart(Panel(f"Agent: {name}", tuple(k for k, _ in pairs)), series))
     return out
 
 

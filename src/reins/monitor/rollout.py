@@ -6,6 +6,7 @@ Pure: events in, a view out. The dashboard renders it; tests read it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from reins.samples import Decode, dedup_calls, merge_calls, rollout_from_events
-from reins.schemas import MODEL_REQUEST, REWARD, Event, ModelRequest
+from reins.schemas import MODEL_REQUEST, REWARD, TOOL, Event, ModelRequest
 
 AGENT_LOG = "agent_log"
 MAX_TOKENS_SHOWN = 2000
@@ -88,6 +89,17 @@ class CallView:
     """Tokens sampled with p < LOW_P."""
 
 
+@dataclass(frozen=True)
+class ToolUse:
+    """A `tool` event (`reins.agent.report_tool`): what the harness ran and what came back."""
+
+    name: str
+    input: Message
+    output: Message
+    ok: bool
+    seconds: float | None
+
+
 @dataclass
 class Item:
     """One entry of the attempt's timeline, in event order."""
@@ -98,6 +110,7 @@ class Item:
     data: dict[str, Any] = field(default_factory=dict)
     pretty: str = ""
     """Pretty JSON of a custom event's data (truncated)."""
+    tool: ToolUse | None = None
 
 
 @dataclass
@@ -147,18 +160,46 @@ def _chat_message(raw: Any) -> Message:
     reasoning = raw.get("reasoning_content") or raw.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
         text = f"[reasoning]\n{reasoning}\n[/reasoning]\n{text}"
-    if raw.get("tool_calls"):
-        text += (
-            ("\n" if text else "")
-            + "tool_calls: "
-            + json.dumps(raw["tool_calls"], ensure_ascii=False, indent=1)
-        )
+    if isinstance(raw.get("tool_calls"), list):
+        calls = [_tool_call_text(call) for call in raw["tool_calls"]]
+        text = "\n".join([text, *calls] if text else calls)
     role = str(raw.get("role", "?"))
     if raw.get("name"):
         role += f" ({raw['name']})"
     if raw.get("tool_call_id"):
         role += f" [{raw['tool_call_id']}]"
     return _message(role, text)
+
+
+def _tool_call_text(call: Any) -> str:
+    """`→ run_shell [call_1]` and its arguments as indented JSON (parsed when they parse)."""
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return "→ tool call: " + json.dumps(call, ensure_ascii=False)
+    function = call["function"]
+    arguments: Any = function.get("arguments")
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):  # else shown as the model wrote it
+            arguments = json.loads(arguments)
+    shown = arguments if isinstance(arguments, str) else json.dumps(arguments, indent=1)
+    tag = f" [{call['id']}]" if call.get("id") else ""
+    return f"→ {function.get('name', '?')}{tag}\n{shown}"
+
+
+def _tool_use(data: dict[str, Any]) -> ToolUse:
+    raw_input = data.get("input")
+    shown = (
+        raw_input
+        if isinstance(raw_input, str)
+        else json.dumps(raw_input, ensure_ascii=False, indent=1)
+    )
+    seconds = data.get("seconds")
+    return ToolUse(
+        name=str(data.get("name", "?")),
+        input=_message("input", shown),
+        output=_message("output", _text(data.get("output"))),
+        ok=data.get("ok") is not False,
+        seconds=float(seconds) if isinstance(seconds, int | float) else None,
+    )
 
 
 def _choice(record: ModelRequest) -> dict[str, Any]:
@@ -380,6 +421,8 @@ def attempt_view(
         elif event.type == REWARD:
             rewards.append({"seq": event.seq, **event.data})
             items.append(Item(event.seq, event.type, data=event.data))
+        elif event.type == TOOL and isinstance(event.data, dict):
+            items.append(Item(event.seq, event.type, data=event.data, tool=_tool_use(event.data)))
         elif event.type == AGENT_LOG:
             logs.append({"seq": event.seq, **event.data})
             items.append(Item(event.seq, event.type, data=event.data))

@@ -6,8 +6,10 @@ everything after it works on records only, so tests and benchmarks build records
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -73,10 +75,24 @@ class RolloutRecord:
     abandoned_calls: int = 0
     """Of those, the calls whose harness hung up or timed out before the answer (``abandoned``):
     the harness never used their answer, its retry (a later call) is the one trained on."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The agent's own numbers about the episode, from the last ``reward`` event."""
 
 
 class MissingRewardError(ValueError):
     """A rollout's attempt has no ``reward`` event and no fill value was given."""
+
+
+def numeric_metrics(raw: Any) -> dict[str, float]:
+    """The numbers of a reward event's ``metrics`` (`reins.agent.report_reward`); anything else
+    a harness put there is left out rather than failing the rollout."""
+    if not isinstance(raw, dict):
+        return {}
+    return {
+        str(name): float(value)
+        for name, value in raw.items()
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    }
 
 
 def rollout_from_events(
@@ -113,6 +129,7 @@ def rollout_from_events(
     calls: list[Call] = []
     skipped = abandoned = 0
     reward: float | None = None
+    metrics: dict[str, float] = {}
     for ev in evs:
         if ev.attempt_id != attempt_id:
             continue
@@ -143,6 +160,7 @@ def rollout_from_events(
             )
         elif ev.type == REWARD:
             reward = Reward.model_validate(ev.data).value
+            metrics = numeric_metrics(ev.data.get("metrics"))
     if reward is None:
         if missing_reward is None:
             raise MissingRewardError(
@@ -158,4 +176,5 @@ def rollout_from_events(
         attempt_id=attempt_id,
         skipped_calls=skipped,
         abandoned_calls=abandoned,
+        metrics=metrics,
     )

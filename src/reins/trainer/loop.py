@@ -165,6 +165,8 @@ class Trainer:
         )
         self.watch = CompletionWatch(client)
         self.last_val: float | None = None
+        self.last_val_metrics: dict[str, float] = {}
+        """The agents' own metrics of the last validation, as `val/agent/<name>` means."""
         self.incarnation = incarnation
         """How many times this run was resumed: it is part of every rollout id it declares, so a
         resumed run never picks up a rollout an earlier incarnation declared."""
@@ -459,8 +461,10 @@ class Trainer:
         if rewards:
             record["reward/mean"] = float(np.mean(rewards))
             record["reward/std"] = float(np.std(rewards))
+        record.update(agent_metric_means(records, "agent/"))
         if val is not None:
             record["val/reward_mean"] = val
+            record.update(self.last_val_metrics)
         if batch is not None:
             sample_metrics = batch.metrics
             record["samples/one_sample_rollout_ratio"] = sample_metrics.one_sample_rollout_ratio
@@ -496,7 +500,14 @@ class Trainer:
             return
         step = self.config.steps
         val = await self.validate(step)
-        self.metrics.write(step, {"val/reward_mean": val, "weight_version": self.publisher.version})
+        self.metrics.write(
+            step,
+            {
+                "val/reward_mean": val,
+                **self.last_val_metrics,
+                "weight_version": self.publisher.version,
+            },
+        )
         self.reporter.step_done({"step": step, "val/reward_mean": val})
 
     async def validate(self, step: int) -> float:
@@ -515,6 +526,7 @@ class Trainer:
         ]
         await self._wait_groups(groups, need=len(groups))
         rewards = []
+        records: list[RolloutRecord] = []
         for group in groups:
             rollout = self.watch.finished[group.rollout_ids[0]]
             if rollout.status.state != "succeeded":
@@ -525,8 +537,20 @@ class Trainer:
                     await self.client.get_events(rollout.rollout_id), rollout_id=rollout.rollout_id
                 )
                 rewards.append(record.reward)
+                records.append(record)
             except MissingRewardError:
                 rewards.append(0.0)
         value = float(np.mean(rewards))
         self.last_val = value
+        self.last_val_metrics = agent_metric_means(records, "val/agent/")
         return value
+
+
+def agent_metric_means(records: list[RolloutRecord], prefix: str) -> dict[str, float]:
+    """Mean of each metric the agents reported with their reward, over the rollouts that
+    reported it (`reins.agent.report_reward(metrics=...)`)."""
+    values: dict[str, list[float]] = {}
+    for record in records:
+        for name, value in record.metrics.items():
+            values.setdefault(name, []).append(value)
+    return {f"{prefix}{name}": float(np.mean(v)) for name, v in sorted(values.items())}

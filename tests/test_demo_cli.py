@@ -1,0 +1,34 @@
+"""`reins demo --example NAME`: an example by name, a config by path, a clear error otherwise."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from reins.cli import app, demo_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_an_example_is_found_by_name_by_folder_or_by_config_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(ROOT)
+    recall = Path("examples/recall/config.yaml")
+    assert demo_config("recall") == recall
+    assert demo_config("examples/recall") == Path("examples/recall") / "config.yaml"
+    assert demo_config(str(recall)) == recall
+    assert demo_config("no-such-example") is None
+
+
+def test_an_unknown_example_exits_2_and_lists_the_examples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(app, ["demo", "--example", "no-such-example"], env=dict(os.environ))
+    assert result.exit_code == 2
+    assert "no example 'no-such-example'" in result.output
+    assert "recall" in result.output.split("examples here:")[1]
