@@ -1,0 +1,402 @@
+"""Per-rollout isolation for agent commands: bubblewrap namespaces plus cgroup and rlimit caps.
+
+A `Sandbox` owns one host folder, seen inside as /work (the cwd and HOME). Each `run` is one
+`bwrap` invocation with its own mount, PID, network, IPC, UTS and user namespaces and no
+capabilities. What it keeps, for every command:
+
+- the file system is read-only /usr (and the /bin, /lib symlinks), a few /etc files python3
+  needs, fresh /tmp, /proc and /dev, and the folder: no host home, repository or other sandbox;
+- the network is the command's own loopback: no host 127.0.0.1 servers, no DNS, no internet;
+- the environment is built here (PATH, HOME, LANG), so no host secret is inherited;
+- when the command's shell exits, bwrap's init exits and the kernel kills everything left in the
+  PID namespace, so no background process outlives its `run`;
+- limits: wall clock (we kill the process group and the cgroup's tasks), CPU seconds and file
+  size (rlimits set inside, hard limits cannot be raised without capabilities), memory and
+  process count (a per-sandbox cgroup, v1 or v2; reaching the process limit ends the command).
+  Without a writable cgroup memory falls back to RLIMIT_AS and the process count is bounded
+  only by the wall and CPU limits, which is logged, never silent;
+- output is read as it comes and only a head and a tail are kept, so `run` never fills memory,
+  and it returns within the wall limit plus a few seconds whatever the command does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+log = logging.getLogger("reins.sandbox")
+
+# What python3, bash and coreutils need from /etc (no shadow, no resolv.conf: no DNS inside).
+_ETC = "ld.so.cache ld.so.conf ld.so.conf.d alternatives localtime hosts nsswitch.conf passwd group"
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "USER": "root"}
+_GRACE_S = 5.0  # after a kill: how long to wait for the pipe to close and the process to go
+
+
+class SandboxError(RuntimeError):
+    """A sandbox cannot be set up here; the message says what to install or change."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    wall_s: float = 20.0
+    """Wall-clock seconds per command."""
+    cpu_s: int = 20
+    """CPU seconds per process of a command (RLIMIT_CPU)."""
+    memory_mb: int = 512
+    """Memory of the sandbox's processes together (cgroup; RLIMIT_AS per process without one)."""
+    processes: int = 64
+    """Tasks (processes and threads) alive at once in the sandbox; reaching it ends the command."""
+    file_mb: int = 32
+    """Largest file a command may write (RLIMIT_FSIZE)."""
+    output_chars: int = 8000
+    """Output kept per command: head and tail, the middle elided with a note."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int | None
+    """The command's exit status; None when a limit (or `close`) killed it."""
+    output: str
+    """stdout and stderr interleaved, truncated to `output_chars`, with a note when killed."""
+    limit: str | None
+    """"wall time" | "cpu time" | "memory" | "processes" | "file size" | None."""
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.limit is None
+
+
+def _bwrap() -> str | None:
+    return shutil.which("bwrap") or (
+        "/usr/bin/bwrap" if os.access("/usr/bin/bwrap", os.X_OK) else None
+    )
+
+
+@cache
+def sandbox_problem() -> str | None:
+    """Why sandboxes cannot run on this machine, or None."""
+    if not sys.platform.startswith("linux"):
+        return f"sandboxes need Linux namespaces; this is {sys.platform}"
+    bwrap = _bwrap()
+    if bwrap is None:
+        return "bwrap not found: install Debian's bubblewrap (apt-get install bubblewrap)"
+    with tempfile.TemporaryDirectory() as folder:
+        argv = [bwrap, *_mounts(Path(folder)), "--", "/bin/true"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    if done.returncode != 0:
+        return (
+            f"bwrap cannot create namespaces here ({done.stderr.strip()}): run as root or "
+            "allow user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
+        )
+    return None
+
+
+def _mounts(folder: Path) -> list[str]:
+    # --cap-drop ALL: bwrap run by root keeps every capability in the sandbox unless told not to.
+    args = ["--unshare-all", "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
+    args += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        top = Path("/") / name
+        if top.is_symlink():
+            args += ["--symlink", os.readlink(top), str(top)]
+        elif top.is_dir():
+            args += ["--ro-bind", str(top), str(top)]
+    for name in _ETC.split():
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    args += ["--bind", str(folder), "/work", "--chdir", "/work", "--clearenv"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for key, value in _ENV.items():
+        args += ["--setenv", key, value]
+    return args
+
+
+def _counter(path: Path, key: str) -> int:
+    """The `key N` line of a cgroup events file (0 if absent)."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:  # removed by a concurrent close()
+        return 0
+    for line in lines:
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return 0
+
+
+class _Cgroups:
+    """The sandbox's memory and pids cgroups: two v1 groups, or one v2 group with both."""
+
+    PREFIX = "reins-sandbox-"
+
+    def __init__(self, memory: Path, pids: Path, v2: bool) -> None:
+        self.memory, self.pids, self.v2 = memory, pids, v2
+        self.dirs = [memory] if v2 else [memory, pids]
+
+    @classmethod
+    def create(cls, limits: SandboxLimits) -> _Cgroups:
+        """Raises OSError when no writable cgroup with memory and pids controllers exists."""
+        own: dict[str, str] = {}  # controller -> our own group, to nest under it
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            own.update(dict.fromkeys(controllers.split(","), path))
+        root, bytes_ = Path("/sys/fs/cgroup"), limits.memory_mb * 1024 * 1024
+
+        def parent(mount: Path, controller: str) -> Path:
+            base = mount / own.get(controller, "/").lstrip("/")
+            base = base if base.is_dir() else mount
+            for stale in base.glob(f"{cls.PREFIX}*"):  # left by a process that died unclosed
+                with contextlib.suppress(OSError, ValueError):
+                    os.kill(int(stale.name.split("-")[2]), 0)
+                    continue
+                with contextlib.suppress(OSError):
+                    stale.rmdir()
+            return base
+
+        name = f"{cls.PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        if (root / "memory" / "tasks").exists() and (root / "pids" / "tasks").exists():
+            memory, pids = parent(root / "memory", "memory"), parent(root / "pids", "pids")
+            group = cls(memory / name, pids / name, v2=False)
+            settings = {"memory.limit_in_bytes": bytes_, "memory.memsw.limit_in_bytes": bytes_}
+        elif (root / "cgroup.controllers").exists():
+            base = parent(root, "")  # v2 lists our group as "0::/path"
+            (base / "cgroup.subtree_control").write_text("+memory +pids")
+            group = cls(base / name, base / name, v2=True)
+            settings = {"memory.max": bytes_, "memory.swap.max": 0}
+        else:
+            raise OSError("neither cgroup v1 memory and pids hierarchies nor cgroup v2 is mounted")
+        for folder in group.dirs:
+            folder.mkdir()
+        try:
+            for key, value in settings.items():
+                if (group.memory / key).exists():  # the swap files need swap accounting
+                    (group.memory / key).write_text(str(value))
+            (group.pids / "pids.max").write_text(str(limits.processes))
+        except OSError:
+            group.remove()
+            raise
+        return group
+
+    def procs_files(self) -> list[str]:
+        return [str(folder / "cgroup.procs") for folder in self.dirs]
+
+    def oom_kills(self) -> int:
+        return _counter(
+            self.memory / ("memory.events" if self.v2 else "memory.oom_control"), "oom_kill"
+        )
+
+    def process_limit_hits(self) -> int:
+        return _counter(self.pids / "pids.events", "max")
+
+    def kill(self) -> None:
+        for folder in self.dirs:
+            pids: list[str] = []
+            with contextlib.suppress(FileNotFoundError):  # a removed group has no tasks
+                pids = (folder / "cgroup.procs").read_text().split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+    def remove(self) -> None:
+        """Kill what is left and remove the groups (waiting briefly for killed tasks to exit)."""
+        deadline = time.monotonic() + _GRACE_S
+        for folder in self.dirs:
+            while folder.exists():
+                self.kill()
+                try:
+                    folder.rmdir()
+                except FileNotFoundError:
+                    break
+                except OSError:  # EBUSY: killed tasks are still exiting
+                    if time.monotonic() > deadline:
+                        log.warning("cgroup %s still busy; left behind", folder)
+                        break
+                    time.sleep(0.01)
+
+
+class _Output:
+    """Keeps the head and the tail of a stream, dropping the middle as it passes."""
+
+    def __init__(self, chars: int) -> None:
+        self.chars, self.cap = chars, 4 * chars  # bytes: a character is up to 4 bytes of UTF-8
+        self.head, self.tail, self.total = bytearray(), bytearray(), 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        take = max(0, self.cap - len(self.head))
+        self.head += chunk[:take]
+        self.tail += chunk[take:]
+        del self.tail[: -self.cap]
+
+    def text(self) -> str:
+        whole = (self.head + self.tail).decode(errors="replace")
+        if self.total == len(self.head) + len(self.tail) and len(whole) <= self.chars:
+            return whole
+        half = self.chars // 2
+        head, tail = self.head.decode(errors="replace"), self.tail.decode(errors="replace")
+        note = f"\n[... output truncated: {self.total} bytes in all, the middle left out ...]\n"
+        return head[:half] + note + (tail or head)[-half:]
+
+
+class Sandbox:
+    """One rollout's isolated folder; commands run in it with `run`. A context manager."""
+
+    def __init__(self, folder: Path, limits: SandboxLimits = SandboxLimits()) -> None:
+        problem = sandbox_problem()
+        if problem:
+            raise SandboxError(problem)
+        self.path = Path(folder).resolve()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.limits = limits
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._cgroups: _Cgroups | None = None
+        try:
+            self._cgroups = _Cgroups.create(limits)
+        except OSError as error:
+            log.warning(
+                "sandbox %s has no cgroup (%s): memory is capped per process by RLIMIT_AS, "
+                "the process count only by the wall and CPU limits",
+                *(self.path, error),
+            )
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _argv(self, command: str) -> list[str]:
+        limits, group = self.limits, self._cgroups
+        # Set inside, after bwrap dropped the capabilities, so the hard limits cannot be raised;
+        # the soft CPU limit sends SIGXCPU a second before the hard one kills.
+        ulimits = f"ulimit -c 0 -f {limits.file_mb * 1024} -t {limits.cpu_s + 1}"
+        if group is None:
+            ulimits += f" -v {limits.memory_mb * 1024}"
+        inner = f'{ulimits} && ulimit -S -t {limits.cpu_s} && exec /bin/bash -c "$1"'
+        argv = [_bwrap() or "bwrap", *_mounts(self.path), "--", "/bin/bash", "-c", inner]
+        argv += ["sandbox", command]
+        if group is None:
+            return argv
+        # Join the cgroups before exec'ing bwrap, so every process of the command starts in them.
+        join = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+        return ["/bin/sh", "-c", join, "sh", *group.procs_files(), "--", *argv]
+
+    def run(
+        self, command: str, *, stdin: str | None = None, timeout_s: float | None = None
+    ) -> CommandResult:
+        """Run bash `command` in /work; never raises for the command's own failure."""
+        if self._closed:
+            raise SandboxError(f"sandbox {self.path} is closed")
+        limits, group = self.limits, self._cgroups
+        wall = limits.wall_s if timeout_s is None else timeout_s
+        oom0 = group.oom_kills() if group else 0
+        hits0 = group.process_limit_hits() if group else 0
+        out = _Output(limits.output_chars)
+        start = time.monotonic()
+        with tempfile.TemporaryFile() as stdin_file:  # a file, so no writer thread can block
+            stdin_file.write((stdin or "").encode())
+            stdin_file.seek(0)
+            proc = subprocess.Popen(
+                self._argv(command), stdin=stdin_file, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, env={}, start_new_session=True,
+            )  # fmt: skip
+        with self._lock:
+            self._running.add(proc)
+        killed, killed_at, eof = None, 0.0, False
+        assert proc.stdout is not None
+        try:
+            while True:
+                now = time.monotonic()
+                if killed is None:
+                    if now - start >= wall:
+                        killed = "wall time"
+                    elif group and group.process_limit_hits() > hits0:
+                        killed = "processes"  # a fork bomb would otherwise spin to the wall limit
+                    elif self._closed:
+                        killed = "closed"
+                    if killed:
+                        killed_at = now
+                        self._kill(proc)
+                elif now - killed_at > _GRACE_S:
+                    break  # something still holds the pipe: give up on the rest of the output
+                if eof:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=0.05)
+                        break
+                elif select.select([proc.stdout], [], [], 0.05)[0]:
+                    chunk = os.read(proc.stdout.fileno(), 1 << 16)
+                    out.add(chunk)
+                    eof = not chunk
+        finally:
+            proc.stdout.close()
+            if proc.poll() is None:
+                self._kill(proc)
+            proc.wait()
+            with self._lock:
+                self._running.discard(proc)
+        seconds, code, text = time.monotonic() - start, proc.returncode, out.text()
+        limit = killed
+        if limit is None and group is not None and group.oom_kills() > oom0:
+            limit = "memory"
+        elif limit is None and code in (128 + signal.SIGXCPU, 128 + signal.SIGXFSZ):
+            limit = "cpu time" if code == 128 + signal.SIGXCPU else "file size"
+        if limit is None:
+            return CommandResult(code, text, None, seconds)
+        size = {"wall time": f"{wall:g} s", "cpu time": f"{limits.cpu_s} s", "closed": "",
+                "memory": f"{limits.memory_mb} MB", "processes": str(limits.processes),
+                "file size": f"{limits.file_mb} MB"}  # fmt: skip
+        note = (
+            f"[killed: {limit} limit {size[limit]}]" if size[limit] else "[killed: sandbox closed]"
+        )
+        output = f"{text}\n{note}" if text else note
+        return CommandResult(None, output, None if limit == "closed" else limit, seconds)
+
+    def _kill(self, proc: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(ProcessLookupError):  # bwrap; --die-with-parent takes its init
+            os.killpg(proc.pid, signal.SIGKILL)
+        if self._cgroups is not None:
+            self._cgroups.kill()
+
+    def _inside(self, relative: str) -> Path:
+        """`relative` resolved within the folder; refuses absolute paths, `..` and symlinks out."""
+        target = (self.path / relative).resolve()
+        if os.path.isabs(relative) or not target.is_relative_to(self.path):
+            raise ValueError(f"{relative!r} is outside the sandbox folder {self.path}")
+        return target
+
+    def write_file(self, relative: str, content: str) -> None:
+        """Write `content` to `relative` in the folder (host side), creating parent folders."""
+        target = self._inside(relative)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+
+    def read_file(self, relative: str, max_chars: int = 100_000) -> str:
+        """The first `max_chars` characters of `relative` in the folder (host side)."""
+        with self._inside(relative).open(errors="replace") as file:
+            return file.read(max_chars)
+
+    def close(self) -> None:
+        """Kill anything still running in the sandbox and remove its cgroups; the folder stays."""
+        self._closed = True
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            self._kill(proc)
+        if self._cgroups is not None:
+            self._cgroups.remove()
+            self._cgroups = None

@@ -1,0 +1,198 @@
+"""The sandbox against real bubblewrap: isolation (files, network, environment) and every limit."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reins.sandbox import Sandbox, SandboxLimits, sandbox_problem
+from tests.required import missing
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+FAST = SandboxLimits(wall_s=10, cpu_s=1, memory_mb=256, processes=32, file_mb=1, output_chars=1000)
+
+
+@pytest.fixture(autouse=True)
+def _bwrap_available() -> None:
+    problem = sandbox_problem()
+    if problem:
+        missing(problem)
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[Sandbox]:
+    with Sandbox(tmp_path / "rollout", FAST) as box:
+        yield box
+
+
+def needs_cgroup(box: Sandbox) -> None:
+    if box._cgroups is None:
+        missing("no writable cgroup (v1 memory and pids, or v2): run as root on Linux")
+
+
+def live_processes(marker: str) -> list[int]:
+    """Host pids (not zombies) whose command line contains `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def test_command_writes_into_the_host_folder_and_python_computes(sandbox: Sandbox) -> None:
+    result = sandbox.run("pwd; echo $HOME; python3 -c 'print(6 * 7)' | tee answer.txt")
+    assert result.ok, result.output
+    assert result.output.split() == ["/work", "/work", "42"]
+    assert (sandbox.path / "answer.txt").read_text() == "42\n"
+    assert sandbox.run("cat", stdin="to stdin\n").output == "to stdin\n"
+    assert sandbox.run("exit 3").exit_code == 3
+
+
+def test_host_loopback_server_is_unreachable(sandbox: Sandbox) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()  # reachable from the host
+        probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5)"
+        result = sandbox.run(f'python3 -c "{probe}"')
+    assert result.exit_code == 1
+    assert "ConnectionRefusedError" in result.output
+    # ...while the sandbox's own loopback works, within one command
+    own = "s = socket.create_server(('127.0.0.1', 0)); socket.create_connection(s.getsockname())"
+    assert sandbox.run(f'python3 -c "import socket; {own}; print(1)"').output == "1\n"
+
+
+def test_no_dns_and_no_route_out_fail_fast(sandbox: Sandbox) -> None:
+    lookup = sandbox.run("python3 -c \"import socket; socket.getaddrinfo('example.com', 80)\"")
+    assert lookup.exit_code == 1 and "gaierror" in lookup.output
+    connect = sandbox.run(
+        "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=10)\""
+    )
+    assert connect.exit_code == 1 and "Network is unreachable" in connect.output
+    assert lookup.seconds + connect.seconds < 3
+
+
+def test_other_sandboxes_home_and_repository_are_invisible(tmp_path: Path) -> None:
+    secret = uuid.uuid4().hex
+    with Sandbox(tmp_path / "a", FAST) as a, Sandbox(tmp_path / "b", FAST) as b:
+        assert a.run(f"echo {secret} > secret.txt").ok
+        for path in (a.path / "secret.txt", a.path, Path("/root"), REPOSITORY, Path("/etc/shadow")):
+            assert path.exists()
+            result = b.run(f"cat {path}/* {path}; ls {path}")
+            assert "No such file or directory" in result.output, path
+            assert secret not in result.output
+
+
+def test_host_environment_is_not_inherited(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
+    variables = dict(
+        line.split("=", 1) for line in sandbox.run("env").output.splitlines() if "=" in line
+    )
+    assert "OPENAI_API_KEY" not in variables
+    assert variables["HOME"] == "/work" and variables["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+
+
+def test_commands_have_no_capabilities(sandbox: Sandbox) -> None:
+    result = sandbox.run("grep CapEff /proc/self/status; mount -t tmpfs none /usr")
+    assert result.output.startswith("CapEff:\t0000000000000000\n")
+    assert "permission denied" in result.output and result.exit_code != 0
+
+
+def test_fork_bomb_ends_by_the_process_limit_and_the_host_is_fine(tmp_path: Path) -> None:
+    with Sandbox(tmp_path / "bomb", FAST) as box:
+        needs_cgroup(box)
+        result = box.run(":(){ :|:& };:; sleep 8")
+    assert result.limit == "processes" and result.exit_code is None
+    assert result.seconds < 5  # not the sleep, not the wall limit
+    assert result.output.endswith("[killed: processes limit 32]")
+    with Sandbox(tmp_path / "after", FAST) as after:
+        assert after.run("echo fine").output == "fine\n"
+
+
+def test_memory_hog_ends_by_the_memory_limit(sandbox: Sandbox) -> None:
+    needs_cgroup(sandbox)
+    result = sandbox.run("python3 -c 'data = b\"x\" * (2 * 1024**3); print(len(data))'")
+    assert result.limit == "memory" and result.exit_code is None
+    assert result.output.endswith("[killed: memory limit 256 MB]")
+
+
+def test_cpu_spin_ends_by_the_cpu_limit(sandbox: Sandbox) -> None:
+    result = sandbox.run("python3 -c 'while True: pass'")
+    assert result.limit == "cpu time" and result.exit_code is None
+    assert 0.9 < result.seconds < 5
+
+
+def test_wall_limit_kills_a_sleeper(sandbox: Sandbox) -> None:
+    result = sandbox.run("echo before; sleep 1000", timeout_s=1)
+    assert result.limit == "wall time" and result.exit_code is None
+    assert result.output == "before\n\n[killed: wall time limit 1 s]"
+    assert 1 <= result.seconds < 3
+
+
+def test_file_size_limit_stops_a_large_write(sandbox: Sandbox) -> None:
+    result = sandbox.run("head -c 3000000 /dev/zero > big")
+    assert result.limit == "file size"
+    assert (sandbox.path / "big").stat().st_size == 1024 * 1024
+
+
+def test_huge_output_keeps_head_and_tail(sandbox: Sandbox) -> None:
+    result = sandbox.run("echo START; head -c 100000000 /dev/zero | tr '\\0' x; echo; echo END")
+    assert result.ok
+    assert result.output.startswith("START\nxxx") and result.output.endswith("xxx\nEND\n")
+    assert "output truncated: 100000011 bytes in all" in result.output
+    assert len(result.output) < 1100
+
+
+def test_file_access_refuses_paths_out_of_the_folder(sandbox: Sandbox, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "host.txt").write_text("host")
+    (sandbox.path / "link").symlink_to(outside)
+    for bad in ("../x", str(outside / "x"), "/etc/passwd", "link/x", "link/host.txt", "a/../../x"):
+        with pytest.raises(ValueError, match="outside the sandbox folder"):
+            sandbox.write_file(bad, "escaped")
+        with pytest.raises(ValueError, match="outside the sandbox folder"):
+            sandbox.read_file(bad)
+    assert sorted(p.name for p in outside.iterdir()) == ["host.txt"]
+    assert (outside / "host.txt").read_text() == "host"
+    sandbox.write_file("sub/in.txt", "inside")
+    assert sandbox.read_file("sub/in.txt") == "inside"
+    assert sandbox.run("cat sub/in.txt").output == "inside"
+
+
+def test_background_process_does_not_outlive_its_command(sandbox: Sandbox) -> None:
+    marker = f"{1000 + uuid.uuid4().int % 1000}.{os.getpid()}"
+    assert sandbox.run(f"sleep {marker} & echo started").output == "started\n"
+    assert live_processes(f"sleep {marker}") == []
+
+
+def test_close_kills_a_running_command_and_removes_the_cgroups(tmp_path: Path) -> None:
+    box = Sandbox(tmp_path / "rollout", FAST)
+    groups = box._cgroups.dirs if box._cgroups else []
+    assert all(group.is_dir() for group in groups)
+    marker = f"{1000 + uuid.uuid4().int % 1000}.{os.getpid()}"
+    results = []
+    worker = threading.Thread(target=lambda: results.append(box.run(f"sleep {marker}")))
+    worker.start()
+    deadline = time.monotonic() + 5
+    while not live_processes(f"sleep {marker}"):  # wait for the command to be running
+        assert time.monotonic() < deadline, "the command never started"
+    box.close()
+    assert live_processes(f"sleep {marker}") == []
+    worker.join(timeout=10)
+    assert results[0].exit_code is None and results[0].seconds < 5
+    assert results[0].output == "[killed: sandbox closed]"
+    assert not any(group.exists() for group in groups)
