@@ -353,6 +353,8 @@ class Sandbox:
         limit = killed
         if limit is None and group is not None and group.oom_kills() > oom0:
             limit = "memory"
+        elif limit is None and group is not None and group.process_limit_hits() > hits0:
+            limit = "processes"  # a backgrounded fork bomb whose shell exited before we looked
         elif limit is None and code in (128 + signal.SIGXCPU, 128 + signal.SIGXFSZ):
             limit = "cpu time" if code == 128 + signal.SIGXCPU else "file size"
         if limit is None:

@@ -122,6 +122,29 @@ def test_fork_bomb_ends_by_the_process_limit_and_the_host_is_fine(tmp_path: Path
         assert after.run("echo fine").output == "fine\n"
 
 
+BURST = """python3 -c '
+import os, time
+for _ in range(64):
+    try:
+        if os.fork() == 0:
+            os.closerange(0, 3)  # the output pipe closes as soon as the parent exits
+            time.sleep(30)
+            os._exit(0)
+    except OSError:
+        os._exit(0)
+'"""
+
+
+def test_a_process_burst_that_exits_at_once_is_still_reported(tmp_path: Path) -> None:
+    """A burst of forks that hits the limit and then exits 0 by itself (as a backgrounded fork
+    bomb's shell may) is reported as the processes limit, not as a success: the cgroup's counter
+    is polled while the command runs and read once more after it ends."""
+    with Sandbox(tmp_path / "burst", FAST) as box:
+        needs_cgroup(box)
+        results = [box.run(BURST) for _ in range(3)]
+    assert [r.limit for r in results] == ["processes"] * 3
+
+
 def test_memory_hog_ends_by_the_memory_limit(sandbox: Sandbox) -> None:
     needs_cgroup(sandbox)
     result = sandbox.run("python3 -c 'data = b\"x\" * (2 * 1024**3); print(len(data))'")
