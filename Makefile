@@ -57,13 +57,13 @@ test-fast: setup
 	$(PY) -m pytest
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 	$(VENV)/bin/mypy
 
 format: setup
-	$(VENV)/bin/ruff check --fix src tests benchmarks
-	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks examples
+	$(VENV)/bin/ruff format src tests benchmarks examples
 
 # The dashboard's screenshots in docs/screenshots, from a real headless Chromium (Debian's).
 screenshots: setup

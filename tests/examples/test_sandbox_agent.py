@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import threading
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,6 +27,7 @@ from reins.sandbox import Sandbox, sandbox_problem
 from reins.schemas import RolloutSpec
 from tests.conftest import ADMIN_KEY, serve
 from tests.controller.conftest import ROOT, running, wait_terminal
+from tests.examples.support import recorded
 from tests.required import missing
 
 EXAMPLE = ROOT / "examples" / "sandbox"
@@ -311,23 +311,21 @@ async def test_hostile_commands_fail_clearly_score_zero_and_the_run_goes_on(
 
 
 @pytest.mark.slow
-def test_two_training_steps_on_the_example(tmp_path: Path) -> None:
+def test_two_training_steps_on_the_example(tmp_path: Path, tiny_model_dir: Path) -> None:
     from reins.trainer.config import TrainConfig
     from reins.trainer.runtime import train
-    from tests.trainer.conftest import make_tiny_model
 
     needs_sandbox()
     picked = committed("train.jsonl")[:2]
     tasks = tmp_path / "train.jsonl"
     tasks.write_text("".join(json.dumps(task) + "\n" for task in picked))
-    model = make_tiny_model(tmp_path / "tiny")
     run = TrainConfig.model_validate(
         {
             "run_name": "sandbox",
             "runs_dir": tmp_path / "runs",
             "tasks": tasks,
             "agent": "examples.sandbox.agent:run",
-            "model": model,
+            "model": tiny_model_dir,
             "estimator": "rloo",
             "steps": 2,
             "tasks_per_step": 2,
@@ -346,12 +344,8 @@ def test_two_training_steps_on_the_example(tmp_path: Path) -> None:
         assert record["samples/per_rollout"] >= 1
         assert "reward/mean" in record
         assert {"agent/tool_calls", "agent/finished", "agent/limit_hits"} <= set(record)
-    with sqlite3.connect(run.run_dir / "gateway.db") as db:
-        rows = db.execute("SELECT type, data FROM events WHERE type IN ('reward', 'tool')")
-        events = [(kind, json.loads(data)) for kind, data in rows]
-    rewards = [data for kind, data in events if kind == "reward"]
+    rewards, tools = recorded(run.run_dir)
     assert len(rewards) == 8 and all(set(r["metrics"]) == set(metrics(Episode())) for r in rewards)
     # A random model rarely writes a tool call (the scripted test above covers the tool events'
     # content); whatever it did, every counted call has its `tool` event.
-    tools = [data for kind, data in events if kind == "tool"]
     assert len(tools) == sum(r["metrics"]["tool_calls"] for r in rewards)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from examples.search import make_data, qa_data, retrieval
 from examples.search.agent import exact_match, normalize, parse
+from tests.examples.support import recorded
 from tests.required import module
 
 EXAMPLE = Path(make_data.__file__).parent
@@ -266,13 +266,6 @@ def searching_agent(task: dict[str, Any]) -> None:
     agent.run(task)
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.trainer.conftest import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama") / "tiny-llama")
-
-
 @pytest.mark.slow
 def test_two_training_steps_record_rewards_searches_and_one_sequence_per_rollout(
     tmp_path: Path, tiny_model_dir: Path, _cache: Path
@@ -315,12 +308,7 @@ def test_two_training_steps_record_rewards_searches_and_one_sequence_per_rollout
         assert record["agent/searches"] == 1.0
         assert record["agent/answered"] == 1.0
         assert record["agent/turns"] == 2.0
-    with sqlite3.connect(run.run_dir / "gateway.db") as db:
-        rows = db.execute(
-            "SELECT type, data FROM events WHERE type IN ('reward', 'tool')"
-        ).fetchall()
-    rewards = [json.loads(data) for kind, data in rows if kind == "reward"]
-    tools = [json.loads(data) for kind, data in rows if kind == "tool"]
+    rewards, tools = recorded(run.run_dir)
     assert len(rewards) == 12  # 8 training rollouts and 2 validations of 2
     assert {r["value"] for r in rewards} <= {0.0, 1.0}
     assert all(r["metrics"]["searches"] == 1.0 for r in rewards)

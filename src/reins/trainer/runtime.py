@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -339,16 +340,21 @@ async def train(
             records = await trainer.run(start_step, final_validation=final_validation)
         finally:
             # Stopping (done, an error, Ctrl-C): no rollout of this run stays queuing or running.
+            # Swept before the controller stops (it then ends their agents) and once more after:
+            # a declare the cancelled trainer had already sent may land between the two.
+            leftovers = functools.partial(
+                resuming.cancel_leftovers,
+                client,
+                config.run_name,
+                "the trainer stopped before this rollout ended",
+            )
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(
-                    resuming.cancel_leftovers(
-                        client, config.run_name, "the trainer stopped before this rollout ended"
-                    ),
-                    30,
-                )
+                await asyncio.wait_for(leftovers(), 30)
             stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(controller_task, 60)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(leftovers(), 30)
             metrics.close()
             if engine_server is not None:
                 engine_server.stop()
