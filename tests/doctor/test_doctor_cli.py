@@ -1,5 +1,9 @@
 """`reins doctor` end to end: the real command, a private gateway, the embedded engine (the
-default model) and a harness script run as the command (`harnesses/`)."""
+default model) and a harness script run as the command (`harnesses/`).
+
+The first test runs the command as a new user does (it loads the model itself); the others give
+it `--engine` (the default model served once for the module) and `--tokenizer`, which spares
+each the ~10 s of that load."""
 
 from __future__ import annotations
 
@@ -7,10 +11,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from reins.engine.prepare import prepare_default_model
+from tests.embedded_support import ServedEngine, served_engine
 
 pytestmark = pytest.mark.slow
 
@@ -20,8 +28,19 @@ LIMIT_S = 1200
 much more when the cores are shared)."""
 
 
-def doctor(script: str, *options: str) -> tuple[int, dict[str, Any], str]:
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ServedEngine]:
+    with served_engine() as served:
+        yield served
+
+
+def doctor(
+    script: str, *options: str, engine: ServedEngine | None = None
+) -> tuple[int, dict[str, Any], str]:
     """Runs `reins doctor --json OPTIONS -- python SCRIPT`: exit status, report, progress."""
+    if engine is not None:
+        options = (*options, "--engine", engine.base_url, "--tokenizer",
+                   str(prepare_default_model()))  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "reins.cli", "doctor", "--json", *options, "--",
@@ -45,8 +64,8 @@ def test_a_harness_that_sends_its_history_back_unchanged_merges_and_passes() -> 
     assert "run 1/2: exit 0" in progress and "run 2/2: exit 0" in progress
 
 
-def test_a_tool_call_sent_back_with_its_result_round_trips() -> None:
-    code, report, _ = doctor("tool_call.py", "--runs", "1", "--mode", "val")
+def test_a_tool_call_sent_back_with_its_result_round_trips(engine: ServedEngine) -> None:
+    code, report, _ = doctor("tool_call.py", "--runs", "1", "--mode", "val", engine=engine)
     assert code == 0, report["findings"]
     assert (report["tool_call_turns"], report["tool_call_merged"]) == (1, 1)
     assert report["calls"] >= 2
@@ -54,8 +73,8 @@ def test_a_tool_call_sent_back_with_its_result_round_trips() -> None:
     assert report["one_sequence_ratio"] == 1.0
 
 
-def test_a_harness_that_edits_its_history_splits_every_rollout() -> None:
-    code, report, _ = doctor("edits_history.py", "--runs", "2")
+def test_a_harness_that_edits_its_history_splits_every_rollout(engine: ServedEngine) -> None:
+    code, report, _ = doctor("edits_history.py", "--runs", "2", engine=engine)
     assert code == 0  # splits waste compute; training stays correct
     assert report["splits"] == {"transformed": 2}
     assert report["one_sequence_ratio"] == 0.0
@@ -66,8 +85,8 @@ def test_a_harness_that_edits_its_history_splits_every_rollout() -> None:
     assert [f["check"] for f in report["findings"]] == ["split:transformed"]
 
 
-def test_a_harness_whose_calls_all_fail_is_not_trainable() -> None:
-    code, report, progress = doctor("failing.py", "--runs", "1")
+def test_a_harness_whose_calls_all_fail_is_not_trainable(engine: ServedEngine) -> None:
+    code, report, progress = doctor("failing.py", "--runs", "1", engine=engine)
     assert code == 1
     assert report["ok"] is False
     assert (report["calls"], report["failed_calls"], report["trainable_calls"]) == (2, 2, 0)
@@ -77,18 +96,17 @@ def test_a_harness_whose_calls_all_fail_is_not_trainable() -> None:
     assert "run 1/1: exit 1" in progress
 
 
-def test_an_existing_engine_is_checked_with_the_tokenizer_given_and_token_only_without() -> None:
+def test_an_existing_engine_is_checked_with_the_tokenizer_given_and_token_only_without(
+    engine: ServedEngine,
+) -> None:
     from reins.doctor.runner import DoctorOptions, run_doctor
-    from reins.engine.prepare import prepare_default_model
-    from tests.embedded_support import served_engine
 
     argv = [sys.executable, str(HARNESSES / "edits_history.py")]
-    with served_engine() as served:
-        options = DoctorOptions(runs=1, engine_url=served.base_url)
-        options.tokenizer = prepare_default_model()
-        with_text = run_doctor(argv, options)
-        options.tokenizer = None
-        token_only = run_doctor(argv, options)
+    options = DoctorOptions(runs=1, engine_url=engine.base_url)
+    options.tokenizer = prepare_default_model()
+    with_text = run_doctor(argv, options)
+    options.tokenizer = None
+    token_only = run_doctor(argv, options)
     assert with_text.ok is True
     assert (with_text.fidelity_checked, with_text.splits) == (2, {"transformed": 1})
     assert token_only.ok is True
