@@ -73,3 +73,4 @@ bench: setup
 	$(PY) benchmarks/gateway.py
 	$(PY) benchmarks/samples.py
 	$(PY) benchmarks/records.py
+	$(PY) benchmarks/trainer_memory.py

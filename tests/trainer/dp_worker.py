@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from reins.samples.batch import AdapterConfig, build_batch
 from reins.trainer.backend import BackendConfig, TorchBackend
-from tests.trainer.reference import split_rollouts
+from tests.trainer.reference import split_rollouts, stepped_gradient
 
 
 def main() -> None:
@@ -33,9 +33,9 @@ def main() -> None:
         split_rollouts(), AdapterConfig(dp_size=world, max_tokens_per_microbatch=40)
     )
     assert all(plan.micro_batches[rank] for plan in batch.minibatches), "a rank got no data"
-    backend.train_step(batch)
+    gradient = stepped_gradient(backend, batch)
     if rank == 0:
-        torch.save([p.grad.detach() for p in model.parameters()], out)  # type: ignore[union-attr]
+        torch.save(gradient, out)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -113,3 +114,22 @@ def split_rollouts() -> list[RolloutRecord]:
 
 def step_sequences(batch: Batch, minibatch: int = 0) -> list[TrainingSequence]:
     return [s for s in batch.sequences if s.minibatch == minibatch]
+
+
+def stepped_gradient(backend: Any, batch: Batch) -> list[torch.Tensor]:
+    """One `train_step` of `backend` (a `TorchBackend`); the gradient its optimizer stepped on
+    (after the all-reduce and clipping), taken at the step: the backend frees it afterwards."""
+    taken: list[torch.Tensor] = []
+    step = backend.optimizer.step
+
+    def taking_step(*args: Any, **kwargs: Any) -> Any:
+        taken[:] = [p.grad.detach().clone() for p in backend.model.parameters()]
+        return step(*args, **kwargs)
+
+    backend.optimizer.step = taking_step
+    try:
+        backend.train_step(batch)
+    finally:
+        backend.optimizer.step = step
+    assert taken, "the optimizer made no step"
+    return taken

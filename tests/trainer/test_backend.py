@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -199,17 +200,50 @@ def test_zero_advantage_sequences_are_never_run(tiny_model_dir: Path) -> None:
     assert with_kl.skipped_sequences == 0
 
 
-def test_a_step_with_every_sequence_skipped_still_steps_the_optimizer(
-    tiny_model_dir: Path,
-) -> None:
+def test_a_step_with_no_gradient_anywhere_moves_no_weight(tiny_model_dir: Path) -> None:
+    """All rewards of every group equal: no step at all. On a zero gradient AdamW would still
+    move the weights (weight decay, and its momentum: ~0.9x the previous update), so steps
+    without signal after one with it would drift the policy."""
     from dataclasses import replace
 
     batch = make_batch(groups=1, per_group=2)
     flat = replace(batch, sequences=[replace(s, advantage=0.0) for s in batch.sequences])
     backend = load(tiny_model_dir, weight_decay=0.1)
+    assert backend.train_step(batch).optimizer_steps == 1  # momentum now holds this update
     before = parameters(backend)
     stats = backend.train_step(flat)
-    assert stats.skipped_sequences == len(flat.sequences) and stats.optimizer_steps == 1
-    # As on a zero gradient: AdamW's decoupled weight decay alone moves the weights.
+    assert stats.skipped_sequences == len(flat.sequences)
+    assert (stats.optimizer_steps, stats.grad_norm) == (0, 0.0)
+    assert stats.as_metrics()["policy/optimizer_steps"] == 0.0
     for a, b in zip(before, parameters(backend), strict=True):
-        torch.testing.assert_close(b, a * (1 - 1e-3 * 0.1))
+        assert torch.equal(a, b)
+    assert backend.train_step(batch).optimizer_steps == 1  # the next signal steps again
+
+
+def checkpointing(model: Any) -> bool:
+    if hasattr(type(model), "is_activation_checkpointing"):  # transformers 5 renamed it
+        return bool(model.is_activation_checkpointing)
+    return bool(model.is_gradient_checkpointing)
+
+
+def test_activation_checkpointing_changes_no_update(tiny_model_dir: Path) -> None:
+    """On by default (it is most of the peak memory saved, docs/benchmarks.md): the backward
+    recomputes the activations it dropped, so the step is the one without it."""
+    kept = load(tiny_model_dir, gradient_checkpointing=False)
+    recomputed = load(tiny_model_dir)
+    assert BackendConfig().gradient_checkpointing is True
+    assert checkpointing(recomputed.model) and not checkpointing(kept.model)
+    kept_stats = kept.train_step(make_batch(num_minibatches=2))
+    recomputed_stats = recomputed.train_step(make_batch(num_minibatches=2))
+    assert recomputed_stats.loss == pytest.approx(kept_stats.loss, rel=1e-6)
+    for a, b in zip(parameters(kept), parameters(recomputed), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=0)
+
+
+def test_gradients_are_not_kept_between_steps(tiny_model_dir: Path) -> None:
+    """A gradient is one more copy of the weights: it is freed once the optimizer stepped, not
+    held while the next rollouts run."""
+    backend = load(tiny_model_dir)
+    stats = backend.train_step(make_batch())
+    assert stats.optimizer_steps == 1 and stats.grad_norm > 0
+    assert [name for name, p in backend.model.named_parameters() if p.grad is not None] == []

@@ -22,6 +22,7 @@ from tests.trainer.reference import (
     response_logprobs,
     rollout_mean_weights,
     split_rollouts,
+    stepped_gradient,
 )
 
 # float32 forward and backward against float64: ~1e-6 apart; a wrong weighting is >= 10 % off.
@@ -38,10 +39,10 @@ def backend_gradient(folder: Path, batch: object, **config: object) -> list[torc
         BackendConfig(lr=0.0, grad_clip=math.inf, **config),  # type: ignore[arg-type]
     )
     before = [p.detach().clone() for p in model.parameters()]
-    backend.train_step(batch)  # type: ignore[arg-type]
+    gradient = stepped_gradient(backend, batch)  # type: ignore[arg-type]
     for a, b in zip(before, model.parameters(), strict=True):
         assert torch.equal(a, b.detach()), "lr 0 must not move the weights"
-    return [p.grad.detach().clone() for p in model.parameters()]  # type: ignore[union-attr]
+    return gradient
 
 
 def test_the_reference_tells_the_normalizations_apart() -> None:

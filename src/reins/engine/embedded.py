@@ -131,11 +131,15 @@ class EmbeddedEngine:
 
     @contextlib.contextmanager
     def updating_weights(self) -> Iterator[None]:
-        """Holds generation between two steps while the block changes the weights in place."""
+        """Holds generation between two steps while the block changes the weights in place.
+
+        The prefix cache is emptied before the block, not after: its KV (up to
+        `prefix_cache_gb`) is stale once the weights change, and freeing it first keeps it out
+        of the update's peak memory."""
         with self._weights_lock:
+            self.prefix_cache.invalidate(self._weight_version + 1)
             yield
             self._weight_version += 1
-            self.prefix_cache.invalidate(self._weight_version)
         log.info("engine %s now serves weight version %d", self.name, self._weight_version)
 
     def load_weights(self, path: str | Path) -> int:

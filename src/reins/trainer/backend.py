@@ -40,7 +40,7 @@ class BackendConfig(BaseModel):
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
     kl_to_initial: bool = False
     kl_coef: float = 0.0
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = True
     temperature: float = 1.0
     """The sampling temperature of `train` calls: the policy is softmax(logits / temperature), as
     the engine's logprobs are."""
@@ -64,7 +64,11 @@ class StepStats:
     """Sequences with advantage 0 (and no KL penalty): no gradient, so no forward or backward."""
 
     def as_metrics(self) -> dict[str, float]:
-        out = {"loss": self.loss, "policy/grad_norm": self.grad_norm}
+        out = {
+            "loss": self.loss,
+            "policy/grad_norm": self.grad_norm,
+            "policy/optimizer_steps": float(self.optimizer_steps),
+        }
         if self.response_tokens:  # measured on the sequences that were run
             out["policy/entropy"] = self.entropy
             out["policy/clip_fraction"] = self.clip_fraction
@@ -119,9 +123,14 @@ class TorchBackend:
             self.parameters, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
         if config.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+            # transformers 5 renamed it (the old name warns); older releases have the old one.
+            enable = getattr(model, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
         self.reference: Any = None
         if config.kl_to_initial or config.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -137,10 +146,23 @@ class TorchBackend:
             old = self._recomputed_old_logprobs(batch) if self._needs_recompute(batch) else None
             grad_norms = []
             for position, plan in enumerate(batch.minibatches):
-                self.optimizer.zero_grad(set_to_none=False)
+                self.optimizer.zero_grad(set_to_none=True)
                 micro_batches = (
                     plan.micro_batches[self.rank] if self.rank < len(plan.micro_batches) else ()
                 )
+                if not any(
+                    self._contributes(batch.sequences[i])
+                    for rank_micro_batches in plan.micro_batches
+                    for micro in rank_micro_batches
+                    for i in micro
+                ):
+                    # No sequence of the mini-batch, on any rank, has a gradient: no step. On a
+                    # zero gradient AdamW would still move every weight (its momentum, ~0.9x
+                    # the last update, and weight decay): a run of all-equal-reward steps would
+                    # drift the policy with no signal. Every rank holds the whole batch, so all
+                    # decide alike and stay in lockstep.
+                    skipped += sum(len(micro) for micro in micro_batches)
+                    continue
                 for micro in micro_batches:
                     kept = [i for i in micro if self._contributes(batch.sequences[i])]
                     skipped += len(micro) - len(kept)
@@ -152,6 +174,8 @@ class TorchBackend:
                 grad_norms.append(self._step())
             self.steps_done += 1
         finally:
+            # The gradients (one more copy of the weights) are not kept while rollouts run.
+            self.optimizer.zero_grad(set_to_none=True)
             self.model.eval()
         weight = max(sums.weight, 1e-12)
         return StepStats(
@@ -169,9 +193,9 @@ class TorchBackend:
 
     def _contributes(self, sequence: TrainingSequence) -> bool:
         """Whether the sequence has a gradient: PPO's token loss is 0 for advantage 0, so only
-        a KL penalty would give one. Skipping the others changes no weight: the optimizer still
-        steps on the same (summed) gradient; a group whose rollouts all got the same reward
-        costs nothing."""
+        a KL penalty would give one. Skipping the others changes no weight: the optimizer steps
+        on the same (summed) gradient, or not at all when no sequence of the mini-batch has one;
+        a group whose rollouts all got the same reward costs nothing."""
         return sequence.advantage != 0 or self.config.kl_coef > 0
 
     def _needs_recompute(self, batch: Batch) -> bool:
@@ -181,8 +205,8 @@ class TorchBackend:
 
     def _step(self) -> float:
         for parameter in self.parameters:
-            # A rank (or a step) that ran no sequence still steps, on a zero gradient: AdamW's
-            # moments and weight decay move as they would have, and all ranks stay in lockstep.
+            # A rank that ran no sequence of a mini-batch others did still steps, on a zero
+            # gradient, before the SUM: all ranks stay in lockstep.
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
             if self.world_size > 1:

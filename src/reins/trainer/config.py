@@ -100,8 +100,10 @@ class TrainConfig(BaseModel):
     """cpu, cuda, cuda:1...; None: cuda when present."""
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight (peft)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (less memory, ~30% slower)."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass: the update's activations are the largest
+    part of the trainer's peak memory (docs/benchmarks.md, "Trainer memory"); off, the backward
+    runs no second forward (faster updates where memory is plentiful)."""
     lr: float = Field(default=1e-5, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0)

@@ -36,6 +36,7 @@ from reins.trainer import checkpoint
 from reins.trainer.backend import Backend, StepStats
 from reins.trainer.config import TrainConfig
 from reins.trainer.data import Task, TaskStream
+from reins.trainer.memory import peak_rss_mb
 from reins.trainer.metrics import MetricsLog
 from reins.trainer.publish import WeightPublisher
 from reins.trainer.resume import VersionLedger
@@ -457,6 +458,7 @@ class Trainer:
             "time/update": update_s,
             "time/publish": publish_s,
             **timings,
+            "memory/peak_rss_mb": peak_rss_mb(),
         }
         if rewards:
             record["reward/mean"] = float(np.mean(rewards))
