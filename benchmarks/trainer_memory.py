@@ -9,7 +9,8 @@ them response tokens), in a worker thread as the trainer's loop runs it. Weights
 AdamW's two moments are 4 x 540 MB in fp32; activations, logits and the engine's KV come on top.
 
 - `before`: the trainer until 2026-12-01: no activation checkpointing, gradients kept between
-  steps.
+  steps (the engine's prefix cache is emptied before the update in both rows: that change is
+  the engine's, not a setting; docs/benchmarks.md has its own before and after).
 - `after`: today's defaults (`gradient_checkpointing: true`, gradients freed after each step).
 - `--long` adds each change on its own, glibc's allocator capped (`MALLOC_ARENA_MAX=2
   MALLOC_TRIM_THRESHOLD_=0`, tried and not adopted: see docs/benchmarks.md), and the real main
