@@ -59,7 +59,7 @@ def trainer_logprobs(served: ServedEngine, prompt: list[int], response: list[int
     backend = TorchBackend(model, BackendConfig(temperature=TRAIN_TEMPERATURE, lr=0.0))
     tensors = _pack([_sequence(prompt, response)], backend.device)
     with torch.no_grad():
-        logprobs, _ = backend._response_logprobs(model, tensors, with_entropy=False)
+        logprobs, _ = backend._response_logprobs(backend.policy, tensors, with_entropy=False)
     return [float(value) for value in logprobs.cpu()]
 
 

@@ -49,7 +49,7 @@ def test_positive_advantage_raises_the_response_logprob(tiny_model_dir: Path) ->
 
         tensors = _pack([sequence], backend.device)  # type: ignore[list-item]
         with torch.no_grad():
-            logprobs, _ = backend._response_logprobs(backend.model, tensors, with_entropy=False)
+            logprobs, _ = backend._response_logprobs(backend.policy, tensors, with_entropy=False)
         return float(logprobs.mean())
 
     before = mean_logprob(winner), mean_logprob(loser)
@@ -163,8 +163,8 @@ def test_logprobs_are_those_of_the_sampling_temperature(tiny_model_dir: Path) ->
     sequence = make_batch().sequences[0]
     tensors = _pack([sequence], cold.device)
     with torch.no_grad():
-        at_one, _ = cold._response_logprobs(cold.model, tensors, with_entropy=False)
-        at_half, _ = hot._response_logprobs(hot.model, tensors, with_entropy=False)
+        at_one, _ = cold._response_logprobs(cold.policy, tensors, with_entropy=False)
+        at_half, _ = hot._response_logprobs(hot.policy, tensors, with_entropy=False)
         hidden = cold.model.model(input_ids=tensors.input_ids).last_hidden_state
         logits = cold.model.lm_head(hidden[:, :-1][tensors.response_positions]).float()
     expected = torch.log_softmax(logits / 0.5, -1).gather(-1, tensors.targets[:, None])[:, 0]
@@ -247,3 +247,20 @@ def test_gradients_are_not_kept_between_steps(tiny_model_dir: Path) -> None:
     stats = backend.train_step(make_batch())
     assert stats.optimizer_steps == 1 and stats.grad_norm > 0
     assert [name for name, p in backend.model.named_parameters() if p.grad is not None] == []
+
+
+@pytest.mark.parametrize(("planned", "ranks"), [(2, 1), (3, 2)])
+def test_a_batch_planned_for_another_world_size_is_refused(
+    tiny_model_dir: Path, planned: int, ranks: int
+) -> None:
+    """Each rank trains only its share: 1 process on a plan for 2 would drop half the batch."""
+    from reins.samples.batch import AdapterConfig, build_batch
+    from tests.trainer.reference import split_rollouts
+
+    backend = load(tiny_model_dir)
+    backend.world_size = ranks  # the check comes before any collective
+    before = [p.detach().clone() for p in backend.parameters]
+    batch = build_batch(split_rollouts(), AdapterConfig(dp_size=planned))
+    with pytest.raises(ValueError, match=f"planned for {planned} data-parallel rank"):
+        backend.train_step(batch)
+    assert all(torch.equal(p, q) for p, q in zip(backend.parameters, before, strict=True))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -111,17 +112,9 @@ class TorchBackend:
     """AdamW on a Hugging Face causal LM (optionally LoRA), PPO-clip loss, SUM all-reduce."""
 
     def __init__(self, model: Any, config: BackendConfig, *, rank: int = 0, world_size: int = 1):
-        self.model = model
         self.config = config
         self.rank = rank
         self.world_size = world_size
-        self.device = next(model.parameters()).device
-        self.parameters = [p for p in model.parameters() if p.requires_grad]
-        if not self.parameters:
-            raise ValueError("the model has no trainable parameter")
-        self.optimizer = torch.optim.AdamW(
-            self.parameters, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
-        )
         if config.gradient_checkpointing:
             # transformers 5 renamed it (the old name warns); older releases have the old one.
             enable = getattr(model, "activation_checkpointing_enable", None)
@@ -132,13 +125,30 @@ class TorchBackend:
                     gradient_checkpointing_kwargs={"use_reentrant": False}
                 )
         self.reference: Any = None
+        """The initial policy's `ResponseLogits`, when a KL to it is measured."""
         if config.kl_to_initial or config.kl_coef > 0:
-            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+            initial = copy.deepcopy(model).eval().requires_grad_(False)
+            self.reference = self._distribute(ResponseLogits(initial))
+        self.model = model
+        self.policy = self._distribute(ResponseLogits(model))
+        """The forward the loss runs (the model's own weights, shared)."""
+        self.device = next(self.model.parameters()).device
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.parameters:
+            raise ValueError("the model has no trainable parameter")
+        self.optimizer = torch.optim.AdamW(
+            self.parameters, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        )
         self.steps_done = 0
+
+    def _distribute(self, forward: ResponseLogits) -> Any:
+        """The forward as this backend runs it: as it is here (DDP all-reduces by hand)."""
+        return forward
 
     # -- the update ------------------------------------------------------------------------
 
     def train_step(self, batch: Batch) -> StepStats:
+        self._check_plan(batch)
         sums = _Sums()
         skipped = 0
         self.model.train()
@@ -147,36 +157,31 @@ class TorchBackend:
             grad_norms = []
             for position, plan in enumerate(batch.minibatches):
                 self.optimizer.zero_grad(set_to_none=True)
-                micro_batches = (
-                    plan.micro_batches[self.rank] if self.rank < len(plan.micro_batches) else ()
-                )
-                if not any(
-                    self._contributes(batch.sequences[i])
-                    for rank_micro_batches in plan.micro_batches
-                    for micro in rank_micro_batches
-                    for i in micro
-                ):
+                work = [self._with_gradient(batch, micro) for micro in plan.micro_batches]
+                # Over the whole batch: every rank holds it.
+                skipped += sum(len(m) for rank in plan.micro_batches for m in rank)
+                skipped -= sum(len(kept) for rank in work for kept in rank)
+                if not any(work):
                     # No sequence of the mini-batch, on any rank, has a gradient: no step. On a
                     # zero gradient AdamW would still move every weight (its momentum, ~0.9x
                     # the last update, and weight decay): a run of all-equal-reward steps would
                     # drift the policy with no signal. Every rank holds the whole batch, so all
                     # decide alike and stay in lockstep.
-                    skipped += sum(len(micro) for micro in micro_batches)
                     continue
-                for micro in micro_batches:
-                    kept = [i for i in micro if self._contributes(batch.sequences[i])]
-                    skipped += len(micro) - len(kept)
-                    if not kept:
-                        continue
+                for kept in work[self.rank]:
                     sequences = [batch.sequences[i] for i in kept]
                     olds = [old[i] for i in kept] if old is not None else None
                     self._accumulate(sequences, olds, sums, measure_gap=position == 0)
+                for _ in range(self._idle_passes(work)):
+                    self._idle_pass()
                 grad_norms.append(self._step())
             self.steps_done += 1
         finally:
             # The gradients (one more copy of the weights) are not kept while rollouts run.
             self.optimizer.zero_grad(set_to_none=True)
             self.model.eval()
+        if self.world_size > 1:
+            self._sum_over_ranks(sums)
         weight = max(sums.weight, 1e-12)
         return StepStats(
             loss=sums.loss,
@@ -190,6 +195,46 @@ class TorchBackend:
             optimizer_steps=len(grad_norms),
             skipped_sequences=skipped,
         )
+
+    def _sum_over_ranks(self, sums: _Sums) -> None:
+        """The step's figures over the whole batch, not this rank's share."""
+        names = ["weight", "loss", "entropy", "clipped", "kl", "gap", "gap_tokens", "tokens"]
+        names.append("trained")
+        values = torch.tensor([float(getattr(sums, name)) for name in names], dtype=torch.float64)
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        for name, value in zip(names, values.tolist(), strict=True):
+            setattr(sums, name, type(getattr(sums, name))(value))
+
+    def _check_plan(self, batch: Batch) -> None:
+        """A batch planned for another number of ranks would train a part of its sequences
+        (each rank runs only its own share) or fail on a missing share: refused."""
+        for plan in batch.minibatches:
+            if len(plan.micro_batches) != self.world_size:
+                raise ValueError(
+                    f"the batch was planned for {len(plan.micro_batches)} data-parallel rank(s) "
+                    f"(AdapterConfig.dp_size) but this backend trains on {self.world_size}: "
+                    f"plan it with dp_size={self.world_size}"
+                )
+
+    def _with_gradient(
+        self, batch: Batch, micro_batches: Sequence[Sequence[int]]
+    ) -> list[list[int]]:
+        """A rank's micro-batches cut to the sequences that have a gradient, empty ones left
+        out."""
+        out = []
+        for micro in micro_batches:
+            kept = [i for i in micro if self._contributes(batch.sequences[i])]
+            if kept:
+                out.append(kept)
+        return out
+
+    def _idle_passes(self, work: list[list[list[int]]]) -> int:
+        """Passes this rank runs with no data so that every rank runs as many: none here (a DDP
+        rank all-reduces once per step, whatever it ran)."""
+        return 0
+
+    def _idle_pass(self) -> None:
+        raise NotImplementedError
 
     def _contributes(self, sequence: TrainingSequence) -> bool:
         """Whether the sequence has a gradient: PPO's token loss is 0 for advantage 0, so only
@@ -209,10 +254,16 @@ class TorchBackend:
             # gradient, before the SUM: all ranks stay in lockstep.
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
-            if self.world_size > 1:
-                dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
+            self._all_reduce(parameter.grad)
         norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.config.grad_clip)
         self.optimizer.step()
+        return self._norm(norm)
+
+    def _all_reduce(self, gradient: torch.Tensor) -> None:
+        if self.world_size > 1:
+            dist.all_reduce(gradient, op=dist.ReduceOp.SUM)
+
+    def _norm(self, norm: torch.Tensor) -> float:
         return float(norm)
 
     def _accumulate(
@@ -224,7 +275,7 @@ class TorchBackend:
         measure_gap: bool,
     ) -> None:
         tensors = _pack(sequences, self.device)
-        logprobs, entropy = self._response_logprobs(self.model, tensors, with_entropy=True)
+        logprobs, entropy = self._response_logprobs(self.policy, tensors, with_entropy=True)
         weight = tensors.weights
         rollout_old = tensors.old
         if olds is not None:
@@ -264,20 +315,11 @@ class TorchBackend:
                 sums.gap_tokens += int(known.sum())
 
     def _response_logprobs(
-        self, model: Any, tensors: _Packed, *, with_entropy: bool
+        self, forward: Any, tensors: Packed, *, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logprobs of the response tokens (and the policy's entropy there), flat [N].
-
-        The LM head runs on the response positions only: prompts are long, responses short.
-        """
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        hidden = base.get_decoder()(
-            input_ids=tensors.input_ids, attention_mask=tensors.attention_mask, use_cache=False
-        ).last_hidden_state
-        # Token t is predicted at position t - 1.
-        selected = hidden[:, :-1][tensors.response_positions]
-        logits = base.get_output_embeddings()(selected).float() / self.config.temperature
-        all_logprobs = torch.log_softmax(logits, dim=-1)
+        """Logprobs of the response tokens (and the policy's entropy there), flat [N]."""
+        logits = forward(tensors.input_ids, tensors.attention_mask, tensors.response_positions)
+        all_logprobs = torch.log_softmax(logits.float() / self.config.temperature, dim=-1)
         logprobs = all_logprobs.gather(-1, tensors.targets[:, None]).squeeze(-1)
         if not with_entropy:
             return logprobs, logprobs
@@ -294,7 +336,7 @@ class TorchBackend:
                     out.append(np.zeros(len(sequence.token_ids), dtype=np.float32))
                     continue
                 tensors = _pack([sequence], self.device)
-                logprobs, _ = self._response_logprobs(self.model, tensors, with_entropy=False)
+                logprobs, _ = self._response_logprobs(self.policy, tensors, with_entropy=False)
                 aligned = np.zeros(len(sequence.token_ids), dtype=np.float32)
                 aligned[np.flatnonzero(sequence.loss_mask[1:]) + 1] = logprobs.float().cpu().numpy()
                 out.append(aligned)
@@ -335,12 +377,37 @@ class TorchBackend:
             model.save_pretrained(folder, safe_serialization=True)
 
 
+class ResponseLogits(torch.nn.Module):
+    """The forward the loss needs: the decoder on whole rows, the LM head on the response
+    positions only (prompts are long, responses short: the logits over the vocabulary are the
+    biggest tensor otherwise). One module, so that a sharded model is gathered by its hooks."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        response_positions: torch.Tensor,
+    ) -> torch.Tensor:
+        model = self.model
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        hidden = base.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state
+        # Token t is predicted at position t - 1.
+        logits: torch.Tensor = base.get_output_embeddings()(hidden[:, :-1][response_positions])
+        return logits
+
+
 def _trainable_state(model: Any) -> dict[str, torch.Tensor]:
     return {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
 
 
 @dataclass
-class _Packed:
+class Packed:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     response_positions: torch.Tensor
@@ -352,7 +419,7 @@ class _Packed:
     trained_tokens: int
 
 
-def _pack(sequences: list[TrainingSequence], device: torch.device) -> _Packed:
+def _pack(sequences: list[TrainingSequence], device: torch.device) -> Packed:
     """Right-padded tensors of a micro-batch; per-token values flattened over response tokens."""
     length = max(len(s.token_ids) for s in sequences)
     ids = np.zeros((len(sequences), length), dtype=np.int64)
@@ -370,7 +437,7 @@ def _pack(sequences: list[TrainingSequence], device: torch.device) -> _Packed:
     flat_advantage = np.concatenate(
         [np.full(int(s.loss_mask[1:].sum()), s.advantage, np.float32) for s in sequences]
     )
-    return _Packed(
+    return Packed(
         input_ids=torch.from_numpy(ids).to(device),
         attention_mask=torch.from_numpy(mask).to(device),
         response_positions=torch.from_numpy(positions).to(device),
@@ -383,7 +450,7 @@ def _pack(sequences: list[TrainingSequence], device: torch.device) -> _Packed:
 
 
 def _gather_response(
-    olds: list[np.ndarray[Any, Any]], tensors: _Packed, device: torch.device
+    olds: list[np.ndarray[Any, Any]], tensors: Packed, device: torch.device
 ) -> torch.Tensor:
     rows = tensors.response_positions.cpu().numpy()
     flat = [old[1:][rows[i, : len(old) - 1]] for i, old in enumerate(olds)]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from reins.samples.advantage import AdvantageEstimator, AdvantageLevel
 from reins.samples.loss import LossAggregation
@@ -93,13 +93,21 @@ class TrainConfig(BaseModel):
     # -- model and backend -------------------------------------------------------------------
     model: Path | None = None
     """A Hugging Face model folder; None: the default model (`reins model prepare`)."""
+    backend: Literal["torch", "fsdp"] = "torch"
+    """`torch`: the whole model in this process. `fsdp`: FSDP2, weights, gradients and AdamW
+    states sharded over the ranks of `torchrun --nproc-per-node N --no-python reins train ...`
+    (alone, one rank); rank 0 runs the job, the others follow (docs/trainer.md)."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """Parameter and compute dtype. bf16 stores the weights in bf16 (half the memory, and lossy
-    small updates: keep `lr` large enough or use fp32)."""
+    small updates: keep `lr` large enough or use fp32). With `backend: fsdp`, bf16 is mixed
+    precision: fp32 weights and AdamW states, bf16 forward and backward."""
     device: str | None = None
     """cpu, cuda, cuda:1...; None: cuda when present."""
     lora: LoraConfig | None = None
-    """Train LoRA adapters instead of every weight (peft)."""
+    """Train LoRA adapters instead of every weight (peft; `backend: torch` only)."""
+    distributed_timeout_s: float = Field(default=6 * 3600.0, gt=0)
+    """`backend: fsdp`: how long a collective may wait, and so how long the other ranks wait
+    for rank 0's next update: more than the longest step's rollouts."""
     gradient_checkpointing: bool = True
     """Recompute activations in the backward pass: the update's activations are the largest
     part of the trainer's peak memory (docs/benchmarks.md, "Trainer memory"); off, the backward
@@ -159,6 +167,15 @@ class TrainConfig(BaseModel):
     @property
     def run_dir(self) -> Path:
         return self.runs_dir / self.run_name
+
+    @model_validator(mode="after")
+    def _backend_supports(self) -> TrainConfig:
+        if self.backend == "fsdp" and self.lora is not None:
+            raise ValueError(
+                "LoRA is not supported with backend fsdp yet: use backend torch, or train every "
+                "weight"
+            )
+        return self
 
 
 def load_config(path: Path | None, overrides: list[str] | None = None) -> TrainConfig:

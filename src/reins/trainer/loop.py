@@ -163,6 +163,7 @@ class Trainer:
             loss_aggregation=config.loss_aggregation,
             num_minibatches=config.num_minibatches,
             max_tokens_per_microbatch=config.max_tokens_per_microbatch,
+            dp_size=getattr(backend, "world_size", 1),
         )
         self.watch = CompletionWatch(client)
         self.last_val: float | None = None

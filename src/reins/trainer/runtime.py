@@ -17,9 +17,10 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -29,12 +30,15 @@ from reins.schemas import ModelEndpointIn
 from reins.serving import BackgroundServer
 from reins.trainer import checkpoint
 from reins.trainer import resume as resuming
-from reins.trainer.backend import BackendConfig, TorchBackend
+from reins.trainer.backend import Backend, BackendConfig, TorchBackend
 from reins.trainer.config import TrainConfig
 from reins.trainer.data import TaskStream, load_tasks
 from reins.trainer.loop import Reporter, Trainer
 from reins.trainer.metrics import MetricsLog
 from reins.trainer.publish import InProcessPublisher, ReloadPublisher, WeightPublisher
+
+if TYPE_CHECKING:
+    from reins.trainer.ranks import Leader
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +121,21 @@ def _summary(record: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def load_policy(config: TrainConfig) -> tuple[Any, Any, Path]:
-    """(model, tokenizer, folder) for training, on the configured device and precision."""
+def load_policy(config: TrainConfig, *, dtype: torch.dtype | None = None) -> tuple[Any, Any, Path]:
+    """(model, tokenizer, folder) for training, on the configured device and precision (or
+    `dtype`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from reins.engine.prepare import prepare_default_model
 
     folder = config.model or prepare_default_model()
     device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and "LOCAL_RANK" in os.environ:  # one GPU per torchrun rank
+        device = f"cuda:{os.environ['LOCAL_RANK']}"
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[config.precision])
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype or DTYPES[config.precision]
+    )
     model = model.to(device)
     if config.lora is not None:
         from peft import LoraConfig, get_peft_model
@@ -185,7 +194,49 @@ def _tell(reporter: Reporter | None, message: str) -> None:
 async def train(
     config: TrainConfig, *, resume: bool = False, reporter: Reporter | None = None
 ) -> list[dict[str, Any]]:
-    """Runs the configured training; returns the metrics records of the steps it made."""
+    """Runs the configured training; returns the metrics records of the steps it made (none on
+    a rank other than 0 of a sharded run: that rank only follows rank 0's updates)."""
+
+    if config.backend == "torch":
+        return await _train(config, resume=resume, reporter=reporter, leader=None)
+    from reins.trainer import ranks
+
+    ranks.start_process_group(config.distributed_timeout_s)
+    try:
+        if dist.get_rank() != 0:
+            await asyncio.to_thread(_follow, config)
+            return []
+        leader = ranks.Leader()
+        try:
+            return await _train(config, resume=resume, reporter=reporter, leader=leader)
+        finally:
+            leader.release()
+    finally:
+        dist.destroy_process_group()
+
+
+def _backend_config(config: TrainConfig) -> BackendConfig:
+    return BackendConfig.model_validate(
+        {**config.model_dump(), "temperature": config.train_temperature}
+    )
+
+
+def _follow(config: TrainConfig) -> None:
+    """A rank other than 0: its shard of the model, each update rank 0 tells, until released."""
+    from reins.trainer import ranks
+    from reins.trainer.fsdp import FSDPBackend
+
+    def build() -> FSDPBackend:
+        model, _, _ = load_policy(config, dtype=torch.float32)
+        return FSDPBackend(model, _backend_config(config), param_dtype=config.precision)
+
+    calls = ranks.follow(build)
+    log.info("rank %d made %d calls of rank 0", dist.get_rank(), calls)
+
+
+async def _train(
+    config: TrainConfig, *, resume: bool, reporter: Reporter | None, leader: Leader | None
+) -> list[dict[str, Any]]:
     from reins.controller import Controller, LocalReconciler
 
     run_dir = config.run_dir
@@ -216,13 +267,21 @@ async def train(
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json")))
     torch.manual_seed(config.seed)
 
-    model, tokenizer, folder = load_policy(config)
-    backend = TorchBackend(
-        model,
-        BackendConfig.model_validate(
-            {**config.model_dump(), "temperature": config.train_temperature}
-        ),
-    )
+    backend: Backend
+    leading = None
+    if leader is not None:
+        from reins.trainer import ranks
+        from reins.trainer.fsdp import FSDPBackend
+
+        leader.tell("start")
+        # fp32 master weights, sharded; the engine serves its own whole copy.
+        model, tokenizer, folder = load_policy(config, dtype=torch.float32)
+        sharded = FSDPBackend(model, _backend_config(config), param_dtype=config.precision)
+        backend = leading = ranks.LeaderBackend(sharded, leader)
+        model, _, _ = load_policy(config)
+    else:
+        model, tokenizer, folder = load_policy(config)
+        backend = TorchBackend(model, _backend_config(config))
     train_tasks = load_tasks(config.tasks)
     val_tasks = load_tasks(config.val_tasks) if config.val_tasks else []
     stream = TaskStream(train_tasks, config.seed)
@@ -230,6 +289,8 @@ async def train(
     start_step, version, lineage, pending, used = 0, 0, [0], [], 0
     if point is not None:
         state = checkpoint.load(point.folder, backend)
+        if leading is not None:  # the engine's own copy serves the checkpoint's weights too
+            ranks.load_whole(model, leading.full_state_dict())
         checkpoint.restore_rng(state.rng)
         start_step, stream.position = state.next_step, state.data_position
         # Weights served after the checkpoint are gone: their version numbers are never reused.
@@ -286,7 +347,12 @@ async def train(
                 prefix_cache_gb=config.prefix_cache_gb,
             )
             engine_server = BackgroundServer(create_engine_app(engine)).start()
-            publisher = InProcessPublisher(engine)
+            if leading is not None:
+                from reins.trainer.ranks import GatheringPublisher
+
+                publisher = GatheringPublisher(engine, leading)
+            else:
+                publisher = InProcessPublisher(engine)
             endpoint = f"{engine_server.url}/v1"
         else:
             publisher = ReloadPublisher(

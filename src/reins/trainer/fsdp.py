@@ -1,0 +1,180 @@
+"""The FSDP2 backend: parameters, gradients and AdamW states sharded across ranks.
+
+`torch.distributed.fsdp.fully_shard` on each decoder layer and on the whole model, launched by
+`torchrun` (gloo on CPU, nccl on GPU). The loss is `TorchBackend`'s: the per-token weights of
+`reins.samples` carry every denominator, so gradients are reduce-scattered as a SUM (divide
+factor 1) and nothing is averaged; 2 ranks give the gradient of 1 (tests/trainer/test_fsdp.py).
+
+FSDP gathers a layer's weights in its forward and reduces its gradients in its backward: every
+rank must run as many passes as the others. A rank with fewer micro-batches (after the sequences
+without a gradient are cut) runs passes on no data, with a zero loss, until they are even.
+
+Checkpoints are sharded (`torch.distributed.checkpoint`: each rank writes its own shard, and a
+checkpoint may be loaded on another number of ranks); `save_weights` gathers the full weights on
+rank 0 and writes a Hugging Face folder an engine loads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as load_sharded
+from torch.distributed.checkpoint.state_dict_saver import save as save_sharded
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from reins.trainer.backend import BackendConfig, Packed, ResponseLogits, TorchBackend
+
+ParamDtype = Literal["fp32", "bf16"]
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def decoder_layers(model: Any) -> list[torch.nn.Module]:
+    """The transformer blocks of a Hugging Face causal LM (LoRA-wrapped or not), or of the one a
+    `ResponseLogits` runs."""
+    if isinstance(model, ResponseLogits):
+        model = model.model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = getattr(base.get_decoder(), "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"{type(base).__name__} has no `layers` in its decoder: the FSDP backend shards "
+            "one unit per transformer block and cannot find them"
+        )
+    return list(layers)
+
+
+def shard(model: Any, *, param_dtype: ParamDtype = "fp32") -> Any:
+    """`fully_shard` each decoder layer, then the rest (embeddings, final norm, LM head).
+
+    `param_dtype` is the precision of the gathered weights in forward and backward; the
+    sharded master weights, the optimizer and the gradient reduction stay in fp32.
+    """
+    policy = MixedPrecisionPolicy(param_dtype=_DTYPES[param_dtype], reduce_dtype=torch.float32)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # A SUM, not FSDP's default mean over ranks: the loss weights already divide.
+            module.set_gradient_divide_factor(1.0)
+            # gloo has no PREMUL_SUM; a plain SUM with the factor 1 is the same reduction.
+            module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+class FSDPBackend(TorchBackend):
+    """`TorchBackend`'s update on a model sharded with FSDP2 across the default process group.
+
+    Build the model unsharded on every rank (the same weights: load the same folder); the
+    backend shards it in place. `rank` and `world_size` are the process group's.
+    """
+
+    def __init__(self, model: Any, config: BackendConfig, *, param_dtype: ParamDtype = "fp32"):
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "the FSDP backend needs a process group: run under torchrun, or call "
+                "torch.distributed.init_process_group first"
+            )
+        self.param_dtype = param_dtype
+        super().__init__(model, config, rank=dist.get_rank(), world_size=dist.get_world_size())
+
+    def _distribute(self, forward: ResponseLogits) -> Any:
+        return shard(forward, param_dtype=self.param_dtype)
+
+    def _idle_passes(self, work: list[list[list[int]]]) -> int:
+        return max(len(rank_work) for rank_work in work) - len(work[self.rank])
+
+    def _idle_pass(self) -> None:
+        """One forward and backward on a two-token row with a zero loss: the same collectives as
+        a real micro-batch (each layer gathered, its zero gradient reduced), no change to any
+        sum."""
+        row = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+        idle = Packed(
+            input_ids=row,
+            attention_mask=torch.ones_like(row),
+            response_positions=torch.ones((1, 1), dtype=torch.bool, device=self.device),
+            targets=torch.zeros(1, dtype=torch.long, device=self.device),
+            weights=torch.zeros(1, device=self.device),
+            old=torch.zeros(1, device=self.device),
+            advantages=torch.zeros(1, device=self.device),
+            trained_tokens=0,
+        )
+        logprobs, _ = self._response_logprobs(self.policy, idle, with_entropy=False)
+        if self.reference is not None:
+            with torch.no_grad():
+                self._response_logprobs(self.reference, idle, with_entropy=False)
+        (logprobs.sum() * 0.0).backward()  # type: ignore[no-untyped-call]
+
+    def _all_reduce(self, gradient: torch.Tensor) -> None:
+        """FSDP reduced the gradients in the backward already."""
+
+    def _norm(self, norm: torch.Tensor) -> float:
+        full = getattr(norm, "full_tensor", None)
+        return float(full() if full is not None else norm)
+
+    # -- checkpoints: sharded, one file per rank ---------------------------------------------
+
+    def save_checkpoint(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        save_sharded(self._state(), checkpoint_id=folder / "sharded")
+        if self.rank == 0:
+            (folder / "backend.json").write_text(
+                json.dumps({"steps_done": self.steps_done, "world_size": self.world_size})
+            )
+        dist.barrier()
+
+    def load_checkpoint(self, folder: Path) -> None:
+        if not (folder / "sharded").is_dir():
+            raise ValueError(
+                f"checkpoint {folder} has no sharded state: it was not written by the FSDP "
+                "backend (a single-process checkpoint holds model.pt and optimizer.pt)"
+            )
+        state = self._state()
+        load_sharded(state, checkpoint_id=folder / "sharded")
+        set_model_state_dict(self.model, state["model"])
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+        self.steps_done = json.loads((folder / "backend.json").read_text())["steps_done"]
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "model": get_model_state_dict(self.model),
+            "optimizer": get_optimizer_state_dict(self.model, self.optimizer),
+        }
+
+    def full_state_dict(self) -> dict[str, Any]:
+        """The whole model's weights on rank 0's CPU (empty on the others); every rank calls it.
+        LoRA adapters are merged into the weights they adapt."""
+        model = self.model
+        merging = hasattr(model, "merge_adapter")
+        if merging:
+            model.merge_adapter()
+        try:
+            target = model.get_base_model() if merging else model
+            state = get_model_state_dict(
+                target, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+        finally:
+            if merging:
+                model.unmerge_adapter()
+        return state
+
+    def save_weights(self, folder: Path) -> None:
+        state = self.full_state_dict()
+        if self.rank == 0:
+            base = self.model
+            if hasattr(base, "merge_adapter"):
+                base = base.get_base_model()
+            base.save_pretrained(folder, state_dict=state, safe_serialization=True)
+        dist.barrier()

@@ -1,0 +1,171 @@
+"""`reins train` on several ranks (torchrun): rank 0 runs the job, the others follow its backend.
+
+Only rank 0 runs the gateway, the engine, the controller and the training loop. Each backend call
+it makes (a step, a checkpoint saved or loaded, the whole weights for the engine) is first
+broadcast to the other ranks, which make the same call on their shard, so FSDP's collectives
+meet. A rank that fails ends its process, and torchrun then stops the others.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from reins.engine.embedded import EmbeddedEngine
+from reins.samples.batch import Batch
+from reins.trainer.backend import StepStats
+from reins.trainer.fsdp import FSDPBackend
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def start_process_group(timeout_s: float) -> None:
+    """Joins torchrun's process group (nccl on GPU, gloo on CPU); alone, a group of one rank on
+    127.0.0.1. `timeout_s` bounds every collective, and so a follower's wait for the next step:
+    it must outlast the longest rollout phase."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if "WORLD_SIZE" in os.environ:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=timeout
+    )
+
+
+class Leader:
+    """Rank 0's side: every message it broadcasts, in the order the followers act on them.
+
+    `start` (build your shard), then backend calls, then `release` (return). A call that fails
+    on rank 0 may leave the others inside a collective: no `release` is sent then, rank 0's
+    process fails and torchrun stops the rest.
+    """
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def tell(self, name: str, *args: Any) -> None:
+        dist.broadcast_object_list([(name, args)], src=0)
+
+    def call(self, name: str, method: Callable[..., T], *args: Any) -> T:
+        self.tell(name, *args)
+        try:
+            return method(*args)
+        except BaseException:
+            self.broken = True
+            raise
+
+    def release(self) -> None:
+        if not self.broken:
+            self.tell("release")
+
+
+class LeaderBackend:
+    """Rank 0's backend: tells the followers each call, then makes it on its own shard."""
+
+    def __init__(self, backend: FSDPBackend, leader: Leader) -> None:
+        self.backend = backend
+        self.leader = leader
+
+    @property
+    def world_size(self) -> int:
+        return self.backend.world_size
+
+    def train_step(self, batch: Batch) -> StepStats:
+        return self.leader.call("train_step", self.backend.train_step, batch)
+
+    def save_checkpoint(self, folder: Path) -> None:
+        self.leader.call("save_checkpoint", self.backend.save_checkpoint, folder)
+
+    def load_checkpoint(self, folder: Path) -> None:
+        self.leader.call("load_checkpoint", self.backend.load_checkpoint, folder)
+
+    def save_weights(self, folder: Path) -> None:
+        self.leader.call("save_weights", self.backend.save_weights, folder)
+
+    def full_state_dict(self) -> dict[str, Any]:
+        return self.leader.call("full_state_dict", self.backend.full_state_dict)
+
+
+def follow(build: Callable[[], FSDPBackend]) -> int:
+    """A follower's whole life: builds its shard when rank 0 starts, makes each call rank 0
+    tells, returns when released. Returns the calls made."""
+    backend: FSDPBackend | None = None
+    calls = 0
+    while True:
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0)
+        name, args = box[0]
+        if name == "release":
+            return calls
+        if name == "start":
+            backend = build()
+            continue
+        if backend is None:
+            raise RuntimeError(f"rank 0 asked for {name} before it started the backend")
+        getattr(backend, name)(*args)
+        calls += 1
+
+
+class GatheringPublisher:
+    """The embedded engine on rank 0 holds its own whole copy of the weights (the trainer's are
+    sharded): after each update every rank gathers the new weights to rank 0, which loads them
+    into the engine between two decode steps. Generation goes on during the optimizer step."""
+
+    def __init__(self, engine: EmbeddedEngine, backend: LeaderBackend) -> None:
+        self.engine = engine
+        self.backend = backend
+
+    @property
+    def version(self) -> int:
+        return self.engine.weight_version
+
+    def update(self, apply: Callable[[], T]) -> tuple[T, float]:
+        result = apply()
+        started = time.perf_counter()
+        state = self.backend.full_state_dict()
+        with self.engine.updating_weights():
+            load_whole(self.engine.model, state)
+        return result, time.perf_counter() - started
+
+
+def load_whole(model: Any, state: dict[str, Any]) -> None:
+    """Copies whole weights (`FSDPBackend.full_state_dict`) into an unsharded model of the same
+    architecture; refuses weights that do not fit it."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - _tied(model):
+        raise RuntimeError(
+            f"the trainer's weights do not fit the engine's model: missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}"
+        )
+
+
+def _tied(model: Any) -> set[str]:
+    """Parameter names that share another's storage (a tied LM head): a state dict may omit
+    them."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if id(parameter) in seen:
+            tied.add(name)
+        seen.setdefault(id(parameter), name)
+    return tied

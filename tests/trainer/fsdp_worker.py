@@ -1,0 +1,94 @@
+"""One rank of the FSDP tests: `torchrun ... -m tests.trainer.fsdp_worker MODE MODEL_DIR OUT CKPT`.
+
+MODE `train`: three steps (one mini-batch, two mini-batches, one again) on batches planned for
+`WORLD_SIZE` ranks, a sharded checkpoint after the second; rank 0 saves, per step, the gradient
+the optimizer stepped on (whole, gathered from the shards) and the step's loss, and the whole
+weights at the end. MODE `resume`: loads that checkpoint and makes the third step again.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from reins.samples.batch import AdapterConfig, Batch, build_batch
+from reins.trainer.backend import BackendConfig, StepStats
+from reins.trainer.fsdp import FSDPBackend
+from tests.trainer.reference import split_rollouts
+
+
+def batches(world: int) -> list[Batch]:
+    records = split_rollouts()
+    one = AdapterConfig(dp_size=world, max_tokens_per_microbatch=40)
+    two = AdapterConfig(dp_size=world, max_tokens_per_microbatch=40, num_minibatches=2)
+    return [build_batch(records, one), build_batch(records, two), build_batch(records, one)]
+
+
+def step(backend: FSDPBackend, batch: Batch) -> tuple[StepStats, list[torch.Tensor]]:
+    """One step; the whole gradient of its first optimizer step (after clipping)."""
+    taken: list[torch.Tensor] = []
+    optimizer_step = backend.optimizer.step
+
+    def taking_step(*args: Any, **kwargs: Any) -> Any:
+        if not taken:
+            taken[:] = [_whole(p.grad) for p in backend.model.parameters()]
+        return optimizer_step(*args, **kwargs)
+
+    backend.optimizer.step = taking_step  # type: ignore[method-assign]
+    try:
+        stats = backend.train_step(batch)
+    finally:
+        backend.optimizer.step = optimizer_step  # type: ignore[method-assign]
+    return stats, taken
+
+
+def _whole(tensor: Any) -> torch.Tensor:
+    full = getattr(tensor, "full_tensor", None)  # a shard (DTensor): every rank gathers it
+    return (full() if full is not None else tensor).detach().clone()
+
+
+def main() -> None:
+    mode, model_dir, out, checkpoint = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    backend = FSDPBackend(model, BackendConfig(lr=1e-3, grad_clip=1e9))
+    plans = batches(world)
+    if world > 1:
+        uneven = [
+            {len(backend._with_gradient(batch, micro)) for micro in plan.micro_batches}
+            for batch in plans
+            for plan in batch.minibatches
+        ]
+        assert any(len(counts) > 1 for counts in uneven), "no rank ran an idle pass"
+    results: dict[str, Any] = {"losses": [], "gradients": []}
+    if mode == "train":
+        for index, batch in enumerate(plans):
+            stats, gradient = step(backend, batch)
+            results["losses"].append(stats.loss)
+            results["gradients"].append(gradient)
+            if index == 1:
+                backend.save_checkpoint(Path(checkpoint))
+    else:
+        backend.load_checkpoint(Path(checkpoint))
+        assert backend.steps_done == 2
+        stats, gradient = step(backend, plans[2])
+        results["losses"].append(stats.loss)
+        results["gradients"].append(gradient)
+    results["weights"] = backend.full_state_dict()
+    if rank == 0:
+        torch.save(results, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    main()
