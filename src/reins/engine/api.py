@@ -121,16 +121,27 @@ class _Api:
         self.registry = engine_metrics(engine)
 
     async def load_weights(self, request: Request) -> Response:
-        """`{"path": MODEL_FOLDER}`: loads those weights in place (`ReloadPublisher`)."""
+        """`{"path": MODEL_FOLDER, "version": N}`: loads those weights in place, served as
+        version N (optional, default the next; never lower than the current one): the trainer
+        numbers a fleet's versions alike (`ReloadPublisher`)."""
         try:
             body = await _json(request)
             path = body.get("path") if isinstance(body, dict) else None
             if not isinstance(path, str) or not path:
                 raise EngineError(400, 'the body must be {"path": "<a saved model folder>"}')
-            version = await asyncio.to_thread(self.engine.load_weights, path)
+            version = body.get("version")
+            if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+                raise EngineError(400, '"version" must be an integer')
+            if version is not None and version < self.engine.weight_version:
+                raise EngineError(
+                    409,
+                    f"weight versions only go up: this engine serves version "
+                    f"{self.engine.weight_version}, asked to serve {version}",
+                )
+            version = await asyncio.to_thread(self.engine.load_weights, path, version)
         except EngineError as error:
             return _error(error.status, error.message)
-        except OSError as error:
+        except (OSError, ValueError) as error:
             return _error(400, f"cannot load weights from that folder: {error}")
         return JSONResponse({"weight_version": version})
 

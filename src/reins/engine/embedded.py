@@ -26,6 +26,7 @@ import torch
 from reins.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from reins.engine.sampling import SamplingParams
 from reins.engine.scheduler import BatchScheduler, Sequence
+from reins.engine.weights import load_into, read_folder
 
 log = logging.getLogger(__name__)
 
@@ -130,26 +131,31 @@ class EmbeddedEngine:
         return self._weight_version
 
     @contextlib.contextmanager
-    def updating_weights(self) -> Iterator[None]:
-        """Holds generation between two steps while the block changes the weights in place.
+    def updating_weights(self, version: int | None = None) -> Iterator[None]:
+        """Holds generation between two steps while the block changes the weights in place;
+        they are then served as `version` (default: the next number).
 
         The prefix cache is emptied before the block, not after: its KV (up to
         `prefix_cache_gb`) is stale once the weights change, and freeing it first keeps it out
         of the update's peak memory."""
+        target = self._weight_version + 1 if version is None else version
+        if target < self._weight_version:
+            raise ValueError(
+                f"weight versions only go up: engine {self.name} serves version "
+                f"{self._weight_version}, asked to serve {target}"
+            )
         with self._weights_lock:
-            self.prefix_cache.invalidate(self._weight_version + 1)
+            self.prefix_cache.invalidate(target)
             yield
-            self._weight_version += 1
+            self._weight_version = target
         log.info("engine %s now serves weight version %d", self.name, self._weight_version)
 
-    def load_weights(self, path: str | Path) -> int:
-        """Loads a saved model folder's weights in place; returns the new weight version."""
-        from transformers import AutoModelForCausalLM
-
-        dtype = next(self.model.parameters()).dtype
-        state = AutoModelForCausalLM.from_pretrained(Path(path), dtype=dtype).state_dict()
-        with self.updating_weights():
-            self.model.load_state_dict(state, strict=False)
+    def load_weights(self, path: str | Path, version: int | None = None) -> int:
+        """Loads a saved model folder's weights in place, served as `version` (default: the
+        next number; the same number again reloads it); returns the version now served."""
+        state = read_folder(path)
+        with self.updating_weights(version):
+            load_into(self.model, state)
         return self._weight_version
 
     def prefix_cache_stats(self) -> PrefixCacheStats:

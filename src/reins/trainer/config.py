@@ -145,9 +145,11 @@ class TrainConfig(BaseModel):
     """An existing gateway; None starts one in this process on SQLite in the run folder."""
     api_key: str | None = None
     """The gateway's admin key (env REINS_API_KEY when None)."""
-    engine_url: str | None = None
-    """An external engine (`reins engine`) to publish to by save + reload; None: the embedded
-    engine in this process, sharing the trainer's weights."""
+    engine_url: str | list[str] | None = None
+    """An external engine (`reins engine`) to publish to by save + reload, or a list of them: a
+    fleet registered under one model name (each rollout sticks to one; every update is loaded
+    by all, as the same version). None: the embedded engine in this process, sharing the
+    trainer's weights."""
     max_batch: int = Field(default=16, ge=1)
     """Embedded engine: sequences decoded together."""
     max_model_len: int = Field(default=2048, ge=16)
@@ -167,6 +169,14 @@ class TrainConfig(BaseModel):
     @property
     def run_dir(self) -> Path:
         return self.runs_dir / self.run_name
+
+    @property
+    def engine_urls(self) -> list[str]:
+        """The external engines (none: the embedded one)."""
+        if self.engine_url is None:
+            return []
+        urls = [self.engine_url] if isinstance(self.engine_url, str) else self.engine_url
+        return [url.rstrip("/") for url in urls]
 
     @model_validator(mode="after")
     def _backend_supports(self) -> TrainConfig:

@@ -3,16 +3,18 @@
 - `InProcessPublisher`: the embedded engine shares the trainer's `nn.Module`; the update runs
   inside `engine.updating_weights()`, so generation waits between two decode steps and the
   version goes up when the update ends. Nothing is copied.
-- `ReloadPublisher`: an engine in another process (`reins engine`): the weights are saved as a
-  Hugging Face folder and the engine is asked to load them (`POST /reins/load_weights`); the
-  gateway's model registry gets the new version.
+- `ReloadPublisher`: engines in other processes (`reins engine`), one or a fleet under one
+  model name: the weights are saved once as a Hugging Face folder and every engine is asked to
+  load them as the same version number (`POST /reins/load_weights`). The trainer updates with
+  the gateway paused and drained, so no call reaches an engine between two versions.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -49,11 +51,22 @@ class InProcessPublisher:
 
 
 class ReloadPublisher:
+    """Publishes by saving the weights once and asking each engine of a fleet (one or several
+    servers under one model name) to load them, all as the same version number."""
+
     def __init__(
-        self, backend: Backend, engine_url: str, folder: Path, *, version: int = 0
+        self,
+        backend: Backend,
+        engine_urls: str | Sequence[str],
+        folder: Path,
+        *,
+        version: int = 0,
     ) -> None:
         self.backend = backend
-        self.engine_url = engine_url.rstrip("/")
+        urls = [engine_urls] if isinstance(engine_urls, str) else list(engine_urls)
+        if not urls:
+            raise ValueError("a ReloadPublisher needs at least one engine URL")
+        self.engine_urls = [url.rstrip("/") for url in urls]
         self.folder = folder
         self._version = version
 
@@ -64,18 +77,33 @@ class ReloadPublisher:
     def update(self, apply: Callable[[], T]) -> tuple[T, float]:
         result = apply()
         started = time.perf_counter()
+        self.publish(self._version + 1)
+        return result, time.perf_counter() - started
+
+    def publish(self, version: int) -> None:
+        """Every engine serves the backend's current weights as `version` when this returns."""
         staging = self.folder.with_name(self.folder.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         self.backend.save_weights(staging)
         shutil.rmtree(self.folder, ignore_errors=True)
         staging.rename(self.folder)
+        with ThreadPoolExecutor(len(self.engine_urls)) as pool:
+            served = list(pool.map(lambda url: self._load(url, version), self.engine_urls))
+        if any(number != version for number in served):
+            raise RuntimeError(
+                f"the engines serve versions {served} after loading version {version}"
+            )
+        self._version = version
+
+    def _load(self, engine_url: str, version: int) -> int:
         response = httpx.post(
-            f"{self.engine_url}/reins/load_weights", json={"path": str(self.folder)}, timeout=600
+            f"{engine_url}/reins/load_weights",
+            json={"path": str(self.folder), "version": version},
+            timeout=600,
         )
         if response.status_code != 200:
             raise RuntimeError(
-                f"the engine at {self.engine_url} refused the new weights "
+                f"the engine at {engine_url} refused the new weights "
                 f"({response.status_code}): {response.text[:500]}"
             )
-        self._version = int(response.json()["weight_version"])
-        return result, time.perf_counter() - started
+        return int(response.json()["weight_version"])

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from reins.engine.embedded import EmbeddedEngine
+from reins.engine.weights import load_into
 from reins.samples.batch import Batch
 from reins.trainer.backend import StepStats
 from reins.trainer.fsdp import FSDPBackend
@@ -144,28 +145,5 @@ class GatheringPublisher:
         started = time.perf_counter()
         state = self.backend.full_state_dict()
         with self.engine.updating_weights():
-            load_whole(self.engine.model, state)
+            load_into(self.engine.model, state)
         return result, time.perf_counter() - started
-
-
-def load_whole(model: Any, state: dict[str, Any]) -> None:
-    """Copies whole weights (`FSDPBackend.full_state_dict`) into an unsharded model of the same
-    architecture; refuses weights that do not fit it."""
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or set(missing) - _tied(model):
-        raise RuntimeError(
-            f"the trainer's weights do not fit the engine's model: missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]}"
-        )
-
-
-def _tied(model: Any) -> set[str]:
-    """Parameter names that share another's storage (a tied LM head): a state dict may omit
-    them."""
-    seen: dict[int, str] = {}
-    tied = set()
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        if id(parameter) in seen:
-            tied.add(name)
-        seen.setdefault(id(parameter), name)
-    return tied

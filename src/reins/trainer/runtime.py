@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from reins.client import GatewayClient
+from reins.engine.weights import load_into
 from reins.schemas import ModelEndpointIn
 from reins.serving import BackgroundServer
 from reins.trainer import checkpoint
@@ -286,15 +287,14 @@ async def _train(
     val_tasks = load_tasks(config.val_tasks) if config.val_tasks else []
     stream = TaskStream(train_tasks, config.seed)
     versions = resuming.VersionLedger.open(run_dir)
-    start_step, version, lineage, pending, used = 0, 0, [0], [], 0
+    start_step, version, lineage, pending = 0, 0, [0], []
     if point is not None:
         state = checkpoint.load(point.folder, backend)
         if leading is not None:  # the engine's own copy serves the checkpoint's weights too
-            ranks.load_whole(model, leading.full_state_dict())
+            load_into(model, leading.full_state_dict())
         checkpoint.restore_rng(state.rng)
         start_step, stream.position = state.next_step, state.data_position
         # Weights served after the checkpoint are gone: their version numbers are never reused.
-        used = versions.highest
         version = versions.resumed(state.weight_version)
         lineage = state.lineage + ([version] if version != state.weight_version else [])
         pending = state.pending
@@ -353,26 +353,21 @@ async def _train(
                 publisher = GatheringPublisher(engine, leading)
             else:
                 publisher = InProcessPublisher(engine)
-            endpoint = f"{engine_server.url}/v1"
+            endpoints = [f"{engine_server.url}/v1"]
         else:
             publisher = ReloadPublisher(
-                backend, config.engine_url, run_dir / "weights", version=version
+                backend, config.engine_urls, run_dir / "weights", version=version
             )
             if point is not None:
-                # The engine may hold weights the crash discarded: hand it the checkpoint's.
-                await asyncio.to_thread(publisher.update, lambda: None)
-                if publisher.version <= used:
-                    raise resuming.ResumeError(
-                        f"the engine at {config.engine_url} serves the checkpoint's weights as "
-                        f"version {publisher.version}, a number this run used before (up to "
-                        f"{used}): it was restarted; a resume needs an engine whose versions "
-                        "go on past the run's"
-                    )
-                versions.served(publisher.version)
-                lineage = [*point.state.lineage, publisher.version]
-            endpoint = f"{config.engine_url.rstrip('/')}/v1"
+                # An engine may hold weights the crash discarded, or have restarted: every one
+                # is handed the checkpoint's, as the version the resumed run serves them under.
+                await asyncio.to_thread(publisher.publish, version)
+            endpoints = [f"{url}/v1" for url in config.engine_urls]
         await client.register_models(
-            [ModelEndpointIn(model=name, endpoint=endpoint, engine="reins", weight_version=version)]
+            [
+                ModelEndpointIn(model=name, endpoint=url, engine="reins", weight_version=version)
+                for url in endpoints
+            ]
         )
         controller = Controller(
             client,

@@ -1,0 +1,108 @@
+"""A fleet: several `reins engine` servers under one model name, each update loaded by all.
+
+The engines are real HTTP servers of the embedded engine (the code `reins engine` serves), on a
+tiny random model. What is checked through the API, as for any engine: the logprob of a fixed
+prompt's first token is the same on every engine after each publish, and moves with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from reins.engine.api import create_engine_app
+from reins.engine.embedded import EmbeddedEngine
+from reins.serving import BackgroundServer
+from reins.trainer.backend import BackendConfig, TorchBackend
+from reins.trainer.publish import ReloadPublisher
+from reins.trainer.runtime import train
+from tests.trainer.batches import make_batch
+from tests.trainer.test_loop import config
+
+PROMPT = [{"role": "user", "content": "Name a colour."}]
+
+
+@pytest.fixture
+def fleet(tiny_model_dir: Path) -> Iterator[list[tuple[EmbeddedEngine, str]]]:
+    with ExitStack() as stack:
+        engines = []
+        for name in ("a", "b"):
+            engine = EmbeddedEngine.load(tiny_model_dir, dtype="float32", device="cpu", name=name)
+            stack.callback(engine.close)
+            server = stack.enter_context(BackgroundServer(create_engine_app(engine)))
+            engines.append((engine, server.url))
+        yield engines
+
+
+def first_token_logprob(url: str) -> tuple[str, float, int]:
+    """(token, logprob, weight version) of the greedy first token of a fixed prompt."""
+    response = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"messages": PROMPT, "max_tokens": 1, "temperature": 0, "logprobs": True},
+        timeout=60,
+    )
+    response.raise_for_status()
+    first = response.json()["choices"][0]["logprobs"]["content"][0]
+    version = int(response.headers["x-reins-weight-version"])
+    return first["token"], first["logprob"], version
+
+
+def test_every_engine_serves_each_update_as_the_same_version(
+    fleet: list[tuple[EmbeddedEngine, str]], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    trainer_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    backend = TorchBackend(trainer_model, BackendConfig(lr=1e-2))
+    urls = [url for _, url in fleet]
+    publisher = ReloadPublisher(backend, urls, tmp_path / "weights")
+    seen = [first_token_logprob(urls[0])]
+    for update in (1, 2, 3):
+        publisher.update(lambda: backend.train_step(make_batch()))
+        assert publisher.version == update
+        answers = [first_token_logprob(url) for url in urls]
+        assert answers[0] == answers[1], f"update {update}: the engines differ: {answers}"
+        assert answers[0][2] == update
+        assert answers[0][:2] != seen[-1][:2], f"update {update} changed nothing served"
+        seen.append(answers[0])
+    trained = trainer_model.state_dict()
+    for engine, _ in fleet:
+        for name, value in engine.model.state_dict().items():
+            torch.testing.assert_close(value, trained[name], msg=name)
+    # Versions only go up: an engine refuses an older number.
+    refused = httpx.post(
+        f"{urls[0]}/reins/load_weights",
+        json={"path": str(tmp_path / "weights"), "version": 2},
+        timeout=60,
+    )
+    assert refused.status_code == 409 and "only go up" in refused.json()["error"]["message"]
+
+
+@pytest.mark.slow
+def test_a_run_on_a_fleet_serves_each_step_from_every_engine_at_its_version(
+    fleet: list[tuple[EmbeddedEngine, str]], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    urls = [url for _, url in fleet]
+    run = config(tmp_path, tiny_model_dir, engine_url=urls, steps=3, val_every=0, group_size=4)
+    records = asyncio.run(train(run))
+    assert [r["weight_version"] for r in records] == [1, 2, 3]
+    assert [engine.weight_version for engine, _ in fleet] == [3, 3]
+    with sqlite3.connect(f"file:{run.run_dir / 'gateway.db'}?mode=ro", uri=True) as db:
+        rows = db.execute(
+            "SELECT r.metadata, json_extract(e.data, '$.endpoint'), "
+            "json_extract(e.data, '$.model_version') FROM events e JOIN rollouts r "
+            "ON r.rollout_id = e.rollout_id WHERE e.type = 'model_request'"
+        ).fetchall()
+    assert len(rows) == 3 * 2 * 4 * 2  # steps x tasks x rollouts x calls
+    # Step k's rollouts ran on the weights of version k, whichever engine served them.
+    served = {(json.loads(metadata)["step"], version) for metadata, _, version in rows}
+    assert served == {(0, 0), (1, 1), (2, 2)}
+    assert {endpoint.removesuffix("/v1") for _, endpoint, _ in rows} == set(urls)
