@@ -34,9 +34,11 @@ demo: setup
 	$(VENV)/bin/reins demo
 
 # Every tier: fast tests plus the real-component ones (PostgreSQL server, crash, schema fuzzing,
-# a real vLLM server).
+# a real vLLM server), on TEST_WORKERS pytest-xdist workers: each test file runs whole on one
+# worker (its module fixtures set up once), files in parallel.
+TEST_WORKERS ?= 2
 test: setup vllm-setup kube-binaries cli-harnesses
-	$(PY) -m pytest -m ""
+	$(PY) -m pytest -m "" --numprocesses=$(TEST_WORKERS) --dist=loadfile
 
 # kube-apiserver + kube-controller-manager for the controller's real-apiserver tests, in
 # .cache/k8s/bin: from ../shared/k8s/*.xz when present, else built from Debian's source package.

@@ -16,12 +16,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _pytest_commands() -> list[list[str]]:
-    """The pytest arguments of every Makefile recipe that runs pytest."""
+    """The pytest arguments of every Makefile recipe that runs pytest, with the Makefile's own
+    `NAME ?= value` variables put in."""
+    lines = (ROOT / "Makefile").read_text().splitlines()
+    variables = dict(re.findall(r"^(\w+) \?= (.*)$", "\n".join(lines), flags=re.MULTILINE))
     commands = []
-    for line in (ROOT / "Makefile").read_text().splitlines():
+    for line in lines:
         match = re.search(r"-m pytest(.*)$", line)
         if match and line.startswith("\t"):
-            commands.append(shlex.split(match.group(1)))
+            arguments = re.sub(r"\$\((\w+)\)", lambda m: variables[m.group(1)], match.group(1))
+            commands.append(shlex.split(arguments))
     return commands
 
 

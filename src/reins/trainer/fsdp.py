@@ -65,12 +65,14 @@ def shard(model: Any, *, param_dtype: ParamDtype = "fp32") -> Any:
     for layer in decoder_layers(model):
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
+    gloo = dist.get_backend() == "gloo"
     for module in model.modules():
         if isinstance(module, FSDPModule):
             # A SUM, not FSDP's default mean over ranks: the loss weights already divide.
             module.set_gradient_divide_factor(1.0)
-            # gloo has no PREMUL_SUM; a plain SUM with the factor 1 is the same reduction.
-            module.set_force_sum_reduction_for_comms(True)
+            if gloo:
+                # gloo has no PREMUL_SUM; a plain SUM with the factor 1 is the same reduction.
+                module.set_force_sum_reduction_for_comms(True)
     return model
 
 

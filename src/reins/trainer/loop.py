@@ -36,7 +36,7 @@ from reins.trainer import checkpoint
 from reins.trainer.backend import Backend, StepStats
 from reins.trainer.config import TrainConfig
 from reins.trainer.data import Task, TaskStream
-from reins.trainer.memory import peak_rss_mb
+from reins.trainer.memory import peak_gpu_mb, peak_rss_mb
 from reins.trainer.metrics import MetricsLog
 from reins.trainer.publish import WeightPublisher
 from reins.trainer.resume import VersionLedger
@@ -461,6 +461,9 @@ class Trainer:
             **timings,
             "memory/peak_rss_mb": peak_rss_mb(),
         }
+        gpu_mb = peak_gpu_mb()
+        if gpu_mb is not None:
+            record["memory/peak_gpu_mb"] = gpu_mb
         if rewards:
             record["reward/mean"] = float(np.mean(rewards))
             record["reward/std"] = float(np.std(rewards))
