@@ -198,8 +198,10 @@ class TorchBackend:
 
     def _sum_over_ranks(self, sums: _Sums) -> None:
         """The step's figures over the whole batch, not this rank's share."""
-        names = ["weight", "loss", "entropy", "clipped", "kl", "gap", "gap_tokens", "tokens"]
-        names.append("trained")
+        names = [
+            *("weight", "loss", "entropy", "clipped", "kl"),
+            *("gap", "gap_tokens", "tokens", "trained"),
+        ]
         values = torch.tensor([float(getattr(sums, name)) for name in names], dtype=torch.float64)
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
         for name, value in zip(names, values.tolist(), strict=True):
