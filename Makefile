@@ -76,3 +76,4 @@ bench: setup
 	$(PY) benchmarks/samples.py
 	$(PY) benchmarks/records.py
 	$(PY) benchmarks/trainer_memory.py
+	$(PY) benchmarks/fsdp.py

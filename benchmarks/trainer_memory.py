@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,10 +55,9 @@ def child(checkpointing: bool, keep_grads: bool) -> dict[str, Any]:
     """Three steps in this process: its peak RSS in MB, and the time of each half."""
     import numpy as np
     import torch
+    from update_batch import update_batch  # beside this script
 
     from reins.engine.embedded import EmbeddedEngine
-    from reins.samples.batch import TrainingSequence
-    from reins.samples.planning import plan_minibatch
     from reins.trainer import runtime
     from reins.trainer.backend import BackendConfig, TorchBackend
     from reins.trainer.config import load_config
@@ -91,34 +89,9 @@ def child(checkpointing: bool, keep_grads: bool) -> dict[str, Any]:
         prefix_cache_gb=config.prefix_cache_gb,
     )
     rng = np.random.default_rng(0)
-    sequences = []
-    for row in range(ROWS):
-        mask = np.zeros(LENGTH, bool)
-        mask[-RESPONSE:] = True
-        sequences.append(
-            TrainingSequence(
-                token_ids=rng.integers(0, len(tokenizer), LENGTH),
-                loss_mask=mask,
-                old_logprobs=np.full(LENGTH, -2.0, np.float32),
-                advantage=1.0 if row % 2 else -1.0,
-                loss_weight=np.where(mask, 1.0 / (ROWS * RESPONSE), 0.0).astype(np.float32),
-                reward=float(row % 2),
-                rollout_id=f"r{row}",
-                group_id="g",
-                attempt_id=0,
-                call_seqs=(0,),
-                model_versions=(0,),
-                response_spans=((LENGTH - RESPONSE, LENGTH),),
-                minibatch=0,
-            )
-        )
-    plan = plan_minibatch(
-        list(range(ROWS)),
-        list(range(ROWS)),
-        np.full(ROWS, LENGTH),
-        max_tokens=config.max_tokens_per_microbatch,
+    batch = update_batch(
+        ROWS, LENGTH, RESPONSE, len(tokenizer), rng, max_tokens=config.max_tokens_per_microbatch
     )
-    batch: Any = SimpleNamespace(sequences=sequences, minibatches=[plan])  # what train_step reads
 
     from reins.engine.sampling import SamplingParams
 
