@@ -279,7 +279,8 @@ async def _train(
         model, tokenizer, folder = load_policy(config, dtype=torch.float32)
         sharded = FSDPBackend(model, _backend_config(config), param_dtype=config.precision)
         backend = leading = ranks.LeaderBackend(sharded, leader)
-        model, _, _ = load_policy(config)
+        if config.engine_url is None:
+            model, _, _ = load_policy(config)
     else:
         model, tokenizer, folder = load_policy(config)
         backend = TorchBackend(model, _backend_config(config))
@@ -290,7 +291,8 @@ async def _train(
     start_step, version, lineage, pending = 0, 0, [0], []
     if point is not None:
         state = checkpoint.load(point.folder, backend)
-        if leading is not None:  # the engine's own copy serves the checkpoint's weights too
+        if leading is not None and config.engine_url is None:
+            # The embedded engine's own copy serves the checkpoint's weights too.
             load_into(model, leading.full_state_dict())
         checkpoint.restore_rng(state.rng)
         start_step, stream.position = state.next_step, state.data_position
