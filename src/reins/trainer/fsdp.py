@@ -157,26 +157,12 @@ class FSDPBackend(TorchBackend):
 
     def full_state_dict(self) -> dict[str, Any]:
         """The whole model's weights on rank 0's CPU (empty on the others); every rank calls it.
-        LoRA adapters are merged into the weights they adapt."""
-        model = self.model
-        merging = hasattr(model, "merge_adapter")
-        if merging:
-            model.merge_adapter()
-        try:
-            target = model.get_base_model() if merging else model
-            state = get_model_state_dict(
-                target, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-            )
-        finally:
-            if merging:
-                model.unmerge_adapter()
-        return state
+        (No LoRA here: the config refuses it with this backend.)"""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
 
     def save_weights(self, folder: Path) -> None:
         state = self.full_state_dict()
         if self.rank == 0:
-            base = self.model
-            if hasattr(base, "merge_adapter"):
-                base = base.get_base_model()
-            base.save_pretrained(folder, state_dict=state, safe_serialization=True)
+            self.model.save_pretrained(folder, state_dict=state, safe_serialization=True)
         dist.barrier()

@@ -9,7 +9,6 @@ meet. A rank that fails ends its process, and torchrun then stops the others.
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 import socket
 import time
@@ -25,8 +24,6 @@ from reins.engine.weights import load_into
 from reins.samples.batch import Batch
 from reins.trainer.backend import StepStats
 from reins.trainer.fsdp import FSDPBackend
-
-log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
