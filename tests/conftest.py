@@ -97,3 +97,9 @@ def gateway(gateway_settings: GatewaySettings) -> Iterator[Gateway]:
             base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30
         ) as http:
             yield Gateway(url=url, api_key=ADMIN_KEY, settings=gateway_settings, http=http)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from tests.scheduling import make_scheduler
+
+    return make_scheduler(config, log)

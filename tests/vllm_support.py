@@ -95,6 +95,7 @@ class VllmServer:
         kv_cache_gib: int = 2,
         enforce_eager: bool = True,
         extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> VllmServer:
         """Launch the server and wait until it answers; raise with the log's tail if it does not.
 
@@ -116,7 +117,7 @@ class VllmServer:
             workdir=workdir,
             extra_args=[*(["--enforce-eager"] if enforce_eager else []), *(extra_args or [])],
         )
-        server._launch(kv_cache_gib)
+        server._launch(kv_cache_gib, env or {})
         try:
             server._wait_ready(timeout_s)
         except BaseException:
@@ -124,7 +125,7 @@ class VllmServer:
             raise
         return server
 
-    def _launch(self, kv_cache_gib: int) -> None:
+    def _launch(self, kv_cache_gib: int, extra_env: dict[str, str]) -> None:
         command = [
             str(self.python),
             "-m",
@@ -155,6 +156,7 @@ class VllmServer:
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "TMPDIR": str(self.tmp_dir),
+            **extra_env,
         }
         # The test process's venv must not leak into vLLM's interpreter.
         for name in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):

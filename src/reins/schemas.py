@@ -228,5 +228,8 @@ class Model(_Wire):
     model: str
     endpoints: list[str]
     engine: str
+    """The kind of the most recently registered endpoint."""
+    engines: list[str] = Field(default_factory=list)
+    """Per endpoint, in the order of `endpoints`, its kind: a fleet may mix engines."""
     weight_version: int
     updated_at: datetime

@@ -22,7 +22,9 @@ def vllm_server() -> Iterator[VllmServer]:
             pytest.fail(message)
         pytest.skip(message)
     model_dir = prepare_default_model()
-    server = VllmServer.start(model_dir, timeout_s=600)
+    # Development mode opens /collective_rpc and /reset_prefix_cache, which reload weights
+    # (test_vllm_fleet.py; it puts the original weights back when it ends).
+    server = VllmServer.start(model_dir, timeout_s=600, env={"VLLM_SERVER_DEV_MODE": "1"})
     try:
         yield server
     finally:

@@ -4,6 +4,8 @@ MODE `train`: three steps (one mini-batch, two mini-batches, one again) on batch
 `WORLD_SIZE` ranks, a sharded checkpoint after the second; rank 0 saves, per step, the gradient
 the optimizer stepped on (whole, gathered from the shards) and the step's loss, and the whole
 weights at the end. MODE `resume`: loads that checkpoint and makes the third step again.
+`train-lora` and `resume-lora`: the same with LoRA adapters (`lora_model`), the gradients of the
+adapters only, the whole weights with the adapters merged in.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from reins.samples.batch import AdapterConfig, Batch, build_batch
-from reins.trainer.backend import BackendConfig, StepStats
+from reins.trainer.backend import BackendConfig, StepStats, TorchBackend
 from reins.trainer.fsdp import FSDPBackend
 from tests.trainer.reference import split_rollouts
 
@@ -29,14 +31,23 @@ def batches(world: int) -> list[Batch]:
     return [build_batch(records, one), build_batch(records, two), build_batch(records, one)]
 
 
-def step(backend: FSDPBackend, batch: Batch) -> tuple[StepStats, list[torch.Tensor]]:
+def lora_model(model: Any) -> Any:
+    """The model with LoRA adapters, initialised alike on every rank (and in the test)."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    adapters = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+    return get_peft_model(model, adapters)
+
+
+def step(backend: TorchBackend, batch: Batch) -> tuple[StepStats, list[torch.Tensor]]:
     """One step; the whole gradient of its first optimizer step (after clipping)."""
     taken: list[torch.Tensor] = []
     optimizer_step = backend.optimizer.step
 
     def taking_step(*args: Any, **kwargs: Any) -> Any:
         if not taken:
-            taken[:] = [_whole(p.grad) for p in backend.model.parameters()]
+            taken[:] = [_whole(p.grad) for p in backend.model.parameters() if p.requires_grad]
         return optimizer_step(*args, **kwargs)
 
     backend.optimizer.step = taking_step  # type: ignore[method-assign]
@@ -59,6 +70,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if mode.endswith("-lora"):
+        mode, model = mode.removesuffix("-lora"), lora_model(model)
     backend = FSDPBackend(model, BackendConfig(lr=1e-3, grad_clip=1e9))
     plans = batches(world)
     if world > 1:

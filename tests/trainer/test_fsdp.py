@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from reins.samples.batch import build_batch
-from reins.trainer.config import ConfigError, load_config
+from reins.trainer.backend import BackendConfig, TorchBackend
 from tests.support import free_port
+from tests.trainer import fsdp_worker
 from tests.trainer.reference import (
     float64_model,
     reference_gradient,
@@ -41,11 +42,6 @@ def _torchrun(ranks: int, *args: str | Path) -> None:
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-
-
-def test_lora_with_the_fsdp_backend_is_refused_by_the_config() -> None:
-    with pytest.raises(ConfigError, match="LoRA is not supported with backend fsdp"):
-        load_config(None, ["tasks=t.jsonl", "agent=m:f", "backend=fsdp", "lora.r=8"])
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +84,70 @@ def test_a_sharded_checkpoint_resumes_bit_for_bit(
     trained: dict[str, Any], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     _torchrun(2, "resume", tiny_model_dir, tmp_path / "resumed.pt", trained["checkpoint"])
-    resumed, two = torch.load(tmp_path / "resumed.pt"), trained["two"]
+    assert_resumes_the_third_step(torch.load(tmp_path / "resumed.pt"), trained["two"])
+
+
+def assert_resumes_the_third_step(resumed: dict[str, Any], two: dict[str, Any]) -> None:
+    """The resumed third step made the same loss, gradients and weights, bit for bit."""
     assert resumed["losses"][0] == two["losses"][2]
     for got, want in zip(resumed["gradients"][0], two["gradients"][2], strict=True):
         assert torch.equal(got, want)
     for name, want in two["weights"].items():
         assert torch.equal(resumed["weights"][name], want), name
+
+
+@pytest.fixture(scope="module")
+def lora_trained(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Three steps with LoRA adapters on 2 ranks (checkpointed after the second), and the same
+    three on one process with the torch backend and peft's own merge."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("fsdp-lora")
+    _torchrun(2, "train-lora", tiny_model_dir, folder / "two.pt", folder / "checkpoint")
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model = fsdp_worker.lora_model(base)
+    backend = TorchBackend(model, BackendConfig(lr=1e-3, grad_clip=1e9))
+    steps = [fsdp_worker.step(backend, batch) for batch in fsdp_worker.batches(1)]
+    merged = model.merge_and_unload().state_dict()
+    return {
+        "two": torch.load(folder / "two.pt"),
+        "losses": [stats.loss for stats, _ in steps],
+        "gradients": [gradient for _, gradient in steps],
+        "merged": merged,
+        "checkpoint": folder / "checkpoint",
+    }
+
+
+@pytest.mark.slow
+def test_lora_on_two_ranks_trains_as_the_torch_backend_and_merges_as_peft(
+    lora_trained: dict[str, Any], tiny_model_dir: Path
+) -> None:
+    two = lora_trained["two"]
+    for index, (got, want) in enumerate(
+        zip(two["gradients"], lora_trained["gradients"], strict=True)
+    ):
+        assert len(got) == len(want) == 2 * 3 * 2  # layers x adapted projections x (A, B)
+        error = relative_error(got, [g.double() for g in want])
+        assert error < TOLERANCE, f"step {index}: the adapters' gradient is {error:.2e} off"
+    assert two["losses"] == pytest.approx(lora_trained["losses"], rel=1e-4, abs=1e-6)
+    # What an engine loads: the base model's names, every adapter merged in, as peft merges.
+    merged, want = two["weights"], lora_trained["merged"]
+    assert sorted(merged) == sorted(want)
+    initial = float64_model(tiny_model_dir).state_dict()
+    moved = [merged[name].double() - initial[name] for name in want]
+    expected = [want[name].double() - initial[name] for name in want]
+    assert sum(float(m.abs().sum()) for m in expected) > 0
+    assert relative_error(moved, expected) < 1e-3
+
+
+@pytest.mark.slow
+def test_a_lora_checkpoint_holds_the_adapters_and_resumes_bit_for_bit(
+    lora_trained: dict[str, Any], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = FileSystemReader(lora_trained["checkpoint"] / "sharded").read_metadata()
+    weights = [key for key in saved.state_dict_metadata if key.startswith("model.")]
+    assert weights and all(".lora_" in key for key in weights), weights
+    _torchrun(2, "resume-lora", tiny_model_dir, tmp_path / "resumed.pt", lora_trained["checkpoint"])
+    assert_resumes_the_third_step(torch.load(tmp_path / "resumed.pt"), lora_trained["two"])

@@ -19,6 +19,7 @@ from reins.gateway import fast
 from reins.gateway.admission import AdmissionGate
 from reins.gateway.auth import Authenticator
 from reins.gateway.proxy import LLMProxy
+from reins.gateway.replicas import Replicas, ReplicaTimings
 from reins.gateway.routes import admission, events, models, proxy, rollouts
 from reins.gateway.settings import GatewaySettings
 from reins.gateway.store import Conflict, Invalid, NotFound, Store, StoreError
@@ -44,9 +45,17 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
             token_reuse=settings.token_reuse,
         )
         app.state.proxy.on_record = app.state.metrics.observe_call
+        app.state.replicas = Replicas(
+            store.board,
+            app.state.gate,
+            app.state.proxy.directory.invalidate,
+            ReplicaTimings(replica_timeout_s=settings.replica_timeout_s),
+        )
+        await app.state.replicas.start()
         try:
             yield
         finally:
+            await app.state.replicas.stop()
             await app.state.proxy.close()
             await store.close()
 

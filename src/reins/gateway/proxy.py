@@ -64,6 +64,8 @@ class Target:
     model: Model
     endpoints: list[str]
     """The endpoints to try, the rollout's sticky one first."""
+    engines: list[str]
+    """Their kinds, in the same order."""
 
 
 @dataclass
@@ -130,7 +132,12 @@ class ModelDirectory:
             return None
         chosen = next((m for m in models if m.model == requested), models[0])
         start = zlib.crc32(rollout_id.encode()) % len(chosen.endpoints)
-        return Target(chosen, chosen.endpoints[start:] + chosen.endpoints[:start])
+        engines = chosen.engines or [chosen.engine] * len(chosen.endpoints)
+        return Target(
+            chosen,
+            chosen.endpoints[start:] + chosen.endpoints[:start],
+            engines[start:] + engines[:start],
+        )
 
 
 class LLMProxy:
@@ -337,14 +344,18 @@ class LLMProxy:
         self, requested: object, rollout_id: str, failure: Callable[..., Response]
     ) -> Target | Response:
         """The call's target, with an admission slot held (the caller exits the gate), or the
-        error answer."""
-        target = await self.directory.target(requested, rollout_id)
-        if target is None:
-            return failure(404, _NO_MODEL, "model_not_found")
+        error answer.
+
+        The target is looked up once admitted: a call held during a weight update goes to the
+        endpoints, and records the version, that the trainer registered before resuming."""
         try:
             await self.gate.enter()
         except AdmissionTimeout as timeout:
             return failure(503, f"{timeout}; retry later", "paused")
+        target = await self.directory.target(requested, rollout_id)
+        if target is None:
+            self.gate.exit()
+            return failure(404, _NO_MODEL, "model_not_found")
         return target
 
     async def _call(
@@ -360,7 +371,7 @@ class LLMProxy:
         """The engine's 2xx answer, body unread; a failure is recorded and returned."""
         heard: str | None = None
         upstream: Upstream | None = None
-        if PREFIX_FIELD in sent and target.model.engine == "vllm":
+        if PREFIX_FIELD in sent and target.engines[0] == "vllm":
             upstream, heard = await self._reuse_vllm(target, sent, facts.request)
         if upstream is None:
             upstream, endpoint, failure = await self._send(kind, target, sent)

@@ -48,6 +48,9 @@ class GatewaySettings(BaseSettings):
     """Sampling applied to `val` calls; by default the harness's own settings."""
     admission_max_wait_s: float = Field(default=600.0, gt=0)
     """How long a call waits at a paused gateway before it gets 503 with Retry-After."""
+    replica_timeout_s: float = Field(default=10.0, gt=0)
+    """Gateway processes on one database hold a pause together; one silent this long (killed)
+    no longer holds a drain."""
     proxy_retries: int = Field(default=3, ge=0)
     """Retries of a call whose engine could not be reached (backoff, next endpoint)."""
     proxy_read_timeout_s: float = Field(default=3600.0, gt=0)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reins.samples.advantage import AdvantageEstimator, AdvantageLevel
 from reins.samples.loss import LossAggregation
@@ -104,7 +104,7 @@ class TrainConfig(BaseModel):
     device: str | None = None
     """cpu, cuda, cuda:1...; None: cuda when present."""
     lora: LoraConfig | None = None
-    """Train LoRA adapters instead of every weight (peft; `backend: torch` only)."""
+    """Train LoRA adapters instead of every weight (peft)."""
     distributed_timeout_s: float = Field(default=6 * 3600.0, gt=0)
     """`backend: fsdp`: how long a collective may wait, and so how long the other ranks wait
     for rank 0's next update: more than the longest step's rollouts."""
@@ -150,6 +150,10 @@ class TrainConfig(BaseModel):
     fleet registered under one model name (each rollout sticks to one; every update is loaded
     by all, as the same version). None: the embedded engine in this process, sharing the
     trainer's weights."""
+    engine_sleep: bool = False
+    """vLLM engines of `engine_url` sleep during each update (level 2), giving their GPU memory
+    to the optimizer step, then wake with the new weights: for vLLM collocated on the trainer's
+    GPUs (docs/scale.md)."""
     max_batch: int = Field(default=16, ge=1)
     """Embedded engine: sequences decoded together."""
     max_model_len: int = Field(default=2048, ge=16)
@@ -177,15 +181,6 @@ class TrainConfig(BaseModel):
             return []
         urls = [self.engine_url] if isinstance(self.engine_url, str) else self.engine_url
         return [url.rstrip("/") for url in urls]
-
-    @model_validator(mode="after")
-    def _backend_supports(self) -> TrainConfig:
-        if self.backend == "fsdp" and self.lora is not None:
-            raise ValueError(
-                "LoRA is not supported with backend fsdp yet: use backend torch, or train every "
-                "weight"
-            )
-        return self
 
 
 def load_config(path: Path | None, overrides: list[str] | None = None) -> TrainConfig:

@@ -10,8 +10,9 @@ rank must run as many passes as the others. A rank with fewer micro-batches (aft
 without a gradient are cut) runs passes on no data, with a zero loss, until they are even.
 
 Checkpoints are sharded (`torch.distributed.checkpoint`: each rank writes its own shard, and a
-checkpoint may be loaded on another number of ranks); `save_weights` gathers the full weights on
-rank 0 and writes a Hugging Face folder an engine loads.
+checkpoint may be loaded on another number of ranks); with LoRA they hold the adapters only.
+`save_weights` gathers the full weights on rank 0 (LoRA merged in, `lora.py`) and writes a
+Hugging Face folder an engine loads.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as save_sharded
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from reins.trainer.backend import BackendConfig, Packed, ResponseLogits, TorchBackend
+from reins.trainer.lora import is_lora, merged_state
 
 ParamDtype = Literal["fp32", "bf16"]
 
@@ -145,24 +147,49 @@ class FSDPBackend(TorchBackend):
             )
         state = self._state()
         load_sharded(state, checkpoint_id=folder / "sharded")
-        set_model_state_dict(self.model, state["model"])
+        keys = set_model_state_dict(
+            self.model, state["model"], options=StateDictOptions(strict=False)
+        )
+        trained = set(keys.missing_keys) - self._frozen()
+        if trained or keys.unexpected_keys:
+            raise ValueError(
+                f"checkpoint {folder} does not fit this model: missing {sorted(trained)[:3]}, "
+                f"unexpected {sorted(keys.unexpected_keys)[:3]}"
+            )
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         self.steps_done = json.loads((folder / "backend.json").read_text())["steps_done"]
 
     def _state(self) -> dict[str, Any]:
+        # Frozen weights (LoRA's base) never change: a checkpoint holds what trains. Filtered
+        # here by every name of each frozen weight: `ignore_frozen_params` keeps a tied one's
+        # second name (`lm_head.weight`, the frozen embeddings again).
+        frozen = self._frozen()
+        model = get_model_state_dict(self.model)
         return {
-            "model": get_model_state_dict(self.model),
+            "model": {name: value for name, value in model.items() if name not in frozen},
             "optimizer": get_optimizer_state_dict(self.model, self.optimizer),
         }
 
+    def _frozen(self) -> set[str]:
+        """Every name of every weight that does not train."""
+        return {
+            name
+            for name, parameter in self.model.named_parameters(remove_duplicate=False)
+            if not parameter.requires_grad
+        }
+
     def full_state_dict(self) -> dict[str, Any]:
-        """The whole model's weights on rank 0's CPU (empty on the others); every rank calls it.
-        (No LoRA here: the config refuses it with this backend.)"""
+        """The whole model's weights on rank 0's CPU (empty on the others), as the base model
+        names them, LoRA adapters merged in; every rank calls it."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(self.model, options=options)
+        state: dict[str, Any] = get_model_state_dict(self.model, options=options)
+        if self.rank == 0 and is_lora(self.model):
+            return merged_state(self.model, state)
+        return state
 
     def save_weights(self, folder: Path) -> None:
         state = self.full_state_dict()
         if self.rank == 0:
-            self.model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+            base = self.model.get_base_model() if is_lora(self.model) else self.model
+            base.save_pretrained(folder, state_dict=state, safe_serialization=True)
         dist.barrier()

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -141,6 +141,7 @@ class Trainer:
         reporter: Reporter | None = None,
         metrics: MetricsLog | None = None,
         on_update: Callable[[], Any] | None = None,
+        on_publish: Callable[[int], Awaitable[Any]] | None = None,
         incarnation: int = 0,
         lineage: Sequence[int] = (),
         pending: Sequence[int] = (),
@@ -156,6 +157,9 @@ class Trainer:
         self.reporter = reporter or QuietReporter()
         self.metrics = metrics or MetricsLog(config.run_dir, tensorboard=config.tensorboard)
         self.on_update = on_update
+        self.on_publish = on_publish
+        """Awaited with the new version once every engine serves it, before calls resume (the
+        runtime registers it at the gateway, which records it for engines that do not say)."""
         self.adapter = AdapterConfig(
             estimator=config.estimator,
             normalize_std=config.normalize_std,
@@ -187,6 +191,8 @@ class Trainer:
         """Makes steps `start_step .. config.steps - 1`, then validates the final weights (unless
         `final_validation` is False: done already); returns the steps' metrics records."""
         self.watch.start()
+        # The gate is this trainer's: a trainer that died during an update left it paused.
+        await self.client.request("POST", "/api/admission/resume")
         records: list[dict[str, Any]] = []
         try:
             if self.config.mode == "sync":
@@ -442,6 +448,8 @@ class Trainer:
             )
             if self.versions is not None:
                 self.versions.served(self.publisher.version)
+            if self.on_publish is not None:
+                await self.on_publish(self.publisher.version)
             if self.publisher.version != self.lineage[-1]:
                 self.lineage.append(self.publisher.version)
         update_s = time.monotonic() - updated_at - publish_s

@@ -3,10 +3,10 @@
 - `InProcessPublisher`: the embedded engine shares the trainer's `nn.Module`; the update runs
   inside `engine.updating_weights()`, so generation waits between two decode steps and the
   version goes up when the update ends. Nothing is copied.
-- `ReloadPublisher`: engines in other processes (`reins engine`), one or a fleet under one
-  model name: the weights are saved once as a Hugging Face folder and every engine is asked to
-  load them as the same version number (`POST /reins/load_weights`). The trainer updates with
-  the gateway paused and drained, so no call reaches an engine between two versions.
+- `ReloadPublisher`: engines in other processes (`reins engine`, vLLM), one or a fleet under
+  one model name: the weights are saved once as a Hugging Face folder and every engine is asked
+  to load them as the same version number (`fleet.py`). The trainer updates with the gateway
+  paused and drained, so no call reaches an engine between two versions.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-import httpx
-
 from reins.engine.embedded import EmbeddedEngine
 from reins.trainer.backend import Backend
+from reins.trainer.fleet import FleetEngine, connect
 
 T = TypeVar("T")
 
@@ -52,7 +51,9 @@ class InProcessPublisher:
 
 class ReloadPublisher:
     """Publishes by saving the weights once and asking each engine of a fleet (one or several
-    servers under one model name) to load them, all as the same version number."""
+    servers under one model name, `reins engine` or vLLM) to load them, all as the same version
+    number. Each engine's kind is asked once, here. `sleep`: vLLM engines sleep during each
+    update (collocated on the trainer's GPUs, `fleet.VllmEngine`)."""
 
     def __init__(
         self,
@@ -61,12 +62,14 @@ class ReloadPublisher:
         folder: Path,
         *,
         version: int = 0,
+        sleep: bool = False,
     ) -> None:
         self.backend = backend
         urls = [engine_urls] if isinstance(engine_urls, str) else list(engine_urls)
         if not urls:
             raise ValueError("a ReloadPublisher needs at least one engine URL")
         self.engine_urls = [url.rstrip("/") for url in urls]
+        self.engines: list[FleetEngine] = [connect(url, sleep=sleep) for url in self.engine_urls]
         self.folder = folder
         self._version = version
 
@@ -75,6 +78,8 @@ class ReloadPublisher:
         return self._version
 
     def update(self, apply: Callable[[], T]) -> tuple[T, float]:
+        for engine in self.engines:
+            engine.before_update()
         result = apply()
         started = time.perf_counter()
         self.publish(self._version + 1)
@@ -87,23 +92,7 @@ class ReloadPublisher:
         self.backend.save_weights(staging)
         shutil.rmtree(self.folder, ignore_errors=True)
         staging.rename(self.folder)
-        with ThreadPoolExecutor(len(self.engine_urls)) as pool:
-            served = list(pool.map(lambda url: self._load(url, version), self.engine_urls))
-        if any(number != version for number in served):
-            raise RuntimeError(
-                f"the engines serve versions {served} after loading version {version}"
-            )
+        with ThreadPoolExecutor(len(self.engines)) as pool:
+            # list() re-raises the first engine's failure.
+            list(pool.map(lambda engine: engine.load(self.folder, version), self.engines))
         self._version = version
-
-    def _load(self, engine_url: str, version: int) -> int:
-        response = httpx.post(
-            f"{engine_url}/reins/load_weights",
-            json={"path": str(self.folder), "version": version},
-            timeout=600,
-        )
-        if response.status_code != 200:
-            raise RuntimeError(
-                f"the engine at {engine_url} refused the new weights "
-                f"({response.status_code}): {response.text[:500]}"
-            )
-        return int(response.json()["weight_version"])

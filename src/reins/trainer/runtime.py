@@ -122,9 +122,11 @@ def _summary(record: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def load_policy(config: TrainConfig, *, dtype: torch.dtype | None = None) -> tuple[Any, Any, Path]:
+def load_policy(
+    config: TrainConfig, *, dtype: torch.dtype | None = None, lora: bool = True
+) -> tuple[Any, Any, Path]:
     """(model, tokenizer, folder) for training, on the configured device and precision (or
-    `dtype`)."""
+    `dtype`), with the configured LoRA adapters unless `lora` is False."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from reins.engine.prepare import prepare_default_model
@@ -138,7 +140,7 @@ def load_policy(config: TrainConfig, *, dtype: torch.dtype | None = None) -> tup
         folder, dtype=dtype or DTYPES[config.precision]
     )
     model = model.to(device)
-    if config.lora is not None:
+    if lora and config.lora is not None:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(
@@ -228,6 +230,7 @@ def _follow(config: TrainConfig) -> None:
     from reins.trainer.fsdp import FSDPBackend
 
     def build() -> FSDPBackend:
+        torch.manual_seed(config.seed)  # as rank 0 does: the same LoRA initialization
         model, _, _ = load_policy(config, dtype=torch.float32)
         return FSDPBackend(model, _backend_config(config), param_dtype=config.precision)
 
@@ -280,7 +283,8 @@ async def _train(
         sharded = FSDPBackend(model, _backend_config(config), param_dtype=config.precision)
         backend = leading = ranks.LeaderBackend(sharded, leader)
         if config.engine_url is None:
-            model, _, _ = load_policy(config)
+            # The engine's own whole copy, LoRA merged in at each update (`full_state_dict`).
+            model, _, _ = load_policy(config, lora=False)
     else:
         model, tokenizer, folder = load_policy(config)
         backend = TorchBackend(model, _backend_config(config))
@@ -355,22 +359,33 @@ async def _train(
                 publisher = GatheringPublisher(engine, leading)
             else:
                 publisher = InProcessPublisher(engine)
-            endpoints = [f"{engine_server.url}/v1"]
+            endpoints = [(f"{engine_server.url}/v1", "reins")]
         else:
-            publisher = ReloadPublisher(
-                backend, config.engine_urls, run_dir / "weights", version=version
+            # Asks each engine its kind (blocking HTTP, hence a thread).
+            reloading = await asyncio.to_thread(
+                ReloadPublisher,
+                backend,
+                config.engine_urls,
+                run_dir / "weights",
+                version=version,
+                sleep=config.engine_sleep,
             )
+            publisher = reloading
             if point is not None:
                 # An engine may hold weights the crash discarded, or have restarted: every one
                 # is handed the checkpoint's, as the version the resumed run serves them under.
                 await asyncio.to_thread(publisher.publish, version)
-            endpoints = [f"{url}/v1" for url in config.engine_urls]
-        await client.register_models(
-            [
-                ModelEndpointIn(model=name, endpoint=url, engine="reins", weight_version=version)
-                for url in endpoints
-            ]
-        )
+            endpoints = [(f"{e.url}/v1", e.kind) for e in reloading.engines]
+
+        async def register(version: int) -> None:
+            await client.register_models(
+                [
+                    ModelEndpointIn(model=name, endpoint=url, engine=kind, weight_version=version)
+                    for url, kind in endpoints
+                ]
+            )
+
+        await register(version)
         controller = Controller(
             client,
             # Its agents die with this process: the gateway they talk to does too.
@@ -393,6 +408,7 @@ async def _train(
             decode=tokenizer.decode,
             reporter=reporter,
             metrics=metrics,
+            on_publish=register,
             incarnation=versions.incarnation,
             lineage=lineage,
             pending=pending,

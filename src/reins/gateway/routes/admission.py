@@ -1,4 +1,5 @@
-"""The admission gate's controls, for the trainer in collocated async mode."""
+"""The admission gate's controls, for the trainer: held alike by every gateway process on the
+same database (`reins.gateway.replicas`)."""
 
 from __future__ import annotations
 
@@ -7,27 +8,29 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from reins.gateway.admission import AdmissionGate
 from reins.gateway.deps import Admin
 from reins.gateway.guards import GuardedRoute
+from reins.gateway.replicas import Replicas
 
 router = APIRouter(prefix="/api/admission", tags=["admission"], route_class=GuardedRoute)
 
 
-def _gate(request: Request) -> AdmissionGate:
-    gate: AdmissionGate = request.app.state.gate
-    return gate
+def _replicas(request: Request) -> Replicas:
+    replicas: Replicas = request.app.state.replicas
+    return replicas
 
 
 @router.get("")
 async def status(request: Request, _: Admin) -> dict[str, object]:
-    return asdict(_gate(request).status())
+    """This gateway's gate, and every live gateway process on the same database."""
+    replicas = _replicas(request)
+    return {**asdict(replicas.gate.status()), "replicas": await replicas.replicas()}
 
 
 @router.post("/pause")
 async def pause(request: Request, _: Admin) -> dict[str, object]:
-    """New LLM calls wait at the gateway (bounded); calls in flight go on."""
-    return asdict(_gate(request).pause())
+    """New LLM calls wait at every gateway on this database (bounded); calls in flight go on."""
+    return asdict(await _replicas(request).pause())
 
 
 @router.post("/drain")
@@ -36,13 +39,14 @@ async def drain(
     _: Admin,
     timeout_s: Annotated[float, Query(gt=0, le=86_400)] = 600.0,
 ) -> dict[str, object]:
-    """Returns once no LLM call is in flight (`drained: false` if `timeout_s` passed first)."""
-    gate = _gate(request)
-    drained = await gate.drain(timeout_s)
-    return {"drained": drained, **asdict(gate.status())}
+    """Returns once no LLM call is in flight at any gateway on this database, each having
+    applied the pause (`drained: false` if `timeout_s` passed first)."""
+    replicas = _replicas(request)
+    drained = await replicas.drain(timeout_s)
+    return {"drained": drained, **asdict(replicas.gate.status())}
 
 
 @router.post("/resume")
 async def resume(request: Request, _: Admin) -> dict[str, object]:
-    """Held calls proceed."""
-    return asdict(_gate(request).resume())
+    """Held calls proceed, at every gateway on this database."""
+    return asdict(await _replicas(request).resume())

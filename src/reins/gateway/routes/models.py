@@ -26,7 +26,7 @@ async def register_models(
     """Register (or update the weight version of) one endpoint or a list of them."""
     endpoints = body if isinstance(body, list) else [body]
     registered = await store.register_models(endpoints)
-    request.app.state.proxy.directory.invalidate()
+    await request.app.state.replicas.models_changed()
     return registered
 
 
@@ -46,5 +46,5 @@ async def delete_models(
 ) -> dict[str, int]:
     """Remove one model's endpoints, or every model (Agent Lightning semantics)."""
     deleted = await store.delete_models(model)
-    request.app.state.proxy.directory.invalidate()
+    await request.app.state.replicas.models_changed()
     return {"deleted": deleted}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from reins.schemas import (
     Attempt,
@@ -21,6 +21,9 @@ from reins.schemas import (
     RolloutState,
     RolloutUpdate,
 )
+
+if TYPE_CHECKING:
+    from reins.gateway.store.board import ReplicaBoard
 
 
 class StoreError(Exception):
@@ -93,6 +96,9 @@ class RolloutStats:
 
 class Store(Protocol):
     """Every write is idempotent, so callers may retry any of them after a lost reply."""
+
+    board: ReplicaBoard
+    """What the gateway processes sharing the database tell each other (`gateway.replicas`)."""
 
     async def init(self) -> None:
         """Create the tables if needed. Safe to call on every start."""

@@ -40,6 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from reins.gateway import jsonrule
 from reins.gateway.store import Conflict, NotFound
 from reins.gateway.store.appends import Key, PendingAppend, insert_events
+from reins.gateway.store.board import ReplicaBoard
 from reins.gateway.store.reads import DashboardReads, rollout_filters
 from reins.gateway.store.tables import (
     ATTEMPT_STATE,
@@ -145,6 +146,8 @@ class SqlStore(DashboardReads):
         # the attempt query while nothing closed it. PostgreSQL checks in every commit.
         self._open_attempt: dict[str, int] = {}
         self._flusher: asyncio.Task[None] | None = None
+        self.board = ReplicaBoard(self.engine, self._insert, self._write)
+        """What the gateway processes sharing this database tell each other."""
 
     @contextlib.asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
@@ -165,6 +168,7 @@ class SqlStore(DashboardReads):
                 .values(key="token_secret", value=secrets.token_hex(32))
                 .on_conflict_do_nothing(index_elements=["key"])
             )
+            await self.board.init(conn)
 
     async def close(self) -> None:
         if self._flusher is not None:
@@ -703,6 +707,7 @@ class SqlStore(DashboardReads):
                 model=name,
                 endpoints=[r.endpoint for r in group],
                 engine=max(group, key=lambda r: r.updated_at).engine,
+                engines=[r.engine for r in group],
                 weight_version=max(r.weight_version for r in group),
                 updated_at=ts(max(r.updated_at for r in group)),
             )

@@ -97,6 +97,20 @@ counters = sa.Table(
     sa.Column("value", sa.BigInteger, nullable=False),
 )
 
+gateway_replicas = sa.Table(
+    "gateway_replicas",
+    metadata,
+    sa.Column("replica_id", sa.String(100), primary_key=True),
+    sa.Column("address", sa.String(300), nullable=False),
+    sa.Column("seen_epoch", sa.BigInteger, nullable=False),
+    sa.Column("paused", sa.Boolean, nullable=False),
+    sa.Column("in_flight", sa.Integer, nullable=False),
+    sa.Column("held", sa.Integer, nullable=False),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("heartbeat_at", sa.Float, nullable=False),
+)
+"""Each gateway process sharing this database, as it last reported itself (`store.board`)."""
+
 meta = sa.Table(
     "meta",
     metadata,
