@@ -40,11 +40,12 @@ TEST_WORKERS ?= 2
 test: test-deps
 	$(PY) -m pytest -m "" --numprocesses=$(TEST_WORKERS) --dist=loadfile
 
-# What every tier needs, installed at once: the system packages first (apt takes one lock), then
-# the two venvs, the kube binaries and the CLIs side by side (mostly downloads and disk: about
-# 4 minutes cold instead of 9 one after the other). Each line says which install it is from.
-test-deps: system-packages
-	$(MAKE) --no-print-directory -j4 --output-sync=line $(STAMP) vllm-setup kube-binaries cli-harnesses
+# What every tier needs: the system packages first (apt takes one lock) and the CLIs (npm, half a
+# minute; alone, since a busy network has cost Claude Code its native binary), then the two
+# venvs and the kube binaries side by side (mostly downloads and disk). Each line of their
+# output says which install it is from.
+test-deps: system-packages cli-harnesses
+	$(MAKE) --no-print-directory -j3 --output-sync=line $(STAMP) vllm-setup kube-binaries
 
 # kube-apiserver + kube-controller-manager for the controller's real-apiserver tests, in
 # .cache/k8s/bin: from ../shared/k8s/*.xz when present, else built from Debian's source package.

@@ -78,9 +78,18 @@ if [ "$status" != 0 ]; then
     tail -n 40 "$LOG" | sed 's/^/    /' >&2
     exit 1
 fi
+version_of() {
+    (cd "$DIR" && TMPDIR="$DIR/tmp" HOME="$DIR/tmp" \
+        timeout 60 "node_modules/.bin/$1" --version </dev/null 2>&1)
+}
 for name in "${BINARIES[@]}"; do
-    if ! version="$(cd "$DIR" && TMPDIR="$DIR/tmp" HOME="$DIR/tmp" \
-        timeout 60 "node_modules/.bin/$name" --version </dev/null 2>&1)"; then
+    if ! version_of "$name" >/dev/null; then
+        # Seen once with downloads running beside it: the native package was there but the
+        # postinstall that links it had not placed it. `npm rebuild` runs those scripts again.
+        echo "cli-harnesses: \`$name --version\` failed; running the packages' install scripts again" >&2
+        (cd "$DIR" && TMPDIR="$DIR/tmp" npm rebuild --loglevel=warn >>"$LOG" 2>&1) || true
+    fi
+    if ! version="$(version_of "$name")"; then
         echo "cli-harnesses: $name was installed but \`$name --version\` failed:" >&2
         echo "$version" | tail -n 20 | sed 's/^/    /' >&2
         exit 1
