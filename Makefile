@@ -84,3 +84,4 @@ bench: setup
 	$(PY) benchmarks/records.py
 	$(PY) benchmarks/trainer_memory.py
 	$(PY) benchmarks/fsdp.py
+	$(PY) benchmarks/fleet.py
