@@ -103,10 +103,3 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from tests.scheduling import make_scheduler
 
     return make_scheduler(config, log)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getvalue("dist") == "loadfile":
-        from tests.scheduling import longest_first
-
-        items[:] = longest_first(items)
