@@ -19,10 +19,12 @@ Figures, each as a ratio against the aim of issue #17 where there is one:
 - **write throughput**: bytes of event bodies posted per second, events/s and new tokens/s (final
   sequence tokens per second), each rollout posted by one client in order, one call at a time as
   a harness does. No aim: printed for the before/after.
-- **read**: the time the trainer takes today to turn one step's rollouts into a ``Batch``:
-  ``GatewayClient.get_events`` per rollout, one after the other, then ``rollout_from_events``,
-  then ``build_batch`` (``src/reins/trainer/loop.py``, ``_records`` / ``_update``), as final
-  sequence tokens per second. Aim: >= 10 M tokens/s on loopback, for 512 rollouts x 32k tokens.
+- **read**: the time the trainer takes to turn one step's rollouts into a ``Batch``: one
+  binary read of the step (``GatewayClient.get_records``, ``POST /api/records``), ``record_of``
+  per rollout, then ``build_batch`` (``src/reins/trainer/loop.py``, ``_records`` / ``_update``),
+  as final-sequence tokens per second. Aim: >= 10 M tokens/s on loopback, for 512 rollouts x
+  32k tokens. The baseline in the same run is the JSON read the trainer did before:
+  ``GatewayClient.get_events`` per rollout, then ``rollout_from_events``.
 
 The default run keeps to under a minute on 2 cores: every shape above, and a read step of 16
 rollouts of 50 turns x 32k. ``--long`` reads the issue's step, 512 rollouts x 32k (about 5 GB of
@@ -58,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from reins.client import GatewayClient  # noqa: E402
+from reins.recordbatch import record_of  # noqa: E402
 from reins.samples import AdapterConfig, RolloutRecord, build_batch  # noqa: E402
 from reins.samples.records import rollout_from_events  # noqa: E402
 from reins.schemas import Event  # noqa: E402
@@ -270,8 +273,35 @@ def db_bytes(path: Path, timeout_s: float = 30.0) -> int:
 # -- reading, as the trainer does -------------------------------------------------------------
 
 
+async def read_step_binary(url: str, rollouts: list[Rollout]) -> dict[str, float]:
+    """``Trainer._records`` + ``build_batch``: one binary read, records, the batch."""
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    async with GatewayClient(url, API_KEY, timeout_s=300) as client:
+        read = await client.get_records([r.rollout_id for r in rollouts])
+    t1 = time.perf_counter()
+    records = [record_of(d, group_id=r.group_id) for d, r in zip(read, rollouts, strict=True)]
+    t2 = time.perf_counter()
+    batch = build_batch(records, AdapterConfig())
+    timings["build_s"] = time.perf_counter() - t2
+    timings["total_s"] = time.perf_counter() - started
+    timings["fetch_s"], timings["convert_s"] = t1 - started, t2 - t1
+    _check_batch(batch, rollouts, timings)
+    return timings
+
+
+def _check_batch(batch: Any, rollouts: list[Rollout], timings: dict[str, float]) -> None:
+    if len(batch.sequences) != len(rollouts):  # every call continues the last: one sequence each
+        raise RuntimeError(f"{len(batch.sequences)} sequences for {len(rollouts)} rollouts")
+    tokens = sum(int(s.token_ids.size) for s in batch.sequences)
+    if tokens != sum(r.final_tokens for r in rollouts):
+        raise RuntimeError(f"the batch holds {tokens} tokens, the rollouts' final sequences more")
+    timings["tokens"] = tokens
+
+
 async def read_step(url: str, rollouts: list[Rollout]) -> dict[str, float]:
-    """``Trainer._records`` + ``build_batch``: events per rollout in turn, records, the batch."""
+    """The JSON read (the trainer's before the binary one): events per rollout in turn,
+    ``rollout_from_events``, the batch."""
     timings: dict[str, float] = {}
     started = time.perf_counter()
     records: list[RolloutRecord] = []
@@ -293,12 +323,7 @@ async def read_step(url: str, rollouts: list[Rollout]) -> dict[str, float]:
     timings["build_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - started
     timings["fetch_s"], timings["convert_s"] = fetch_s, convert_s
-    if len(batch.sequences) != len(rollouts):  # every call continues the last: one sequence each
-        raise RuntimeError(f"{len(batch.sequences)} sequences for {len(rollouts)} rollouts")
-    tokens = sum(int(s.token_ids.size) for s in batch.sequences)
-    if tokens != sum(r.final_tokens for r in rollouts):
-        raise RuntimeError(f"the batch holds {tokens} tokens, the rollouts' final sequences more")
-    timings["tokens"] = tokens
+    _check_batch(batch, rollouts, timings)
     return timings
 
 
@@ -368,7 +393,14 @@ def storage_cells(
 
 
 def read_set(
-    url: str, db: Path, pid: int, shape: Shape, count: int, clients: int, pool: Text
+    url: str,
+    db: Path,
+    pid: int,
+    shape: Shape,
+    count: int,
+    clients: int,
+    pool: Text,
+    skip_json: bool = False,
 ) -> float:
     """Write ``count`` rollouts (built 32 at a time, untimed), read them as the trainer does;
     the read's tokens/s."""
@@ -404,20 +436,31 @@ def read_set(
         flush=True,
     )
     with Cpu(pid) as cpu:
-        timings = asyncio.run(read_step(url, written))
+        timings = asyncio.run(read_step_binary(url, written))
     rate = timings["tokens"] / timings["total_s"]
     print(
-        f"read: {timings['tokens'] / 1e6:.2f} M tokens into a Batch in "
+        f"read (binary, the trainer's): {timings['tokens'] / 1e6:.2f} M tokens into a Batch in "
         f"{timings['total_s']:.2f} s: {rate / 1e6:.3f} M tokens/s, "
-        f"{rate / READ_AIM_TOKENS_S:.4f}x the aim of 10 M tokens/s"
+        f"{rate / READ_AIM_TOKENS_S:.3f}x the aim of 10 M tokens/s"
     )
     print(
-        f"read: get_events (HTTP + JSON + Event validation) {timings['fetch_s']:.2f} s, "
-        f"rollout_from_events {timings['convert_s']:.2f} s, build_batch "
-        f"{timings['build_s']:.2f} s; {stored / timings['total_s'] / 1e6:.1f} MB of stored "
-        f"events/s; CPU s: gateway {cpu.gateway_s:.1f}, trainer {cpu.client_s:.1f}"
+        f"read (binary): get_records {timings['fetch_s']:.2f} s, record_of "
+        f"{timings['convert_s']:.2f} s, build_batch {timings['build_s']:.2f} s; CPU s: "
+        f"gateway {cpu.gateway_s:.1f}, trainer {cpu.client_s:.1f}"
     )
-    print(read_breakdown(url, written[0]))
+    json_rate = 0.0
+    if not skip_json:
+        with Cpu(pid) as cpu:
+            baseline = asyncio.run(read_step(url, written))
+        json_rate = baseline["tokens"] / baseline["total_s"]
+        print(
+            f"read (JSON events, the baseline): {baseline['total_s']:.2f} s, "
+            f"{json_rate / 1e6:.3f} M tokens/s: the binary read is {rate / json_rate:.1f}x "
+            f"faster; get_events {baseline['fetch_s']:.2f} s, rollout_from_events "
+            f"{baseline['convert_s']:.2f} s, build_batch {baseline['build_s']:.2f} s; CPU s: "
+            f"gateway {cpu.gateway_s:.1f}, trainer {cpu.client_s:.1f}"
+        )
+        print(read_breakdown(url, written[0]))
     return rate
 
 
@@ -458,6 +501,9 @@ def main() -> None:
     ap.add_argument("--long", action="store_true", help="the issue's read step: 512 x 32k")
     ap.add_argument("--read-rollouts", type=int, default=None, help="rollouts in the read step")
     ap.add_argument("--clients", type=int, default=4, help="concurrent writers for the read set")
+    ap.add_argument(
+        "--skip-json-read", action="store_true", help="skip the JSON read baseline (slow at 512)"
+    )
     args = ap.parse_args()
     shapes = [Shape(10, 8 * 1024), Shape(50, 32 * 1024), Shape(200, 128 * 1024)]
     read_rollouts = args.read_rollouts or (512 if args.long else 16)
@@ -475,12 +521,19 @@ def main() -> None:
         db, pid = Path(tmp) / "gateway.db", gateway.process.pid
         overhead = storage_cells(gateway.url, db, pid, shapes, pool)
         rate = read_set(
-            gateway.url, db, pid, Shape(50, 32 * 1024), read_rollouts, args.clients, pool
+            gateway.url,
+            db,
+            pid,
+            Shape(50, 32 * 1024),
+            read_rollouts,
+            args.clients,
+            pool,
+            args.skip_json_read,
         )
     print("\nthe machine may be shared: the ratios to the aims are the figures to compare")
     for turns, ratio in overhead.items():
         print(f"records_storage_overhead_{turns}_turns_vs_aim: {ratio / OVERHEAD_AIM:.2f} x")
-    print(f"records_read_{read_rollouts}x32k_tokens_per_s_vs_aim: {rate / READ_AIM_TOKENS_S:.4f} x")
+    print(f"records_read_{read_rollouts}x32k_tokens_per_s_vs_aim: {rate / READ_AIM_TOKENS_S:.3f} x")
     print(f"records_storage_overhead_200_turns: {overhead[200]:.1f} ratio")
 
 

@@ -16,6 +16,8 @@ from typing import Any, Self
 import httpx
 from pydantic import JsonValue, TypeAdapter
 
+from reins import recordbatch
+from reins.recordbatch import DecodedRollout
 from reins.schemas import (
     Attempt,
     AttemptCreate,
@@ -94,6 +96,10 @@ class GatewayClient:
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """One call with retries; returns the decoded JSON body."""
+        return (await self._send(method, path, **kwargs)).json()
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One call with retries; returns the successful response."""
         for attempt in range(self.max_retries + 1):
             try:
                 response = await self._http.request(method, path, **kwargs)
@@ -104,7 +110,7 @@ class GatewayClient:
                 if response.status_code < 500:
                     if response.status_code >= 400:
                         raise GatewayError(response.status_code, _message(response))
-                    return response.json()
+                    return response
                 if attempt == self.max_retries:
                     raise GatewayError(response.status_code, _message(response))
             self.retries += 1
@@ -249,6 +255,20 @@ class GatewayClient:
             if len(page) < 10_000:
                 return out
             after = page[-1].seq
+
+    async def get_records(
+        self, rollout_ids: Sequence[str], *, chunk: int = 256
+    ) -> list[DecodedRollout]:
+        """The calls and last reward of each rollout's latest attempt, as arrays: the trainer's
+        read (`reins.recordbatch`; `record_of` makes each a `RolloutRecord`). `chunk` rollouts
+        per request."""
+        out: list[DecodedRollout] = []
+        ids = list(rollout_ids)
+        for start in range(0, len(ids), chunk):
+            body = {"rollout_ids": ids[start : start + chunk]}
+            response = await self._send("POST", "/api/records", json=body)
+            out.extend(recordbatch.decode(response.content))
+        return out
 
     # -- models ---------------------------------------------------------------------------
 

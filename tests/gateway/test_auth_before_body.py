@@ -55,6 +55,7 @@ BODY_ROUTES = [
     ("POST", "/api/models"),
     ("POST", "/proxy/rollout/r/attempt/1/mode/train/openai/v1/chat/completions"),
     ("POST", "/proxy/rollout/r/attempt/1/mode/train/openai/v1/completions"),
+    ("POST", "/api/records"),
 ]
 
 
@@ -69,7 +70,7 @@ def test_a_caller_without_a_key_is_refused_before_the_body_is_read(
     assert _answer_before_body(port, method, path, authorization) == 401
 
 
-@pytest.mark.parametrize(("method", "path"), BODY_ROUTES[:3] + BODY_ROUTES[4:5])
+@pytest.mark.parametrize(("method", "path"), BODY_ROUTES[:3] + BODY_ROUTES[4:5] + BODY_ROUTES[7:])
 def test_a_scoped_token_on_an_admin_route_is_refused_before_the_body_is_read(
     gateway: Gateway, method: str, path: str
 ) -> None:

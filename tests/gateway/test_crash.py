@@ -2,7 +2,9 @@
 
 A real `reins gateway` process on loopback, on a SQLite file or a real PostgreSQL server. Every
 event a client saw acknowledged (2xx) must be stored afterwards exactly once, after the clients'
-retries (which reuse the event's idempotency key).
+retries (which reuse the event's idempotency key), and read back as it was posted. Each client's
+events are calls of one growing conversation, so the store packs each against an earlier one
+(`reins.packed`) across the kills: a restarted gateway rebuilds its bases from the rows.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ import uuid
 from collections import Counter
 
 import pytest
+import sqlalchemy as sa
 
 from reins.client import GatewayClient
+from reins.gateway.store.sql import SqlStore
+from reins.gateway.store.tables import events
+from reins.packed import base_of
 from reins.schemas import EventIn, RolloutSpec
 from tests.support import GatewayProcess, free_port
 
@@ -33,10 +39,22 @@ async def _post_until(
     ) as client:
         while not stop.is_set():
             key = uuid.uuid4().hex
-            event = EventIn(type="model_request", data={"n": len(acked)}, idempotency_key=key)
+            event = EventIn(type="model_request", data=_call(len(acked)), idempotency_key=key)
             await client.post_events(rollout_id, 1, [event])
             acked.append(key)
         return client.retries
+
+
+def _call(n: int) -> dict[str, object]:
+    """Call n of a conversation: its prompt extends call n-1's prompt + response."""
+    return {
+        "n": n,
+        "prompt_token_ids": [t % 1000 for t in range(3 * n + 1)],
+        "response_token_ids": [(3 * n + 1) % 1000, (3 * n + 2) % 1000],
+        "response_logprobs": [-0.5, -0.25],
+        "request": {"messages": [{"role": "user", "content": f"turn {i}"} for i in range(n + 1)]},
+        "status": 200,
+    }
 
 
 async def _until_every_client_is_acked(acked: dict[str, list[str]], more: int) -> None:
@@ -85,7 +103,20 @@ async def test_acknowledged_events_survive_sigkill_exactly_once(database_url: st
                 assert all(count == 1 for count in counts.values())
                 # Unacknowledged posts can only be the one in flight when the client stopped.
                 assert set(counts) == set(acked[rid])
+                for event in stored:
+                    assert event.data == _call(event.data["n"]), f"{rid} seq {event.seq}"
         total = sum(len(keys) for keys in acked.values())
         assert total > CLIENTS * 10
+        # Every call is packed, and each but a conversation's first names an earlier one as its
+        # base, the restarts included.
+        store = SqlStore(database_url)
+        try:
+            async with store.engine.connect() as conn:
+                blobs = (await conn.execute(sa.select(events.c.packed))).scalars().all()
+        finally:
+            await store.close()
+        assert len(blobs) == total
+        assert all(blob is not None for blob in blobs)
+        assert sum(base_of(blob) is None for blob in blobs) == CLIENTS
     finally:
         gateway.stop()

@@ -20,7 +20,7 @@ from reins.gateway.admission import AdmissionGate
 from reins.gateway.auth import Authenticator
 from reins.gateway.proxy import LLMProxy
 from reins.gateway.replicas import Replicas, ReplicaTimings
-from reins.gateway.routes import admission, events, models, proxy, rollouts
+from reins.gateway.routes import admission, events, models, proxy, records, rollouts
 from reins.gateway.settings import GatewaySettings
 from reins.gateway.store import Conflict, Invalid, NotFound, Store, StoreError
 from reins.gateway.store.sql import SqlStore
@@ -97,6 +97,7 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
     app.router.routes.extend(fast.ROUTES)
     app.include_router(rollouts.router)
     app.include_router(events.router)
+    app.include_router(records.router)
     app.include_router(models.router)
     app.include_router(proxy.router)
     app.include_router(proxy.anthropic_router)

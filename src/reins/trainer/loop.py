@@ -29,8 +29,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from reins.client import GatewayClient, GatewayError
+from reins.recordbatch import DecodedRollout, record_of
 from reins.samples.batch import AdapterConfig, Batch, build_batch
-from reins.samples.records import MissingRewardError, RolloutRecord, rollout_from_events
+from reins.samples.records import MissingRewardError, RolloutRecord
 from reins.schemas import Mode, Rollout, RolloutConfig, RolloutSpec, RolloutState
 from reins.trainer import checkpoint
 from reins.trainer.backend import Backend, StepStats
@@ -365,6 +366,7 @@ class Trainer:
         records: list[RolloutRecord] = []
         trained: list[str] = []
         current = self.publisher.version
+        kept: list[tuple[Group, list[Rollout]]] = []
         for group in groups:
             rollouts = [self.watch.finished[r] for r in group.rollout_ids]
             failed = [r for r in rollouts if r.status.state == "failed"]
@@ -372,9 +374,14 @@ class Trainer:
             if failed and self.config.failed_rollouts == "drop_group":
                 counts["dropped_groups"] += 1
                 continue
+            kept.append((group, rollouts))
+        # One binary read for the step (`reins.recordbatch`), not a JSON read per rollout.
+        ids = [rollout.rollout_id for _, rollouts in kept for rollout in rollouts]
+        read = dict(zip(ids, await self.client.get_records(ids), strict=True)) if ids else {}
+        for group, rollouts in kept:
             group_records = []
             for rollout in rollouts:
-                record = await self._record(rollout, counts)
+                record = self._record(rollout, read[rollout.rollout_id], counts)
                 if record is None:
                     break
                 group_records.append(record)
@@ -402,25 +409,18 @@ class Trainer:
             return float("inf")
         return index[current] - min(index[v] for v in versions)
 
-    async def _record(self, rollout: Rollout, counts: dict[str, int]) -> RolloutRecord | None:
-        events = await self.client.get_events(rollout.rollout_id)
+    def _record(
+        self, rollout: Rollout, read: DecodedRollout, counts: dict[str, int]
+    ) -> RolloutRecord | None:
         fill = self.config.fill_reward if rollout.status.state == "failed" else None
         try:
-            record = rollout_from_events(
-                events,
-                rollout_id=rollout.rollout_id,
-                group_id=rollout.group_id,
-                missing_reward=fill,
-            )
+            record = record_of(read, group_id=rollout.group_id, missing_reward=fill)
         except MissingRewardError:
             counts["missing_reward"] += 1
             if self.config.failed_rollouts == "drop_group":
                 return None
-            record = rollout_from_events(
-                events,
-                rollout_id=rollout.rollout_id,
-                group_id=rollout.group_id,
-                missing_reward=self.config.fill_reward,
+            record = record_of(
+                read, group_id=rollout.group_id, missing_reward=self.config.fill_reward
             )
         if fill is not None:
             record.reward = fill
@@ -541,15 +541,17 @@ class Trainer:
         await self._wait_groups(groups, need=len(groups))
         rewards = []
         records: list[RolloutRecord] = []
-        for group in groups:
-            rollout = self.watch.finished[group.rollout_ids[0]]
+        finished = [self.watch.finished[group.rollout_ids[0]] for group in groups]
+        succeeded = [r.rollout_id for r in finished if r.status.state == "succeeded"]
+        read = {}
+        if succeeded:
+            read = dict(zip(succeeded, await self.client.get_records(succeeded), strict=True))
+        for rollout in finished:
             if rollout.status.state != "succeeded":
                 rewards.append(0.0)
                 continue
             try:
-                record = rollout_from_events(
-                    await self.client.get_events(rollout.rollout_id), rollout_id=rollout.rollout_id
-                )
+                record = record_of(read[rollout.rollout_id])
                 rewards.append(record.reward)
                 records.append(record)
             except MissingRewardError:

@@ -24,6 +24,7 @@ from reins.schemas import (
 
 if TYPE_CHECKING:
     from reins.gateway.store.board import ReplicaBoard
+    from reins.recordbatch import RolloutParts
 
 
 class StoreError(Exception):
@@ -177,6 +178,10 @@ class Store(Protocol):
         limit: int = 1000,
     ) -> list[Event]:
         """Events in seq order; the latest attempt unless `attempt_id` or `all_attempts`."""
+
+    async def record_parts(self, rollout_ids: Sequence[str]) -> list[RolloutParts]:
+        """The calls (packed as stored) and last reward of each rollout's latest attempt, for
+        the trainer's binary read (`reins.recordbatch`); NotFound for an unknown rollout."""
 
     async def register_models(self, endpoints: Sequence[ModelEndpointIn]) -> list[Model]: ...
 

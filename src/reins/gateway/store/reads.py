@@ -160,6 +160,11 @@ class DashboardReads:
         length = sa.case((is_array, sa.func.json_array_length(column[key])), else_=0)
         return sa.func.coalesce(unless_nul(column, length), 0)
 
+    def _token_count(self, part: str) -> sa.ColumnElement[Any]:
+        """A call's prompt or response tokens: the packed row's column, else its JSON array."""
+        column = events.c[f"{part}_tokens"]
+        return sa.func.coalesce(column, self._json_length(events.c.data, f"{part}_token_ids"))
+
     async def rollout_stats(self, rollout_ids: Sequence[str]) -> dict[str, RolloutStats]:
         ids = list(dict.fromkeys(rollout_ids))
         if not ids:
@@ -178,8 +183,8 @@ class DashboardReads:
                 events.c.rollout_id,
                 sa.func.count().label("calls"),
                 sa.func.sum(sa.case((status != 200, 1), else_=0)).label("failed"),
-                sa.func.sum(self._json_length(events.c.data, "prompt_token_ids")).label("prompt"),
-                sa.func.sum(self._json_length(events.c.data, "response_token_ids")).label("resp"),
+                sa.func.sum(self._token_count("prompt")).label("prompt"),
+                sa.func.sum(self._token_count("response")).label("resp"),
                 sa.func.min(version).label("min_version"),
                 sa.func.max(version).label("max_version"),
             )

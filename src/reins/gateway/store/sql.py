@@ -41,15 +41,16 @@ from reins.gateway import jsonrule
 from reins.gateway.store import Conflict, NotFound
 from reins.gateway.store.appends import Key, PendingAppend, insert_events
 from reins.gateway.store.board import ReplicaBoard
+from reins.gateway.store.packing import Packer, expand_rows, record_parts
 from reins.gateway.store.reads import DashboardReads, rollout_filters
 from reins.gateway.store.tables import (
     ATTEMPT_STATE,
+    PACKING_COLUMNS,
     attempt_of,
     attempts,
     closed_reason_of,
     counters,
     encoded,
-    event_of,
     events,
     meta,
     metadata,
@@ -61,6 +62,8 @@ from reins.gateway.store.tables import (
     text_value,
     ts,
 )
+from reins.packed import Packed
+from reins.recordbatch import RolloutParts
 from reins.schemas import (
     TERMINAL_STATES,
     VALID_TRANSITIONS,
@@ -80,6 +83,11 @@ from reins.schemas import (
 )
 
 _ROLLOUT_CHANGE = "rollout_change"
+Written = tuple[
+    list[tuple[int, str, int, str]], list[Event], dict[tuple[str, int], str], dict[int, Packed]
+]
+"""A group commit's outcome: (seq, rollout, attempt, key) of each inserted event, the stored
+events of replayed keys, why each closed attempt refused its harness, the packed rows by index."""
 _MAX_EVENTS_PER_COMMIT = 2000
 
 
@@ -91,6 +99,18 @@ def _install_sqlite_pragmas(engine: sa.Engine, synchronous: str) -> None:
         cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA busy_timeout=10000")
         cursor.close()
+
+
+def _add_packing_columns(conn: sa.Connection) -> None:
+    """The migration of a database made before events were packed: its rows stay as they are
+    (read whole), new `model_request` rows are packed."""
+    present = {column["name"] for column in sa.inspect(conn).get_columns("events")}
+    for name in PACKING_COLUMNS:
+        if name not in present:
+            column = events.c[name]
+            kind = column.type.compile(dialect=conn.dialect)
+            guard = "IF NOT EXISTS " if conn.dialect.name == "postgresql" else ""
+            conn.execute(sa.text(f"ALTER TABLE events ADD COLUMN {guard}{name} {kind}"))
 
 
 class SqlStore(DashboardReads):
@@ -146,6 +166,7 @@ class SqlStore(DashboardReads):
         # the attempt query while nothing closed it. PostgreSQL checks in every commit.
         self._open_attempt: dict[str, int] = {}
         self._flusher: asyncio.Task[None] | None = None
+        self._packer = Packer()
         self.board = ReplicaBoard(self.engine, self._insert, self._write)
         """What the gateway processes sharing this database tell each other."""
 
@@ -158,6 +179,7 @@ class SqlStore(DashboardReads):
     async def init(self) -> None:
         async with self._write() as conn:
             await conn.run_sync(metadata.create_all)
+            await conn.run_sync(_add_packing_columns)
             await conn.execute(
                 self._insert(counters)
                 .values(name=_ROLLOUT_CHANGE, value=0)
@@ -342,6 +364,8 @@ class SqlStore(DashboardReads):
         async with self._write() as conn:
             row = await self._lock_rollout(conn, rollout_id)
             self._open_attempt.pop(rollout_id, None)  # may close it: the next append checks
+            if update.status is not None and update.status.state in TERMINAL_STATES:
+                self._packer.forget(rollout_id)
             now = time.time()
             values: dict[str, Any] = {}
             if update.status is not None and update.status.state != row.state:
@@ -398,6 +422,7 @@ class SqlStore(DashboardReads):
         async with self._write() as conn:
             row = await self._lock_rollout(conn, rollout_id)
             self._open_attempt.pop(rollout_id, None)  # supersedes it: the next append checks
+            self._packer.forget(rollout_id)
             wanted = request.attempt_id
             if wanted is not None and wanted <= row.attempt_count:
                 existing = (
@@ -576,21 +601,22 @@ class SqlStore(DashboardReads):
             if self._write_lock is not None:  # SQLite: attempts seen open since their last close
                 check = {(r, a) for r, a in check if self._open_attempt.get(r) != a}
             if self._event_engine is not None:
-                inserted, replayed, closed = await asyncio.get_running_loop().run_in_executor(
+                written = await asyncio.get_running_loop().run_in_executor(
                     self._event_thread, self._insert_events_in_thread, rows, harness_keys, check
                 )
             else:
                 async with self.engine.begin() as conn:
-                    inserted, replayed, closed = await conn.run_sync(
-                        insert_events, self._insert, rows, harness_keys, check
-                    )
+                    written = await conn.run_sync(self._pack_and_insert, rows, harness_keys, check)
+            inserted, replayed, closed, packed = written
             if self._write_lock is not None:
                 self._open_attempt.update((r, a) for r, a in check if (r, a) not in closed)
-        stored = {
-            (row.rollout_id, row.attempt_id, row.idempotency_key): event_of(row) for row in replayed
-        }
+        stored = {(e.rollout_id, e.attempt_id, e.idempotency_key): e for e in replayed}
+        index = {key: i for i, key in enumerate(fresh)}
         for seq, rollout_id, attempt_id, key in inserted:
             row = fresh[(rollout_id, attempt_id, key)]
+            packing = packed.get(index[(rollout_id, attempt_id, key)])
+            if packing is not None:  # committed: a base for the attempt's next calls
+                self._packer.remember((rollout_id, attempt_id), packing.as_base(seq))
             stored[(rollout_id, attempt_id, key)] = Event.model_construct(
                 seq=seq,
                 rollout_id=rollout_id,
@@ -606,10 +632,22 @@ class SqlStore(DashboardReads):
 
     def _insert_events_in_thread(
         self, rows: list[dict[str, Any]], harness_keys: set[Key], check: set[tuple[str, int]]
-    ) -> tuple[list[tuple[int, str, int, str]], list[sa.Row[Any]], dict[tuple[str, int], str]]:
+    ) -> Written:
         assert self._event_engine is not None
         with self._event_engine.begin() as conn:
-            return insert_events(conn, self._insert, rows, harness_keys, check)
+            return self._pack_and_insert(conn, rows, harness_keys, check)
+
+    def _pack_and_insert(
+        self,
+        conn: sa.Connection,
+        rows: list[dict[str, Any]],
+        harness_keys: set[Key],
+        check: set[tuple[str, int]],
+    ) -> Written:
+        """One group commit's statements: the rows packed, inserted, the replays read back."""
+        params, packed = self._packer.pack_rows(conn, rows)
+        inserted, replayed, closed = insert_events(conn, self._insert, params, harness_keys, check)
+        return inserted, expand_rows(conn, replayed), closed, packed
 
     @staticmethod
     def _resolve(
@@ -661,7 +699,22 @@ class SqlStore(DashboardReads):
             if types:
                 query = query.where(events.c.type.in_(list(types)))
             query = query.where(events.c.seq > after).order_by(events.c.seq).limit(limit)
-            return [event_of(row) for row in await conn.execute(query)]
+            rows = list(await conn.execute(query))
+            return await conn.run_sync(expand_rows, rows)
+
+    async def record_parts(self, rollout_ids: Sequence[str]) -> list[RolloutParts]:
+        ids = list(rollout_ids)
+        if self._read_engine is not None:  # SQLite: decompressing stays off the event loop
+            return await asyncio.get_running_loop().run_in_executor(
+                self._read_thread, self._record_parts_in_thread, ids
+            )
+        async with self.engine.connect() as conn:
+            return await conn.run_sync(record_parts, ids)
+
+    def _record_parts_in_thread(self, rollout_ids: list[str]) -> list[RolloutParts]:
+        assert self._read_engine is not None
+        with self._read_engine.connect() as conn:
+            return record_parts(conn, rollout_ids)
 
     # -- models ---------------------------------------------------------------------------
 

@@ -76,8 +76,14 @@ events = sa.Table(
     sa.Column("data", _json, nullable=False),
     sa.Column("idempotency_key", sa.String(200), nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
+    # A packed `model_request` (`reins.packed`, `store.packing`): `data` holds its other fields.
+    sa.Column("packed", sa.LargeBinary),
+    sa.Column("prompt_tokens", sa.Integer),
+    sa.Column("response_tokens", sa.Integer),
     sa.UniqueConstraint("rollout_id", "attempt_id", "idempotency_key", name="uq_events_key"),
 )
+PACKING_COLUMNS = ("packed", "prompt_tokens", "response_tokens")
+"""Added to `events` when packing came in: `SqlStore.init` adds them to an older database."""
 
 models = sa.Table(
     "models",

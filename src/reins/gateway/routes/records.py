@@ -1,0 +1,27 @@
+"""The trainer's binary read of rollouts' calls and rewards (`reins.recordbatch`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel, Field
+
+from reins.gateway.deps import Admin, StoreDep
+from reins.gateway.guards import GuardedRoute
+from reins.recordbatch import MEDIA_TYPE, encode
+
+router = APIRouter(prefix="/api/records", tags=["events"], route_class=GuardedRoute)
+
+MAX_ROLLOUTS_PER_READ = 4096
+
+
+class RecordsRequest(BaseModel):
+    rollout_ids: list[str] = Field(min_length=1, max_length=MAX_ROLLOUTS_PER_READ)
+
+
+@router.post("", response_class=Response, responses={200: {"content": {MEDIA_TYPE: {}}}})
+async def read_records(body: RecordsRequest, store: StoreDep, _: Admin) -> Response:
+    """The token IDs, logprobs, versions and last reward of each rollout's latest attempt, in
+    one binary answer (`reins.recordbatch`; `GatewayClient.get_records` reads it). 404 when a
+    rollout does not exist."""
+    parts = await store.record_parts(body.rollout_ids)
+    return Response(content=encode(parts), media_type=MEDIA_TYPE)

@@ -1,0 +1,248 @@
+"""Packed `model_request` rows (`reins.packed`): the store's side.
+
+- `Packer.pack_rows` packs each fresh `model_request` of a group commit against the earlier call
+  of its attempt that shares the longest token prefix with it, among the attempt's last
+  `CANDIDATES` packed calls. Those are kept in memory after each commit (a bounded LRU of
+  attempts) and rebuilt from the attempt's rows after a restart, an eviction, or a write by
+  another gateway process sharing the database. Any earlier packed call of the attempt is a
+  correct base, so a stale memory costs bytes, never correctness.
+- `expand_rows` restores full events for every read; a page that starts mid-attempt first
+  reads the attempt's earlier packed rows, since each one is stored against an earlier one.
+- Rows written before packing existed (`packed` is NULL) are read as they are.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+
+from reins.gateway import jsonrule
+from reins.gateway.store import NotFound
+from reins.gateway.store.tables import event_of, events, rollouts
+from reins.packed import (
+    Base,
+    Packed,
+    Unpacked,
+    base_after,
+    base_of,
+    pack,
+    read_arrays,
+    read_numbers,
+    token_array,
+    unpack,
+)
+from reins.recordbatch import CallParts, RolloutParts
+from reins.schemas import MODEL_REQUEST, REWARD, Event
+
+CANDIDATES = 4
+"""Earlier calls of an attempt a new call is compared with: enough for a side call (a title,
+a summary, a sub-agent's turn) between two turns of the main conversation."""
+MEMORY_TOKENS = 16_000_000
+"""Tokens the candidates of all attempts may hold in memory (64 MB of int32)."""
+
+Attempt = tuple[str, int]
+
+
+class Packer:
+    def __init__(self, memory_tokens: int = MEMORY_TOKENS) -> None:
+        self.memory_tokens = memory_tokens
+        self._candidates: OrderedDict[Attempt, list[Base]] = OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()  # remembered on the event loop, read in a writer thread
+
+    def pack_rows(
+        self, conn: sa.Connection, rows: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], dict[int, Packed]]:
+        """The INSERT parameters of `rows` (every row gets the packing columns) and the packed
+        form of those packed, by index in `rows`."""
+        out: list[dict[str, Any]] = []
+        packed: dict[int, Packed] = {}
+        loaded: dict[Attempt, list[Base]] = {}
+        for index, row in enumerate(rows):
+            params = {**row, "packed": None, "prompt_tokens": None, "response_tokens": None}
+            if row["type"] == MODEL_REQUEST:
+                attempt = (row["rollout_id"], row["attempt_id"])
+                if attempt not in loaded:
+                    loaded[attempt] = self._bases(conn, attempt)
+                data = row["data"].value
+                result = pack(data, loaded[attempt])
+                if result is not None:
+                    packed[index] = result
+                    params["data"] = jsonrule.Encoded(result.skeleton, _text(result.skeleton))
+                    params["packed"] = result.blob
+                    params["prompt_tokens"] = result.prompt_tokens
+                    params["response_tokens"] = result.response_tokens
+            out.append(params)
+        return out, packed
+
+    def remember(self, attempt: Attempt, base: Base) -> None:
+        """A packed call committed: a candidate for the next calls of its attempt."""
+        with self._lock:
+            held = self._candidates.pop(attempt, [])
+            kept = [*held, base][-CANDIDATES:]
+            self._held += sum(b.tokens.size for b in kept) - sum(b.tokens.size for b in held)
+            self._candidates[attempt] = kept
+            while self._held > self.memory_tokens and len(self._candidates) > 1:
+                _, dropped = self._candidates.popitem(last=False)
+                self._held -= sum(b.tokens.size for b in dropped)
+
+    def forget(self, rollout_id: str) -> None:
+        """The rollout's attempts are closed: their calls are no longer bases."""
+        with self._lock:
+            for attempt in [a for a in self._candidates if a[0] == rollout_id]:
+                self._held -= sum(b.tokens.size for b in self._candidates.pop(attempt))
+
+    def _bases(self, conn: sa.Connection, attempt: Attempt) -> list[Base]:
+        with self._lock:
+            held = self._candidates.get(attempt)
+            if held is not None:
+                self._candidates.move_to_end(attempt)
+                return list(held)
+        # Not in memory: rebuilt from the attempt's packed rows, each against its own base.
+        rows = conn.execute(
+            sa.select(events.c.seq, events.c.packed)
+            .where(
+                events.c.rollout_id == attempt[0],
+                events.c.attempt_id == attempt[1],
+                events.c.packed.is_not(None),
+            )
+            .order_by(events.c.seq)
+        )
+        built: dict[int, Base] = {}
+        for seq, blob in rows:
+            base_seq = base_of(blob)
+            base = None if base_seq is None else built.get(base_seq)
+            if base_seq is not None and base is None:
+                raise RuntimeError(f"event {seq} is packed against {base_seq}, which is missing")
+            arrays = read_arrays(blob, None if base is None else base.answer)
+            built[seq] = base_after(seq, arrays, base)
+        return list(built.values())[-CANDIDATES:]
+
+
+def _text(value: Any) -> str:
+    return jsonrule.encode(value).text
+
+
+def expand_rows(conn: sa.Connection, rows: Iterable[sa.Row[Any]]) -> list[Event]:
+    """Events of `rows` (any rollouts and types, in any order) with packed ones restored."""
+    rows = list(rows)
+    restored: dict[int, Unpacked] = {}
+    by_attempt: dict[Attempt, list[sa.Row[Any]]] = {}
+    for row in rows:
+        if row.packed is not None:
+            by_attempt.setdefault((row.rollout_id, row.attempt_id), []).append(row)
+    for (rollout_id, attempt_id), chain in by_attempt.items():
+        chain.sort(key=lambda r: r.seq)
+        last = chain[-1].seq
+        if not _complete(chain):
+            chain = list(
+                conn.execute(
+                    sa.select(events.c.seq, events.c.data, events.c.packed)
+                    .where(
+                        events.c.rollout_id == rollout_id,
+                        events.c.attempt_id == attempt_id,
+                        events.c.packed.is_not(None),
+                        events.c.seq <= last,
+                    )
+                    .order_by(events.c.seq)
+                )
+            )
+        for row in chain:
+            base_seq = base_of(row.packed)
+            base = None if base_seq is None else restored[base_seq]
+            restored[row.seq] = unpack(row.seq, row.data, row.packed, base)
+    out = []
+    for row in rows:
+        event = event_of(row)
+        if row.packed is not None:
+            event.data = restored[row.seq].data
+        out.append(event)
+    return out
+
+
+def _complete(chain: list[sa.Row[Any]]) -> bool:
+    """Whether every base the chain's rows name is in the chain."""
+    seqs = {row.seq for row in chain}
+    return all((base := base_of(row.packed)) is None or base in seqs for row in chain)
+
+
+def record_parts(conn: sa.Connection, rollout_ids: Sequence[str]) -> list[RolloutParts]:
+    """The calls and last reward of each rollout's latest attempt, as `reins.recordbatch`
+    carries them: packed calls as stored (no prompt is rebuilt here), whole ones as arrays."""
+    found = {
+        row.rollout_id: row.attempt_count
+        for row in conn.execute(
+            sa.select(rollouts.c.rollout_id, rollouts.c.attempt_count).where(
+                rollouts.c.rollout_id.in_(list(rollout_ids))
+            )
+        )
+    }
+    missing = [rid for rid in rollout_ids if rid not in found]
+    if missing:
+        raise NotFound(f"rollouts {missing[:5]} do not exist")
+    query = (
+        sa.select(events.c.rollout_id, events.c.seq, events.c.type, events.c.data, events.c.packed)
+        .join(
+            rollouts,
+            sa.and_(
+                events.c.rollout_id == rollouts.c.rollout_id,
+                events.c.attempt_id == rollouts.c.attempt_count,
+            ),
+        )
+        .where(events.c.rollout_id.in_(list(found)), events.c.type.in_([MODEL_REQUEST, REWARD]))
+        .order_by(events.c.rollout_id, events.c.seq)
+    )
+    parts = {rid: RolloutParts(rid, found[rid], None) for rid in found}
+    index: dict[int, int] = {}  # seq -> index of the call in its rollout's list
+    for row in conn.execute(query):
+        rollout = parts[row.rollout_id]
+        if row.type == REWARD:
+            rollout.reward = row.data
+            continue
+        data = row.data if isinstance(row.data, dict) else {}
+        status, gave_up = data.get("status", 200), data.get("abandoned", False)
+        version = data.get("model_version")
+        if row.packed is not None:
+            numbers = read_numbers(row.packed)  # the tokens only: no text, no earlier blob
+            base_seq = numbers.base_seq
+            call = CallParts(
+                row.seq,
+                -1 if base_seq is None else index[base_seq],
+                numbers.keep,
+                numbers.tail,
+                numbers.response,
+                numbers.logprobs,
+                status,
+                gave_up,
+                version,
+            )
+        else:
+            call = _whole_call(row.seq, data, status, gave_up, version)
+        if call.tokens:
+            index[row.seq] = len(rollout.calls)
+        rollout.calls.append(call)
+    return [parts[rid] for rid in dict.fromkeys(rollout_ids)]
+
+
+def _whole_call(
+    seq: int, data: dict[str, Any], status: Any, gave_up: Any, version: Any
+) -> CallParts:
+    """A call stored whole (before packing, or not packable) as the batch carries it."""
+    prompt = token_array(data.get("prompt_token_ids"))
+    response = token_array(data.get("response_token_ids", []))
+    empty = np.zeros(0, dtype=np.int32)
+    raw = data.get("response_logprobs")
+    logprobs = None
+    if prompt is None or response is None:
+        return CallParts(seq, -1, 0, empty, empty, None, status, gave_up, version, tokens=False)
+    if isinstance(raw, list) and len(raw) == response.size:
+        try:
+            logprobs = np.asarray(raw, dtype=np.float32)
+        except (TypeError, ValueError):
+            logprobs = None
+    return CallParts(seq, -1, 0, prompt, response, logprobs, status, gave_up, version)

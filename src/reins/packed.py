@@ -1,0 +1,427 @@
+"""The packed form of a `model_request` event: what the store writes, so that a rollout's records
+grow with its length, not with the square of its turns.
+
+An agent's call N repeats call N-1's whole context: its prompt starts with call N-1's prompt +
+response, and its request holds every earlier message again. Stored as posted, a rollout of T
+turns costs ~T/2 times its final sequence (issue #17). Packed, a call keeps only what is new
+against a *base*, an earlier packed call of the same attempt:
+
+- the prompt: the first `keep` tokens of the base's prompt + response, then its own tail;
+- the request, key by key: a value equal to the base's is named only; a list that starts with
+  the base's list keeps that prefix's length and its own tail; anything else is kept whole;
+- token IDs as int32, logprobs as float32 when each one survives the round trip (else float64);
+- the rest of the payload (the request's tails, the answer as the harness got it) as JSON;
+- all of it compressed with zlib, whose preset dictionary is the base's answer: the next request
+  usually carries that answer again as its assistant message.
+
+Every field is restored exactly (JSON values, key order, int versus float); a document this form
+cannot carry exactly (token IDs that are not int32, logprobs that are not all floats, an integer
+beyond 64 bits) is simply not packed and is stored whole. Pure functions on plain data: the
+gateway's store packs and unpacks, the client reads the binary batch (`reins.records_wire`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+from numpy.typing import NDArray
+
+FORMAT = 1
+PACKED_FIELDS = (
+    "prompt_token_ids",
+    "response_token_ids",
+    "response_logprobs",
+    "request",
+    "response",
+)
+"""The fields of a `model_request` the packed blob holds; the others stay in the JSON column."""
+_INT32_MAX = 2**31 - 1
+_ZDICT_BYTES = 32 * 1024  # zlib's window
+_LEVEL = 6
+_HEADER = struct.Struct("<I")
+_PREFIX = struct.Struct("<BqIIIBI")
+"""A blob's uncompressed start: format, base seq (-1: none), keep, tail and response lengths,
+logprob kind, the token stream's size. Then two zlib streams: the tokens and logprobs (all the
+trainer's read needs), and the text (the JSON header with the request's delta, and the answer),
+whose preset dictionary is the base's answer."""
+_LOGPROB_KINDS = ("absent", "null", "f4", "f8")
+
+Digest = bytes
+
+
+def _digest(value: Any) -> Digest:
+    return hashlib.blake2b(orjson.dumps(value), digest_size=16).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestShape:
+    """What a later request is compared with: a digest of each key's value, and of each element
+    of the list values (exact JSON equality: `1`, `1.0` and `true` differ, key order counts)."""
+
+    whole: dict[str, Digest]
+    elements: dict[str, list[Digest]]
+
+
+def request_shape(request: Any) -> RequestShape | None:
+    if not isinstance(request, dict):
+        return None
+    whole: dict[str, Digest] = {}
+    elements: dict[str, list[Digest]] = {}
+    for key, value in request.items():
+        if isinstance(value, list):
+            parts = [_digest(item) for item in value]
+            elements[key] = parts
+            whole[key] = hashlib.blake2b(b"".join(parts), digest_size=16).digest()
+        else:
+            whole[key] = _digest(value)
+    return RequestShape(whole, elements)
+
+
+@dataclass(frozen=True, slots=True)
+class Base:
+    """A packed call as a later call of its attempt is packed against: light (no request body)."""
+
+    seq: int
+    tokens: NDArray[np.int32]
+    """Its prompt + response."""
+    request: RequestShape | None
+    answer: bytes
+    """The JSON text of its `response` field: the preset dictionary of the next call."""
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    skeleton: dict[str, Any]
+    """The event's other fields, for the JSON column."""
+    blob: bytes
+    base_seq: int | None
+    prompt_tokens: int
+    response_tokens: int
+    tokens: NDArray[np.int32]
+    request: RequestShape | None
+    answer: bytes
+
+    def as_base(self, seq: int) -> Base:
+        return Base(seq, self.tokens, self.request, self.answer)
+
+
+def token_array(value: Any) -> NDArray[np.int32] | None:
+    """`value` as int32 token IDs, or None when it is not a list of ints in int32's range."""
+    if not isinstance(value, list):
+        return None
+    if not value:
+        return np.zeros(0, dtype=np.int32)
+    if set(map(type, value)) != {int}:  # no bool, float or string among them
+        return None
+    wide = np.array(value, dtype=np.int64) if max(value) < 2**63 and min(value) >= 0 else None
+    if wide is None or int(wide.max()) > _INT32_MAX:
+        return None
+    return wide.astype(np.int32)
+
+
+def _logprob_array(value: Any, count: int) -> tuple[str, NDArray[Any]] | None:
+    """("f4" | "f8", array), or None when the values are not exactly `count` floats."""
+    if not isinstance(value, list) or len(value) != count:
+        return None
+    if value and set(map(type, value)) != {float}:
+        return None
+    wide = np.array(value, dtype=np.float64)
+    narrow = wide.astype(np.float32)
+    if np.array_equal(narrow.astype(np.float64), wide) and not _signs_differ(narrow, wide):
+        return "f4", narrow
+    return "f8", wide
+
+
+def _signs_differ(narrow: NDArray[np.float32], wide: NDArray[np.float64]) -> bool:
+    return bool(np.any(np.signbit(narrow) != np.signbit(wide)))
+
+
+def _common_prefix(a: NDArray[np.int32], b: NDArray[np.int32]) -> int:
+    n = min(a.size, b.size)
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
+
+
+def _prefix_count(a: Sequence[Digest], b: Sequence[Digest]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _request_delta(
+    request: Any, shape: RequestShape | None, base: RequestShape | None
+) -> dict[str, Any]:
+    if shape is None or base is None or not isinstance(request, dict):
+        return {"whole": request}
+    same: list[str] = []
+    prefix: dict[str, int] = {}
+    own: dict[str, Any] = {}
+    for key, value in request.items():
+        if base.whole.get(key) == shape.whole[key]:
+            same.append(key)
+            continue
+        keep = 0
+        if key in shape.elements and key in base.elements:
+            keep = _prefix_count(shape.elements[key], base.elements[key])
+        if keep:
+            prefix[key] = keep
+            own[key] = value[keep:]
+        else:
+            own[key] = value
+    return {"order": list(request), "same": same, "prefix": prefix, "own": own}
+
+
+def pack(data: Any, bases: Sequence[Base] = (), *, level: int = _LEVEL) -> Packed | None:
+    """The packed form of a `model_request`'s `data`, against the one of `bases` (earlier calls
+    of its attempt, oldest first) that shares the longest token prefix with its prompt (the
+    latest on a tie; none when `bases` is empty), or None when it cannot be packed exactly (it
+    is then stored whole)."""
+    if not isinstance(data, dict) or "prompt_token_ids" not in data:
+        return None
+    prompt = token_array(data["prompt_token_ids"])
+    response = token_array(data.get("response_token_ids", []))
+    if prompt is None or response is None:
+        return None
+    logprobs: tuple[str, NDArray[Any]] | None = None
+    logprob_kind = "absent"
+    if "response_logprobs" in data:
+        raw = data["response_logprobs"]
+        if raw is None:
+            logprob_kind = "null"
+        else:
+            logprobs = _logprob_array(raw, response.size)
+            if logprobs is None:
+                return None
+            logprob_kind = logprobs[0]
+    request = data.get("request")
+    try:
+        shape = request_shape(request)
+    except (TypeError, orjson.JSONEncodeError):
+        return None  # an integer beyond 64 bits: stored whole
+    base: Base | None = None
+    keep = -1
+    for candidate in reversed(bases):
+        shared = _common_prefix(prompt, candidate.tokens)
+        if shared > keep:
+            base, keep = candidate, shared
+    keep = max(keep, 0)
+    header: dict[str, Any] = {
+        "order": list(data),
+        "resp_key": "response_token_ids" in data,
+        "req": _request_delta(request, shape, None if base is None else base.request),
+    }
+    try:
+        header_json = orjson.dumps(header)
+        answer = orjson.dumps(data["response"]) if "response" in data else b""
+    except (TypeError, orjson.JSONEncodeError):
+        return None  # an integer beyond 64 bits: stored whole
+    numbers = [prompt[keep:].tobytes(), response.tobytes()]
+    if logprobs is not None:
+        numbers.append(logprobs[1].tobytes())
+    token_stream = zlib.compress(b"".join(numbers), level)
+    zdict = base.answer[-_ZDICT_BYTES:] if base is not None and base.answer else None
+    compressor = zlib.compressobj(level, zdict=zdict) if zdict else zlib.compressobj(level)
+    text = b"".join([_HEADER.pack(len(header_json)), header_json, answer])
+    prefix = _PREFIX.pack(
+        FORMAT,
+        -1 if base is None else base.seq,
+        keep,
+        prompt.size - keep,
+        response.size,
+        _LOGPROB_KINDS.index(logprob_kind),
+        len(token_stream),
+    )
+    blob = b"".join([prefix, token_stream, compressor.compress(text), compressor.flush()])
+    skeleton = {key: value for key, value in data.items() if key not in PACKED_FIELDS}
+    return Packed(
+        skeleton=skeleton,
+        blob=blob,
+        base_seq=None if base is None else base.seq,
+        prompt_tokens=int(prompt.size),
+        response_tokens=int(response.size),
+        tokens=np.concatenate([prompt, response]),
+        request=shape,
+        answer=answer,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Arrays:
+    """A packed call's own parts, read without its base's request (the trainer's batch read)."""
+
+    header: dict[str, Any]
+    answer: bytes
+    tail: NDArray[np.int32]
+    response: NDArray[np.int32]
+    logprobs: NDArray[Any] | None
+
+    @property
+    def base_seq(self) -> int | None:
+        base: int | None = self.header["base"]
+        return base
+
+    @property
+    def keep(self) -> int:
+        keep: int = self.header["keep"]
+        return keep
+
+
+def base_of(blob: bytes) -> int | None:
+    """The seq of the event a blob is packed against, None for none."""
+    version, seq, *_ = _PREFIX.unpack_from(blob, 0)
+    if version != FORMAT:
+        raise ValueError(f"packed event format {version} is not {FORMAT}: upgrade reins")
+    return None if seq < 0 else int(seq)
+
+
+@dataclass(frozen=True, slots=True)
+class Numbers:
+    """A packed call's token IDs and logprobs, read without its text (the trainer's read needs
+    nothing else, and no earlier blob to read them)."""
+
+    base_seq: int | None
+    keep: int
+    tail: NDArray[np.int32]
+    response: NDArray[np.int32]
+    logprobs: NDArray[Any] | None
+    logprob_kind: str
+    text_at: int
+    """Where the text stream starts in the blob."""
+
+
+def read_numbers(blob: bytes) -> Numbers:
+    version, seq, keep, tail, resp, kind, size = _PREFIX.unpack_from(blob, 0)
+    if version != FORMAT:
+        raise ValueError(f"packed event format {version} is not {FORMAT}: upgrade reins")
+    at = _PREFIX.size
+    raw = zlib.decompress(memoryview(blob)[at : at + size])
+    tail_ids = np.frombuffer(raw, dtype=np.int32, count=tail)
+    response = np.frombuffer(raw, dtype=np.int32, count=resp, offset=4 * tail)
+    logprobs = None
+    lp = _LOGPROB_KINDS[kind]
+    if lp in ("f4", "f8"):
+        dtype = np.float32 if lp == "f4" else np.float64
+        logprobs = np.frombuffer(raw, dtype=dtype, count=resp, offset=4 * (tail + resp))
+    base = None if seq < 0 else int(seq)
+    return Numbers(base, keep, tail_ids, response, logprobs, lp, at + size)
+
+
+def read_arrays(blob: bytes, base_answer: bytes | None) -> Arrays:
+    """The header and arrays of a blob; `base_answer` is its base's `Arrays.answer` (None when
+    it has no base, see `base_of`)."""
+    numbers = read_numbers(blob)
+    zdict = base_answer[-_ZDICT_BYTES:] if base_answer else None
+    inflater = zlib.decompressobj(zdict=zdict) if zdict else zlib.decompressobj()
+    raw = inflater.decompress(memoryview(blob)[numbers.text_at :]) + inflater.flush()
+    (size,) = _HEADER.unpack_from(raw, 0)
+    header = orjson.loads(raw[4 : 4 + size])
+    header.update(
+        base=numbers.base_seq,
+        keep=numbers.keep,
+        tail=int(numbers.tail.size),
+        resp=int(numbers.response.size),
+        lp=numbers.logprob_kind,
+    )
+    answer = raw[4 + size :]
+    return Arrays(header, answer, numbers.tail, numbers.response, numbers.logprobs)
+
+
+def shape_after(delta: dict[str, Any], base: RequestShape | None) -> RequestShape | None:
+    """The `RequestShape` of a request restored from `delta` (`pack`'s "req") on `base`'s."""
+    if "whole" in delta:
+        return request_shape(delta["whole"])
+    assert base is not None
+    whole: dict[str, Digest] = {}
+    elements: dict[str, list[Digest]] = {}
+    own = delta["own"]
+    for key in delta["order"]:
+        if key in delta["same"]:
+            whole[key] = base.whole[key]
+            if key in base.elements:
+                elements[key] = base.elements[key]
+            continue
+        value = own[key]
+        if key in delta["prefix"]:
+            parts = base.elements[key][: delta["prefix"][key]] + [_digest(v) for v in value]
+        elif isinstance(value, list):
+            parts = [_digest(v) for v in value]
+        else:
+            whole[key] = _digest(value)
+            continue
+        elements[key] = parts
+        whole[key] = hashlib.blake2b(b"".join(parts), digest_size=16).digest()
+    return RequestShape(whole, elements)
+
+
+def base_after(seq: int, arrays: Arrays, base: Base | None) -> Base:
+    """What a later call is packed against, from this call's blob and its own base (the store
+    rebuilds its candidates this way without restoring any request)."""
+    prompt = arrays.tail
+    if base is not None:
+        prompt = np.concatenate([base.tokens[: arrays.keep], arrays.tail])
+    tokens = np.concatenate([prompt, arrays.response])
+    shape = shape_after(arrays.header["req"], None if base is None else base.request)
+    return Base(seq, tokens, shape, arrays.answer)
+
+
+@dataclass(frozen=True, slots=True)
+class Unpacked:
+    """A packed call restored: its whole `data`, and what a later call needs of it."""
+
+    data: dict[str, Any]
+    base: Base
+
+
+def unpack(seq: int, skeleton: dict[str, Any], blob: bytes, base: Unpacked | None) -> Unpacked:
+    """The event `data` that `pack` was given. `base` is the restored event named by the
+    blob's header (`Arrays.base_seq`), or None when it names none."""
+    named = base_of(blob)
+    if named != (None if base is None else base.base.seq):
+        raise ValueError(f"event {seq} is packed against event {named}: pass that one")
+    arrays = read_arrays(blob, base.base.answer if base is not None else None)
+    header = arrays.header
+    prompt = arrays.tail
+    if base is not None:
+        prompt = np.concatenate([base.base.tokens[: header["keep"]], arrays.tail])
+    packed: dict[str, Any] = {"prompt_token_ids": prompt.tolist()}
+    if header["resp_key"]:
+        packed["response_token_ids"] = arrays.response.tolist()
+    if header["lp"] == "null":
+        packed["response_logprobs"] = None
+    elif arrays.logprobs is not None:
+        packed["response_logprobs"] = arrays.logprobs.astype(np.float64).tolist()
+    delta = header["req"]
+    if "whole" in delta:
+        request = delta["whole"]
+    else:
+        assert base is not None
+        base_request = base.data["request"]
+        request = {}
+        for key in delta["order"]:
+            if key in delta["same"]:
+                request[key] = base_request[key]
+            elif key in delta["prefix"]:
+                request[key] = base_request[key][: delta["prefix"][key]] + delta["own"][key]
+            else:
+                request[key] = delta["own"][key]
+    order: list[str] = header["order"]
+    if "request" in order:
+        packed["request"] = request
+    if "response" in order:
+        packed["response"] = orjson.loads(arrays.answer)
+    data = {key: packed[key] if key in PACKED_FIELDS else skeleton[key] for key in order}
+    tokens = np.concatenate([prompt, arrays.response])
+    shape = shape_after(delta, None if base is None else base.base.request)
+    return Unpacked(data, Base(seq, tokens, shape, arrays.answer))

@@ -1,0 +1,214 @@
+"""The trainer's binary read: a set of rollouts' calls and rewards in one answer, as arrays.
+
+`POST /api/records` answers this instead of JSON events. Calls come as the store packs them
+(`reins.packed`): each one's new prompt tokens and its response, with the earlier call of the
+same attempt whose first `keep` tokens its prompt starts with. The reader lays a rollout's
+calls out in one int32 buffer, so that a call extending the previous one (the usual agent turn)
+adds only its new tokens: every `Call`'s prompt and response are views into that buffer, and a
+rollout costs its final sequence's size, not the sum of its prompts.
+
+Layout (little-endian): `RRB1`, a u32 header size, the JSON header (per rollout: id, attempt,
+the last reward event's data, one row per call), the int32 tokens of every call in order (new
+prompt tokens, then the response), then the float32 logprobs of the calls that have them.
+
+`records_from_batch` turns a decoded rollout into a `RolloutRecord` under the same rules as
+`reins.samples.records.rollout_from_events` (tests hold the two equal).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+from numpy.typing import NDArray
+
+from reins.samples.records import Call, MissingRewardError, RolloutRecord, numeric_metrics
+from reins.schemas import Reward
+
+MAGIC = b"RRB1"
+MEDIA_TYPE = "application/vnd.reins.records"
+_SIZE = struct.Struct("<I")
+
+
+@dataclass(slots=True)
+class CallParts:
+    """One `model_request` of an attempt, as the batch carries it."""
+
+    seq: int
+    base: int
+    """Index of the earlier call (in this rollout's list) whose tokens the prompt starts with;
+    -1: none."""
+    keep: int
+    tail: NDArray[np.int32]
+    response: NDArray[np.int32]
+    logprobs: NDArray[Any] | None
+    status: Any
+    abandoned: Any
+    model_version: Any
+    tokens: bool = True
+    """False: the event holds no token IDs usable for training (it is counted as skipped and is
+    never a base)."""
+
+
+@dataclass(slots=True)
+class RolloutParts:
+    rollout_id: str
+    attempt_id: int
+    reward: Any
+    """The data of the attempt's last `reward` event; None when it has none."""
+    calls: list[CallParts] = field(default_factory=list)
+
+
+def encode(rollouts: Sequence[RolloutParts]) -> bytes:
+    header: list[dict[str, Any]] = []
+    tokens: list[bytes] = []
+    logprobs: list[bytes] = []
+    for rollout in rollouts:
+        rows = []
+        for call in rollout.calls:
+            has_lp = call.logprobs is not None
+            rows.append(
+                [
+                    call.seq,
+                    call.base,
+                    call.keep,
+                    int(call.tail.size),
+                    int(call.response.size),
+                    int(has_lp),
+                    call.status,
+                    call.abandoned,
+                    call.model_version,
+                    int(call.tokens),
+                ]
+            )
+            tokens.append(call.tail.astype("<i4", copy=False).tobytes())
+            tokens.append(call.response.astype("<i4", copy=False).tobytes())
+            if call.logprobs is not None:
+                logprobs.append(call.logprobs.astype("<f4", copy=False).tobytes())
+        header.append(
+            {
+                "rollout_id": rollout.rollout_id,
+                "attempt_id": rollout.attempt_id,
+                "reward": rollout.reward,
+                "calls": rows,
+            }
+        )
+    head = orjson.dumps({"rollouts": header})
+    token_bytes = b"".join(tokens)
+    return b"".join(
+        [MAGIC, _SIZE.pack(len(head)), head, _SIZE.pack(len(token_bytes)), token_bytes, *logprobs]
+    )
+
+
+@dataclass(slots=True)
+class DecodedRollout:
+    rollout_id: str
+    attempt_id: int
+    reward: Any
+    calls: list[Call]
+    """The calls `rollout_from_events` keeps, prompts and responses as views of one buffer."""
+    skipped_calls: int
+    abandoned_calls: int
+
+
+def decode(body: bytes) -> list[DecodedRollout]:
+    if body[:4] != MAGIC:
+        raise ValueError("not a reins record batch (expected RRB1): is the gateway up to date?")
+    (size,) = _SIZE.unpack_from(body, 4)
+    header = orjson.loads(body[8 : 8 + size])
+    at = 8 + size
+    (token_size,) = _SIZE.unpack_from(body, at)
+    at += 4
+    tokens = np.frombuffer(body, dtype="<i4", count=token_size // 4, offset=at)
+    lp_all = np.frombuffer(body, dtype="<f4", offset=at + token_size)
+    token_at = lp_at = 0
+    out = []
+    for rollout in header["rollouts"]:
+        rows = rollout["calls"]
+        # Where each call's sequence (prompt + response) lies in the rollout's buffer: right
+        # after its base when the base is the last one laid out and it keeps all of it.
+        regions: list[tuple[int, int]] = []
+        end = 0
+        for _seq, base, keep, tail, resp, *_ in rows:
+            if base >= 0 and regions[base][1] == keep and sum(regions[base]) == end:
+                start = regions[base][0]
+            else:
+                start = end
+            regions.append((start, keep + tail + resp))
+            end = start + keep + tail + resp
+        buffer = np.empty(end, dtype=np.int32)
+        calls: list[Call] = []
+        skipped = abandoned = 0
+        for index, row in enumerate(rows):
+            seq, base, keep, tail, resp, has_lp, status, gave_up, version, usable = row
+            start, length = regions[index]
+            prefix_at = start + keep
+            if base >= 0 and keep and start != regions[base][0]:
+                b_start = regions[base][0]
+                buffer[start:prefix_at] = buffer[b_start : b_start + keep]
+            elif base < 0 and keep:
+                raise ValueError(f"call seq {seq} keeps {keep} tokens of no base")
+            buffer[prefix_at : prefix_at + tail] = tokens[token_at : token_at + tail]
+            token_at += tail
+            buffer[prefix_at + tail : start + length] = tokens[token_at : token_at + resp]
+            token_at += resp
+            logprobs = None
+            if has_lp:
+                logprobs = lp_all[lp_at : lp_at + resp]
+                lp_at += resp
+            if gave_up is True:
+                abandoned += 1
+            if gave_up is True or status != 200 or not usable or not resp or not keep + tail:
+                skipped += 1
+                continue
+            calls.append(
+                Call(
+                    prompt=buffer[start : prefix_at + tail],
+                    response=buffer[prefix_at + tail : start + length],
+                    logprobs=logprobs,
+                    seq=seq,
+                    model_version=version if type(version) is int else None,
+                )
+            )
+        out.append(
+            DecodedRollout(
+                rollout["rollout_id"],
+                rollout["attempt_id"],
+                rollout["reward"],
+                calls,
+                skipped,
+                abandoned,
+            )
+        )
+    return out
+
+
+def record_of(
+    decoded: DecodedRollout, *, group_id: str | None = None, missing_reward: float | None = None
+) -> RolloutRecord:
+    """The `RolloutRecord` `rollout_from_events` builds from the same attempt's events."""
+    if decoded.reward is None:
+        if missing_reward is None:
+            raise MissingRewardError(
+                f"rollout {decoded.rollout_id} attempt {decoded.attempt_id} has no reward event; "
+                "have the agent report one, or pass missing_reward=<value> to fill it"
+            )
+        reward, metrics = missing_reward, {}
+    else:
+        reward = Reward.model_validate(decoded.reward).value
+        raw = decoded.reward.get("metrics") if isinstance(decoded.reward, dict) else None
+        metrics = numeric_metrics(raw)
+    return RolloutRecord(
+        rollout_id=decoded.rollout_id,
+        reward=float(reward),
+        calls=decoded.calls,
+        group_id=group_id,
+        attempt_id=decoded.attempt_id,
+        skipped_calls=decoded.skipped_calls,
+        abandoned_calls=decoded.abandoned_calls,
+        metrics=metrics,
+    )

@@ -1,0 +1,200 @@
+"""Packed `model_request` rows in the store (`store.packing`), on SQLite and PostgreSQL: rows that
+grow with a call's new tokens only, every read exact, replays, restarts, and older databases."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+import sqlalchemy as sa
+
+from reins.gateway.store import Conflict
+from reins.gateway.store.sql import SqlStore
+from reins.gateway.store.tables import events
+from reins.packed import base_of
+from reins.schemas import AttemptCreate, EventIn, RolloutSpec
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[SqlStore]:
+    store = SqlStore(database_url)
+    await store.init()
+    yield store
+    await store.close()
+
+
+def conversation(turns: int, seed: int = 0) -> list[dict[str, Any]]:
+    """An agent's calls: each prompt is the previous prompt + response + an observation, each
+    request the previous messages + the answer + the tool's output."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, 150_000, 400).tolist()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "x" * 1600}]
+    out = []
+    for turn in range(turns):
+        response = rng.integers(0, 150_000, 30).tolist()
+        answer = f"answer {turn} " * 10
+        out.append(
+            {
+                "prompt_token_ids": prompt,
+                "response_token_ids": response,
+                "response_logprobs": [float(np.float32(-0.01 * i)) for i in range(30)],
+                "request": {"model": "policy", "messages": messages, "temperature": 1.0},
+                "response": {"choices": [{"message": {"role": "assistant", "content": answer}}]},
+                "model": "policy",
+                "model_version": 1,
+                "status": 200,
+            }
+        )
+        observation = rng.integers(0, 150_000, 50).tolist()
+        prompt = prompt + response + observation
+        messages = [
+            *messages,
+            {"role": "assistant", "content": answer},
+            {"role": "tool", "content": f"output {turn} " * 20},
+        ]
+    return out
+
+
+async def _open(store: SqlStore, rollout_id: str) -> None:
+    await store.create_rollouts([RolloutSpec(rollout_id=rollout_id)])
+    await store.open_attempt(rollout_id, AttemptCreate())
+
+
+async def _post(
+    store: SqlStore, rollout_id: str, calls: list[dict[str, Any]], first: int = 0
+) -> None:
+    for n, data in enumerate(calls, start=first):
+        event = EventIn(type="model_request", data=data, idempotency_key=f"call-{n}")
+        await store.append_events(rollout_id, 1, [event])
+
+
+async def _rows(store: SqlStore, rollout_id: str) -> list[sa.Row[Any]]:
+    async with store.engine.connect() as conn:
+        query = sa.select(events).where(events.c.rollout_id == rollout_id).order_by(events.c.seq)
+        return list(await conn.execute(query))
+
+
+def _same(a: Any, b: Any) -> bool:
+    return orjson.dumps(a) == orjson.dumps(b)
+
+
+async def test_rows_grow_with_new_tokens_and_every_read_is_exact(store: SqlStore) -> None:
+    calls = conversation(40)
+    await _open(store, "r")
+    await _post(store, "r", calls)
+    rows = await _rows(store, "r")
+    assert [row.packed is not None for row in rows] == [True] * 40
+    # Each row names the previous call and holds only what is new: the 40th row is about the
+    # size of the 2nd, while its prompt is 7x as long.
+    assert [base_of(row.packed) for row in rows[1:]] == [row.seq for row in rows[:-1]]
+    sizes = [len(row.packed) + len(orjson.dumps(row.data)) for row in rows]
+    assert sizes[39] < 1.3 * sizes[1]
+    assert len(calls[39]["prompt_token_ids"]) > 7 * len(calls[1]["prompt_token_ids"])
+    assert rows[10].prompt_tokens == len(calls[10]["prompt_token_ids"])
+    assert rows[10].response_tokens == 30
+
+    stored = await store.get_events("r")
+    assert [e.idempotency_key for e in stored] == [f"call-{n}" for n in range(40)]
+    assert all(_same(e.data, c) for e, c in zip(stored, calls, strict=True))
+    # A page that starts mid-attempt reads its bases first.
+    page = await store.get_events("r", after=rows[24].seq, limit=5)
+    assert [e.seq for e in page] == [row.seq for row in rows[25:30]]
+    assert all(_same(e.data, c) for e, c in zip(page, calls[25:30], strict=True))
+    stats = (await store.rollout_stats(["r"]))["r"]
+    assert stats.prompt_tokens == sum(len(c["prompt_token_ids"]) for c in calls)
+    assert stats.response_tokens == 40 * 30
+
+
+async def test_a_replay_returns_the_stored_call_and_another_call_under_its_key_conflicts(
+    store: SqlStore,
+) -> None:
+    calls = conversation(3)
+    await _open(store, "r")
+    await _post(store, "r", calls)
+    again = await store.append_events(
+        "r", 1, [EventIn(type="model_request", data=calls[2], idempotency_key="call-2")]
+    )
+    assert _same(again[0].data, calls[2])
+    other = {**calls[2], "prompt_token_ids": calls[2]["prompt_token_ids"][:-1]}
+    with pytest.raises(Conflict, match="already used"):
+        await store.append_events(
+            "r", 1, [EventIn(type="model_request", data=other, idempotency_key="call-2")]
+        )
+
+
+async def test_a_restarted_store_packs_against_the_calls_before_the_restart(
+    database_url: str,
+) -> None:
+    calls = conversation(6)
+    first = SqlStore(database_url)
+    await first.init()
+    await _open(first, "r")
+    await _post(first, "r", calls[:3])
+    await first.close()
+    second = SqlStore(database_url)
+    await second.init()
+    try:
+        await _post(second, "r", calls[3:], first=3)
+        rows = await _rows(second, "r")
+        assert base_of(rows[3].packed) == rows[2].seq
+        stored = await second.get_events("r")
+        assert all(_same(e.data, c) for e, c in zip(stored, calls, strict=True))
+    finally:
+        await second.close()
+
+
+async def test_calls_of_two_attempts_and_other_events_stay_apart(store: SqlStore) -> None:
+    calls = conversation(4)
+    await _open(store, "r")
+    await _post(store, "r", calls[:2])
+    await store.open_attempt("r", AttemptCreate(reason="crashed"))
+    posted = [
+        EventIn(type="model_request", data=c, idempotency_key=f"b{n}") for n, c in enumerate(calls)
+    ]
+    posted.insert(2, EventIn(type="reward", data={"value": 1.0}))
+    for event in posted:
+        await store.append_events("r", 2, [event])
+    rows = [row for row in await _rows(store, "r") if row.attempt_id == 2]
+    assert base_of(rows[0].packed) is None  # attempt 1's calls are not bases of attempt 2
+    assert rows[2].packed is None and rows[2].data == {"value": 1.0}
+    stored = await store.get_events("r", types=["model_request"])
+    assert all(_same(e.data, c) for e, c in zip(stored, calls, strict=True))
+    assert len(await store.get_events("r", attempt_id=1)) == 2
+
+
+async def test_a_database_from_before_packing_is_migrated_and_its_rows_read_whole(
+    database_url: str,
+) -> None:
+    calls = conversation(4)
+    old = SqlStore(database_url)
+    await old.init()
+    await _open(old, "r")
+    await _post(old, "r", calls[:2])
+    async with old.engine.begin() as conn:  # as an older reins wrote them: whole, no columns
+        await conn.execute(sa.delete(events))
+        for column in ("packed", "prompt_tokens", "response_tokens"):
+            await conn.execute(sa.text(f"ALTER TABLE events DROP COLUMN {column}"))
+        for n, data in enumerate(calls[:2]):
+            await conn.execute(
+                sa.text(
+                    "INSERT INTO events (rollout_id, attempt_id, type, data, idempotency_key, "
+                    "created_at) VALUES ('r', 1, 'model_request', :data, :key, 0)"
+                ),
+                {"data": orjson.dumps(data).decode(), "key": f"call-{n}"},
+            )
+    await old.close()
+    store = SqlStore(database_url)
+    await store.init()
+    try:
+        await _post(store, "r", calls[2:], first=2)
+        rows = await _rows(store, "r")
+        assert [row.packed is None for row in rows] == [True, True, False, False]
+        stored = await store.get_events("r")
+        assert all(_same(e.data, c) for e, c in zip(stored, calls, strict=True))
+        stats = (await store.rollout_stats(["r"]))["r"]
+        assert stats.prompt_tokens == sum(len(c["prompt_token_ids"]) for c in calls)
+    finally:
+        await store.close()

@@ -1,0 +1,84 @@
+"""The trainer's binary read (`POST /api/records`, `reins.recordbatch`) against a real gateway on
+loopback (SQLite and PostgreSQL): the records it gives equal `rollout_from_events`' on the same
+events, whatever the calls were (packed chains, side calls, failed, abandoned, stored whole)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from reins.client import GatewayClient, GatewayError
+from reins.recordbatch import record_of
+from reins.samples.records import MissingRewardError, RolloutRecord, rollout_from_events
+from reins.schemas import EventIn, RolloutSpec
+from tests.conftest import Gateway
+from tests.gateway.test_packing import conversation
+
+
+def _calls() -> dict[str, list[dict[str, Any]]]:
+    main = conversation(8, seed=3)
+    side = {**main[0], "prompt_token_ids": [5, 6, 7], "response_token_ids": [8, 9]}
+    side["response_logprobs"] = [-0.5, -1.5]
+    failed = {**main[2], "status": 500, "response_token_ids": [], "response_logprobs": None}
+    gave_up = {**main[3], "abandoned": True}
+    whole = {**main[4], "response_logprobs": [-1] * 30}  # ints: not packable, stored whole
+    no_lp = {**main[5], "response_logprobs": None, "model_version": 4}
+    return {
+        "chain": main,
+        "mixed": [main[0], main[1], side, main[2], failed, main[3], gave_up, whole, no_lp],
+        "first-only": main[:1],
+    }
+
+
+def _same_record(a: RolloutRecord, b: RolloutRecord) -> None:
+    assert (a.rollout_id, a.reward, a.attempt_id) == (b.rollout_id, b.reward, b.attempt_id)
+    assert (a.skipped_calls, a.abandoned_calls, a.metrics) == (
+        b.skipped_calls,
+        b.abandoned_calls,
+        b.metrics,
+    )
+    assert [c.seq for c in a.calls] == [c.seq for c in b.calls]
+    for x, y in zip(a.calls, b.calls, strict=True):
+        assert np.array_equal(x.prompt, y.prompt) and np.array_equal(x.response, y.response)
+        assert x.model_version == y.model_version
+        if x.logprobs is None or y.logprobs is None:
+            assert x.logprobs is None and y.logprobs is None
+        else:
+            assert np.array_equal(x.logprobs, y.logprobs)
+
+
+async def test_records_equal_the_events_reading(gateway: Gateway) -> None:
+    calls = _calls()
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        await client.create_rollouts([RolloutSpec(rollout_id=name) for name in calls])
+        for name, datas in calls.items():
+            await client.open_attempt(name, attempt_id=1)
+            for n, data in enumerate(datas):
+                event = EventIn(type="model_request", data=data, idempotency_key=f"c{n}")
+                await client.post_events(name, 1, [event])
+            if name != "first-only":
+                reward = {"value": 0.5, "metrics": {"turns": len(datas), "note": "x"}}
+                await client.post_events(name, 1, [EventIn(type="reward", data=reward)])
+        read = await client.get_records(list(calls), chunk=2)  # two requests
+        assert [r.rollout_id for r in read] == list(calls)
+        for decoded in read:
+            events = await client.get_events(decoded.rollout_id)
+            if decoded.rollout_id == "first-only":
+                with pytest.raises(MissingRewardError):
+                    record_of(decoded)
+                expected = rollout_from_events(events, missing_reward=0.0)
+                _same_record(record_of(decoded, missing_reward=0.0), expected)
+                continue
+            _same_record(record_of(decoded), rollout_from_events(events))
+        chain = record_of(read[0]).calls
+        assert len(chain) == 8
+        # One buffer per rollout: each turn's prompt is a view of the same memory as the last.
+        assert all(np.shares_memory(chain[-1].prompt, call.prompt) for call in chain)
+        mixed = record_of(read[1])
+        assert (mixed.skipped_calls, mixed.abandoned_calls) == (2, 1)
+        assert [c.model_version for c in mixed.calls][-1] == 4
+        with pytest.raises(GatewayError) as missing:
+            await client.get_records(["chain", "nope"])
+        assert missing.value.status_code == 404
