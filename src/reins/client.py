@@ -27,6 +27,7 @@ from reins.schemas import (
     Mode,
     Model,
     ModelEndpointIn,
+    PackedEvent,
     Rollout,
     RolloutDetail,
     RolloutPage,
@@ -38,6 +39,7 @@ from reins.schemas import (
 
 _rollouts = TypeAdapter(list[Rollout])
 _events = TypeAdapter(list[Event])
+_packed_events = TypeAdapter(list[PackedEvent])
 _acks = TypeAdapter(list[EventAck])
 _models = TypeAdapter(list[Model])
 
@@ -251,6 +253,24 @@ class GatewayClient:
             page = _events.validate_python(
                 await self.request("GET", f"/api/rollouts/{rollout_id}/events", params=params)
             )
+            out.extend(page)
+            if len(page) < 10_000:
+                return out
+            after = page[-1].seq
+
+    async def get_packed_events(
+        self, rollout_id: str, *, attempt_id: int | None = None
+    ) -> list[PackedEvent]:
+        """An attempt's events as the store keeps them (`reins.packed.unpack_events` restores
+        them), paging through the gateway's limit."""
+        out: list[PackedEvent] = []
+        after = 0
+        while True:
+            params: dict[str, Any] = {"after": after, "limit": 10_000}
+            if attempt_id is not None:
+                params["attempt_id"] = attempt_id
+            path = f"/api/rollouts/{rollout_id}/events/packed"
+            page = _packed_events.validate_python(await self.request("GET", path, params=params))
             out.extend(page)
             if len(page) < 10_000:
                 return out

@@ -22,6 +22,7 @@ gateway's store packs and unpacks, the client reads the binary batch (`reins.rec
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import struct
 import zlib
@@ -32,6 +33,8 @@ from typing import Any
 import numpy as np
 import orjson
 from numpy.typing import NDArray
+
+from reins.schemas import Event, PackedEvent
 
 FORMAT = 1
 PACKED_FIELDS = (
@@ -120,8 +123,11 @@ def token_array(value: Any) -> NDArray[np.int32] | None:
         return np.zeros(0, dtype=np.int32)
     if set(map(type, value)) != {int}:  # no bool, float or string among them
         return None
-    wide = np.array(value, dtype=np.int64) if max(value) < 2**63 and min(value) >= 0 else None
-    if wide is None or int(wide.max()) > _INT32_MAX:
+    try:
+        wide = np.array(value, dtype=np.int64)
+    except OverflowError:
+        return None
+    if int(wide.min()) < 0 or int(wide.max()) > _INT32_MAX:
         return None
     return wide.astype(np.int32)
 
@@ -227,9 +233,9 @@ def pack(data: Any, bases: Sequence[Base] = (), *, level: int = _LEVEL) -> Packe
         answer = orjson.dumps(data["response"]) if "response" in data else b""
     except (TypeError, orjson.JSONEncodeError):
         return None  # an integer beyond 64 bits: stored whole
-    numbers = [prompt[keep:].tobytes(), response.tobytes()]
+    numbers = [_planes(np.concatenate([prompt[keep:], response]))]
     if logprobs is not None:
-        numbers.append(logprobs[1].tobytes())
+        numbers.append(_planes(logprobs[1]))
     token_stream = zlib.compress(b"".join(numbers), level)
     zdict = base.answer[-_ZDICT_BYTES:] if base is not None and base.answer else None
     compressor = zlib.compressobj(level, zdict=zdict) if zdict else zlib.compressobj(level)
@@ -278,6 +284,20 @@ class Arrays:
         return keep
 
 
+def _planes(values: NDArray[Any]) -> bytes:
+    """The values' bytes, plane by plane (every first byte, then every second...): the high
+    bytes of token IDs and the sign and exponent bytes of logprobs vary little, and zlib finds
+    that only when they sit together."""
+    width = values.dtype.itemsize
+    little = values.astype(values.dtype.newbyteorder("<"), copy=False)
+    return np.ascontiguousarray(little.view(np.uint8).reshape(-1, width).T).tobytes()
+
+
+def _unplane(raw: bytes, offset: int, count: int, dtype: np.dtype[Any]) -> NDArray[Any]:
+    planes = np.frombuffer(raw, dtype=np.uint8, count=count * dtype.itemsize, offset=offset)
+    return np.ascontiguousarray(planes.reshape(dtype.itemsize, count).T).view(dtype).reshape(-1)
+
+
 def base_of(blob: bytes) -> int | None:
     """The seq of the event a blob is packed against, None for none."""
     version, seq, *_ = _PREFIX.unpack_from(blob, 0)
@@ -307,13 +327,13 @@ def read_numbers(blob: bytes) -> Numbers:
         raise ValueError(f"packed event format {version} is not {FORMAT}: upgrade reins")
     at = _PREFIX.size
     raw = zlib.decompress(memoryview(blob)[at : at + size])
-    tail_ids = np.frombuffer(raw, dtype=np.int32, count=tail)
-    response = np.frombuffer(raw, dtype=np.int32, count=resp, offset=4 * tail)
+    tokens = _unplane(raw, 0, tail + resp, np.dtype("<i4"))
+    tail_ids, response = tokens[:tail], tokens[tail:]
     logprobs = None
     lp = _LOGPROB_KINDS[kind]
     if lp in ("f4", "f8"):
-        dtype = np.float32 if lp == "f4" else np.float64
-        logprobs = np.frombuffer(raw, dtype=dtype, count=resp, offset=4 * (tail + resp))
+        dtype = np.dtype("<f4") if lp == "f4" else np.dtype("<f8")
+        logprobs = _unplane(raw, 4 * (tail + resp), resp, dtype)
     base = None if seq < 0 else int(seq)
     return Numbers(base, keep, tail_ids, response, logprobs, lp, at + size)
 
@@ -425,3 +445,26 @@ def unpack(seq: int, skeleton: dict[str, Any], blob: bytes, base: Unpacked | Non
     tokens = np.concatenate([prompt, arrays.response])
     shape = shape_after(delta, None if base is None else base.base.request)
     return Unpacked(data, Base(seq, tokens, shape, arrays.answer))
+
+
+def unpack_events(events: Sequence[PackedEvent]) -> list[Event]:
+    """Whole events from packed ones (`GET .../events/packed`), in seq order. Every base a
+    packed event names must be among `events`: read an attempt from its first call."""
+    restored: dict[int, Unpacked] = {}
+    out = []
+    for event in sorted(events, key=lambda e: e.seq):
+        data = event.data
+        if event.packed is not None:
+            blob = base64.b64decode(event.packed)
+            named = base_of(blob)
+            if named is not None and named not in restored:
+                raise ValueError(
+                    f"event {event.seq} is packed against event {named}, which is not among "
+                    "these events: read its attempt from the first call"
+                )
+            base = None if named is None else restored[named]
+            restored[event.seq] = unpack(event.seq, event.data, blob, base)
+            data = restored[event.seq].data
+        fields = event.model_dump(exclude={"packed", "data"})
+        out.append(Event.model_construct(**fields, data=data))
+    return out

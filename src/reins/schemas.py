@@ -161,6 +161,23 @@ class Event(_Wire):
     created_at: datetime
 
 
+class PackedEvent(_Wire):
+    """An event as the store keeps it (`GET /api/rollouts/{id}/events/packed`). A packed
+    `model_request` has its token IDs, logprobs, request and response in `packed` (base64 of a
+    `reins.packed` blob, stored against an earlier call of its attempt) and its other fields in
+    `data`; `reins.packed.unpack_events` restores the events. Other events are whole, `packed`
+    null."""
+
+    seq: int
+    rollout_id: str
+    attempt_id: int
+    type: str
+    data: dict[str, Any]
+    idempotency_key: str
+    created_at: datetime
+    packed: str | None = None
+
+
 class EventAck(_Wire):
     """The answer to an event post: the stored event without its data."""
 

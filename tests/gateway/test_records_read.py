@@ -1,6 +1,7 @@
-"""The trainer's binary read (`POST /api/records`, `reins.recordbatch`) against a real gateway on
-loopback (SQLite and PostgreSQL): the records it gives equal `rollout_from_events`' on the same
-events, whatever the calls were (packed chains, side calls, failed, abandoned, stored whole)."""
+"""The compact reads against a real gateway on loopback (SQLite and PostgreSQL): the trainer's
+binary read (`POST /api/records`, `reins.recordbatch`), whose records equal
+`rollout_from_events`' on the same events whatever the calls were (packed chains, side calls,
+failed, abandoned, stored whole), and the events as stored (`GET .../events/packed`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from reins.client import GatewayClient, GatewayError
+from reins.packed import unpack_events
 from reins.recordbatch import record_of
 from reins.samples.records import MissingRewardError, RolloutRecord, rollout_from_events
 from reins.schemas import EventIn, RolloutSpec
@@ -82,3 +84,26 @@ async def test_records_equal_the_events_reading(gateway: Gateway) -> None:
         with pytest.raises(GatewayError) as missing:
             await client.get_records(["chain", "nope"])
         assert missing.value.status_code == 404
+
+
+async def test_packed_events_are_the_stored_form_and_restore_exactly(gateway: Gateway) -> None:
+    calls = _calls()["mixed"]
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        await client.create_rollouts([RolloutSpec(rollout_id="m")])
+        await client.open_attempt("m", attempt_id=1)
+        for n, data in enumerate(calls):
+            event = EventIn(type="model_request", data=data, idempotency_key=f"c{n}")
+            await client.post_events("m", 1, [event])
+        await client.post_events("m", 1, [EventIn(type="reward", data={"value": 1.0})])
+        whole = await client.get_events("m")
+        packed = await client.get_packed_events("m")
+    assert [e.seq for e in packed] == [e.seq for e in whole]
+    # The int logprobs call and the reward are stored whole; every other call is packed.
+    assert [e.packed is None for e in packed] == [False] * 7 + [True, False, True]
+    assert "prompt_token_ids" not in packed[1].data and packed[1].data["status"] == 200
+    restored = unpack_events(packed)
+    assert [e.model_dump() for e in restored] == [e.model_dump() for e in whole]
+    wire = sum(len(e.model_dump_json()) for e in packed)
+    assert wire < sum(len(e.model_dump_json()) for e in whole) / 3
+    with pytest.raises(ValueError, match="read its attempt from the first call"):
+        unpack_events(packed[3:])

@@ -10,7 +10,7 @@ from pydantic import Field
 from reins.gateway.deps import Admin, AttemptCaller, AttemptIdPath, RolloutIdPath, StoreDep
 from reins.gateway.guards import GuardedRoute
 from reins.gateway.store import Store
-from reins.schemas import Event, EventAck, EventIn
+from reins.schemas import Event, EventAck, EventIn, PackedEvent
 
 router = APIRouter(prefix="/api/rollouts", tags=["events"], route_class=GuardedRoute)
 
@@ -87,6 +87,35 @@ async def read_events(
 ) -> list[Event]:
     """Events in seq order; page with `after` = the last seq read."""
     return await store.get_events(
+        rollout_id,
+        attempt_id=attempt_id,
+        all_attempts=all_attempts,
+        types=type or (),
+        after=after,
+        limit=limit,
+    )
+
+
+@router.get("/{rollout_id}/events/packed")
+async def read_packed_events(
+    rollout_id: RolloutIdPath,
+    store: StoreDep,
+    _: Admin,
+    attempt_id: Annotated[
+        int | None, Query(ge=1, le=1_000_000, description="Default: the latest attempt")
+    ] = None,
+    all_attempts: Annotated[bool, Query(description="Events of every attempt")] = False,
+    type: Annotated[
+        list[str] | None, Query(max_length=100, description="Keep these event types")
+    ] = None,
+    after: Annotated[int, Query(ge=0, le=2**62, description="Events with seq above this")] = 0,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+) -> list[PackedEvent]:
+    """The events as stored: a `model_request` packed against an earlier call of its attempt
+    comes with its blob (`packed`, base64; `reins.packed.unpack_events` restores the events of
+    an attempt read from its first call). A copy or an export of a long rollout costs its
+    length, not the square of its turns."""
+    return await store.get_packed_events(
         rollout_id,
         attempt_id=attempt_id,
         all_attempts=all_attempts,

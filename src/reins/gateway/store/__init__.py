@@ -14,6 +14,7 @@ from reins.schemas import (
     Mode,
     Model,
     ModelEndpointIn,
+    PackedEvent,
     Rollout,
     RolloutDetail,
     RolloutPage,
@@ -182,6 +183,18 @@ class Store(Protocol):
     async def record_parts(self, rollout_ids: Sequence[str]) -> list[RolloutParts]:
         """The calls (packed as stored) and last reward of each rollout's latest attempt, for
         the trainer's binary read (`reins.recordbatch`); NotFound for an unknown rollout."""
+
+    async def get_packed_events(
+        self,
+        rollout_id: str,
+        *,
+        attempt_id: int | None = None,
+        all_attempts: bool = False,
+        types: Sequence[str] = (),
+        after: int = 0,
+        limit: int = 1000,
+    ) -> list[PackedEvent]:
+        """`get_events` as stored: packed `model_request`s are not restored."""
 
     async def register_models(self, endpoints: Sequence[ModelEndpointIn]) -> list[Model]: ...
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import base64
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -37,7 +38,7 @@ from reins.packed import (
     unpack,
 )
 from reins.recordbatch import CallParts, RolloutParts
-from reins.schemas import MODEL_REQUEST, REWARD, Event
+from reins.schemas import MODEL_REQUEST, REWARD, Event, PackedEvent
 
 CANDIDATES = 4
 """Earlier calls of an attempt a new call is compared with: enough for a side call (a title,
@@ -163,6 +164,13 @@ def expand_rows(conn: sa.Connection, rows: Iterable[sa.Row[Any]]) -> list[Event]
             event.data = restored[row.seq].data
         out.append(event)
     return out
+
+
+def packed_event_of(row: sa.Row[Any]) -> PackedEvent:
+    """A row as stored: a packed one's blob in base64, its `data` the other fields."""
+    event = event_of(row)
+    blob = None if row.packed is None else base64.b64encode(row.packed).decode()
+    return PackedEvent.model_construct(**event.__dict__, packed=blob)
 
 
 def _complete(chain: list[sa.Row[Any]]) -> bool:

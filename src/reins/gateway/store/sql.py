@@ -41,7 +41,7 @@ from reins.gateway import jsonrule
 from reins.gateway.store import Conflict, NotFound
 from reins.gateway.store.appends import Key, PendingAppend, insert_events
 from reins.gateway.store.board import ReplicaBoard
-from reins.gateway.store.packing import Packer, expand_rows, record_parts
+from reins.gateway.store.packing import Packer, expand_rows, packed_event_of, record_parts
 from reins.gateway.store.reads import DashboardReads, rollout_filters
 from reins.gateway.store.tables import (
     ATTEMPT_STATE,
@@ -74,6 +74,7 @@ from reins.schemas import (
     Mode,
     Model,
     ModelEndpointIn,
+    PackedEvent,
     Rollout,
     RolloutDetail,
     RolloutPage,
@@ -685,22 +686,52 @@ class SqlStore(DashboardReads):
         limit: int = 1000,
     ) -> list[Event]:
         async with self.engine.connect() as conn:
-            latest = await conn.scalar(
-                sa.select(rollouts.c.attempt_count).where(rollouts.c.rollout_id == rollout_id)
+            query = await self._events_query(
+                conn, rollout_id, attempt_id, all_attempts, types, after, limit
             )
-            if latest is None:
-                raise NotFound(f"rollout {rollout_id} does not exist")
-            query = sa.select(events).where(events.c.rollout_id == rollout_id)
-            if not all_attempts:
-                wanted = latest if attempt_id is None else attempt_id
-                if attempt_id is not None and not 1 <= attempt_id <= latest:
-                    raise NotFound(f"rollout {rollout_id} has no attempt {attempt_id}")
-                query = query.where(events.c.attempt_id == wanted)
-            if types:
-                query = query.where(events.c.type.in_(list(types)))
-            query = query.where(events.c.seq > after).order_by(events.c.seq).limit(limit)
             rows = list(await conn.execute(query))
             return await conn.run_sync(expand_rows, rows)
+
+    async def get_packed_events(
+        self,
+        rollout_id: str,
+        *,
+        attempt_id: int | None = None,
+        all_attempts: bool = False,
+        types: Sequence[str] = (),
+        after: int = 0,
+        limit: int = 1000,
+    ) -> list[PackedEvent]:
+        async with self.engine.connect() as conn:
+            query = await self._events_query(
+                conn, rollout_id, attempt_id, all_attempts, types, after, limit
+            )
+            return [packed_event_of(row) for row in await conn.execute(query)]
+
+    async def _events_query(
+        self,
+        conn: AsyncConnection,
+        rollout_id: str,
+        attempt_id: int | None,
+        all_attempts: bool,
+        types: Sequence[str],
+        after: int,
+        limit: int,
+    ) -> sa.Select[Any]:
+        latest = await conn.scalar(
+            sa.select(rollouts.c.attempt_count).where(rollouts.c.rollout_id == rollout_id)
+        )
+        if latest is None:
+            raise NotFound(f"rollout {rollout_id} does not exist")
+        query = sa.select(events).where(events.c.rollout_id == rollout_id)
+        if not all_attempts:
+            wanted = latest if attempt_id is None else attempt_id
+            if attempt_id is not None and not 1 <= attempt_id <= latest:
+                raise NotFound(f"rollout {rollout_id} has no attempt {attempt_id}")
+            query = query.where(events.c.attempt_id == wanted)
+        if types:
+            query = query.where(events.c.type.in_(list(types)))
+        return query.where(events.c.seq > after).order_by(events.c.seq).limit(limit)
 
     async def record_parts(self, rollout_ids: Sequence[str]) -> list[RolloutParts]:
         ids = list(rollout_ids)
