@@ -277,17 +277,24 @@ class GatewayClient:
             after = page[-1].seq
 
     async def get_records(
-        self, rollout_ids: Sequence[str], *, chunk: int = 256
+        self, rollout_ids: Sequence[str], *, chunk: int = 32
     ) -> list[DecodedRollout]:
         """The calls and last reward of each rollout's latest attempt, as arrays: the trainer's
         read (`reins.recordbatch`; `record_of` makes each a `RolloutRecord`). `chunk` rollouts
         per request."""
-        out: list[DecodedRollout] = []
         ids = list(rollout_ids)
-        for start in range(0, len(ids), chunk):
-            body = {"rollout_ids": ids[start : start + chunk]}
-            response = await self._send("POST", "/api/records", json=body)
-            out.extend(recordbatch.decode(response.content))
+        chunks = [ids[start : start + chunk] for start in range(0, len(ids), chunk)]
+        decoded: list[asyncio.Future[list[DecodedRollout]]] = []
+        for part in chunks:
+            # The previous chunk decodes in a thread (zlib and numpy release the GIL) while the
+            # gateway reads this one.
+            response = await self._send("POST", "/api/records", json={"rollout_ids": part})
+            decoded.append(
+                asyncio.ensure_future(asyncio.to_thread(recordbatch.decode, response.content))
+            )
+        out: list[DecodedRollout] = []
+        for future in decoded:
+            out.extend(await future)
         return out
 
     # -- models ---------------------------------------------------------------------------

@@ -321,21 +321,55 @@ class Numbers:
     """Where the text stream starts in the blob."""
 
 
-def read_numbers(blob: bytes) -> Numbers:
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """A blob's uncompressed start, and where its token stream lies in it."""
+
+    base_seq: int | None
+    keep: int
+    tail: int
+    response: int
+    logprob_kind: str
+    stream: slice
+
+
+def read_prefix(blob: bytes) -> Prefix:
     version, seq, keep, tail, resp, kind, size = _PREFIX.unpack_from(blob, 0)
     if version != FORMAT:
         raise ValueError(f"packed event format {version} is not {FORMAT}: upgrade reins")
-    at = _PREFIX.size
-    raw = zlib.decompress(memoryview(blob)[at : at + size])
-    tokens = _unplane(raw, 0, tail + resp, np.dtype("<i4"))
-    tail_ids, response = tokens[:tail], tokens[tail:]
+    stream = slice(_PREFIX.size, _PREFIX.size + size)
+    return Prefix(None if seq < 0 else int(seq), keep, tail, resp, _LOGPROB_KINDS[kind], stream)
+
+
+def decode_stream(
+    stream: bytes | memoryview, tail: int, response: int, logprob_kind: str
+) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[Any] | None]:
+    """A blob's token stream (`Prefix.stream`): its new prompt tokens, response and logprobs.
+    The trainer's read runs this on its side (`reins.recordbatch`)."""
+    raw = zlib.decompress(stream)
+    tokens = _unplane(raw, 0, tail + response, np.dtype("<i4"))
     logprobs = None
-    lp = _LOGPROB_KINDS[kind]
-    if lp in ("f4", "f8"):
-        dtype = np.dtype("<f4") if lp == "f4" else np.dtype("<f8")
-        logprobs = _unplane(raw, 4 * (tail + resp), resp, dtype)
-    base = None if seq < 0 else int(seq)
-    return Numbers(base, keep, tail_ids, response, logprobs, lp, at + size)
+    if logprob_kind in ("f4", "f8"):
+        dtype = np.dtype("<f4") if logprob_kind == "f4" else np.dtype("<f8")
+        logprobs = _unplane(raw, 4 * (tail + response), response, dtype)
+    return tokens[:tail], tokens[tail:], logprobs
+
+
+def read_numbers(blob: bytes) -> Numbers:
+    prefix = read_prefix(blob)
+    stream = memoryview(blob)[prefix.stream]
+    tail, response, logprobs = decode_stream(
+        stream, prefix.tail, prefix.response, prefix.logprob_kind
+    )
+    return Numbers(
+        prefix.base_seq,
+        prefix.keep,
+        tail,
+        response,
+        logprobs,
+        prefix.logprob_kind,
+        prefix.stream.stop,
+    )
 
 
 def read_arrays(blob: bytes, base_answer: bytes | None) -> Arrays:

@@ -8,8 +8,10 @@ adds only its new tokens: every `Call`'s prompt and response are views into that
 rollout costs its final sequence's size, not the sum of its prompts.
 
 Layout (little-endian): `RRB1`, a u32 header size, the JSON header (per rollout: id, attempt,
-the last reward event's data, one row per call), the int32 tokens of every call in order (new
-prompt tokens, then the response), then the float32 logprobs of the calls that have them.
+the last reward event's data, one row per call), then each call's data in order: a packed call's
+token stream as the store keeps it (zlib; the reader decompresses it, so that work is off the
+gateway and runs while the next chunk is read), or a whole call's int32 tokens (new prompt
+tokens, then the response) and float32 logprobs.
 
 `records_from_batch` turns a decoded rollout into a `RolloutRecord` under the same rules as
 `reins.samples.records.rollout_from_events` (tests hold the two equal).
@@ -26,6 +28,7 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
+from reins.packed import decode_stream
 from reins.samples.records import Call, MissingRewardError, RolloutRecord, numeric_metrics
 from reins.schemas import Reward
 
@@ -43,12 +46,19 @@ class CallParts:
     """Index of the earlier call (in this rollout's list) whose tokens the prompt starts with;
     -1: none."""
     keep: int
-    tail: NDArray[np.int32]
-    response: NDArray[np.int32]
-    logprobs: NDArray[Any] | None
+    tail: int
+    """New prompt tokens."""
+    response: int
+    logprob_kind: str
+    """"f4", "f8" or "none"."""
     status: Any
     abandoned: Any
     model_version: Any
+    stream: bytes | memoryview | None = None
+    """A packed call's token stream as stored (`reins.packed.Prefix.stream`): decompressed by the
+    reader, which keeps that work off the gateway."""
+    arrays: tuple[NDArray[np.int32], NDArray[np.int32], NDArray[Any] | None] | None = None
+    """A call stored whole: its prompt, response and logprobs."""
     tokens: bool = True
     """False: the event holds no token IDs usable for training (it is counted as skipped and is
     never a base)."""
@@ -63,32 +73,43 @@ class RolloutParts:
     calls: list[CallParts] = field(default_factory=list)
 
 
+_LOGPROB_CODES = {"none": 0, "f4": 1, "f8": 2}
+
+
 def encode(rollouts: Sequence[RolloutParts]) -> bytes:
     header: list[dict[str, Any]] = []
-    tokens: list[bytes] = []
-    logprobs: list[bytes] = []
+    data: list[bytes | memoryview] = []
     for rollout in rollouts:
         rows = []
         for call in rollout.calls:
-            has_lp = call.logprobs is not None
+            if call.stream is not None:
+                data.append(call.stream)
+                size = len(call.stream)
+                kind = call.logprob_kind
+            else:
+                tail, response, logprobs = call.arrays or (_EMPTY, _EMPTY, None)
+                parts = [tail.astype("<i4").tobytes(), response.astype("<i4").tobytes()]
+                kind = "none"
+                if logprobs is not None:
+                    parts.append(logprobs.astype("<f4").tobytes())
+                    kind = "f4"
+                data.append(b"".join(parts))
+                size = -1
             rows.append(
                 [
                     call.seq,
                     call.base,
                     call.keep,
-                    int(call.tail.size),
-                    int(call.response.size),
-                    int(has_lp),
+                    call.tail,
+                    call.response,
+                    _LOGPROB_CODES[kind],
                     call.status,
                     call.abandoned,
                     call.model_version,
                     int(call.tokens),
+                    size,
                 ]
             )
-            tokens.append(call.tail.astype("<i4", copy=False).tobytes())
-            tokens.append(call.response.astype("<i4", copy=False).tobytes())
-            if call.logprobs is not None:
-                logprobs.append(call.logprobs.astype("<f4", copy=False).tobytes())
         header.append(
             {
                 "rollout_id": rollout.rollout_id,
@@ -98,10 +119,10 @@ def encode(rollouts: Sequence[RolloutParts]) -> bytes:
             }
         )
     head = orjson.dumps({"rollouts": header})
-    token_bytes = b"".join(tokens)
-    return b"".join(
-        [MAGIC, _SIZE.pack(len(head)), head, _SIZE.pack(len(token_bytes)), token_bytes, *logprobs]
-    )
+    return b"".join([MAGIC, _SIZE.pack(len(head)), head, *data])
+
+
+_EMPTY = np.zeros(0, dtype=np.int32)
 
 
 @dataclass(slots=True)
@@ -120,12 +141,9 @@ def decode(body: bytes) -> list[DecodedRollout]:
         raise ValueError("not a reins record batch (expected RRB1): is the gateway up to date?")
     (size,) = _SIZE.unpack_from(body, 4)
     header = orjson.loads(body[8 : 8 + size])
+    view = memoryview(body)
     at = 8 + size
-    (token_size,) = _SIZE.unpack_from(body, at)
-    at += 4
-    tokens = np.frombuffer(body, dtype="<i4", count=token_size // 4, offset=at)
-    lp_all = np.frombuffer(body, dtype="<f4", offset=at + token_size)
-    token_at = lp_at = 0
+    kinds = ("none", "f4", "f8")
     out = []
     for rollout in header["rollouts"]:
         rows = rollout["calls"]
@@ -144,7 +162,8 @@ def decode(body: bytes) -> list[DecodedRollout]:
         calls: list[Call] = []
         skipped = abandoned = 0
         for index, row in enumerate(rows):
-            seq, base, keep, tail, resp, has_lp, status, gave_up, version, usable = row
+            seq, base, keep, tail, resp, lp, status, gave_up, version, usable, stream = row
+            new, response, logprobs, at = _numbers(view, at, tail, resp, kinds[lp], stream)
             start, length = regions[index]
             prefix_at = start + keep
             if base >= 0 and keep and start != regions[base][0]:
@@ -152,14 +171,8 @@ def decode(body: bytes) -> list[DecodedRollout]:
                 buffer[start:prefix_at] = buffer[b_start : b_start + keep]
             elif base < 0 and keep:
                 raise ValueError(f"call seq {seq} keeps {keep} tokens of no base")
-            buffer[prefix_at : prefix_at + tail] = tokens[token_at : token_at + tail]
-            token_at += tail
-            buffer[prefix_at + tail : start + length] = tokens[token_at : token_at + resp]
-            token_at += resp
-            logprobs = None
-            if has_lp:
-                logprobs = lp_all[lp_at : lp_at + resp]
-                lp_at += resp
+            buffer[prefix_at : prefix_at + tail] = new
+            buffer[prefix_at + tail : start + length] = response
             if gave_up is True:
                 abandoned += 1
             if gave_up is True or status != 200 or not usable or not resp or not keep + tail:
@@ -169,7 +182,7 @@ def decode(body: bytes) -> list[DecodedRollout]:
                 Call(
                     prompt=buffer[start : prefix_at + tail],
                     response=buffer[prefix_at + tail : start + length],
-                    logprobs=logprobs,
+                    logprobs=None if logprobs is None else logprobs.astype(np.float32, copy=False),
                     seq=seq,
                     model_version=version if type(version) is int else None,
                 )
@@ -185,6 +198,22 @@ def decode(body: bytes) -> list[DecodedRollout]:
             )
         )
     return out
+
+
+def _numbers(
+    view: memoryview, at: int, tail: int, resp: int, kind: str, stream: int
+) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[Any] | None, int]:
+    """A call's new prompt tokens, response and logprobs at `at`, and where the next call's
+    data starts."""
+    if stream >= 0:
+        return (*decode_stream(view[at : at + stream], tail, resp, kind), at + stream)
+    tokens = np.frombuffer(view, dtype="<i4", count=tail + resp, offset=at)
+    at += 4 * (tail + resp)
+    logprobs = None
+    if kind == "f4":
+        logprobs = np.frombuffer(view, dtype="<f4", count=resp, offset=at)
+        at += 4 * resp
+    return tokens[:tail], tokens[tail:], logprobs, at
 
 
 def record_of(

@@ -91,9 +91,18 @@ def _continues(prev: Call, prompt: TokenArray) -> bool:
     np_, na = prev.prompt.size, prev.response.size
     return (
         prompt.size >= np_ + na
-        and np.array_equal(prompt[:np_], prev.prompt)
-        and np.array_equal(prompt[np_ : np_ + na], prev.response)
+        and _equal(prompt[:np_], prev.prompt)
+        and _equal(prompt[np_ : np_ + na], prev.response)
     )
+
+
+def _equal(a: TokenArray, b: TokenArray) -> bool:
+    """Token equality; views of the same memory (the trainer's binary read lays a rollout's calls
+    out in one buffer, `reins.recordbatch`) are equal without comparing them."""
+    same = a.size == b.size and a.strides == b.strides and a.dtype == b.dtype
+    if same and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]:
+        return True
+    return np.array_equal(a, b)
 
 
 def _build(chunks: list[tuple[Call, int]]) -> MergedSequence:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 import sqlalchemy as sa
 
 from reins.gateway import jsonrule
@@ -33,7 +34,7 @@ from reins.packed import (
     base_of,
     pack,
     read_arrays,
-    read_numbers,
+    read_prefix,
     token_array,
     unpack,
 )
@@ -194,7 +195,14 @@ def record_parts(conn: sa.Connection, rollout_ids: Sequence[str]) -> list[Rollou
     if missing:
         raise NotFound(f"rollouts {missing[:5]} do not exist")
     query = (
-        sa.select(events.c.rollout_id, events.c.seq, events.c.type, events.c.data, events.c.packed)
+        sa.select(
+            events.c.rollout_id,
+            events.c.seq,
+            events.c.type,
+            # Read as text and parsed here (orjson): the JSON type's reader is most of a row's cost.
+            sa.cast(events.c.data, sa.Text).label("data"),
+            events.c.packed,
+        )
         .join(
             rollouts,
             sa.and_(
@@ -207,32 +215,34 @@ def record_parts(conn: sa.Connection, rollout_ids: Sequence[str]) -> list[Rollou
     )
     parts = {rid: RolloutParts(rid, found[rid], None) for rid in found}
     index: dict[int, int] = {}  # seq -> index of the call in its rollout's list
-    for row in conn.execute(query):
-        rollout = parts[row.rollout_id]
-        if row.type == REWARD:
-            rollout.reward = row.data
+    for rollout_id, seq, kind, text, blob in conn.execute(query):
+        rollout = parts[rollout_id]
+        decoded = orjson.loads(text)
+        if kind == REWARD:
+            rollout.reward = decoded
             continue
-        data = row.data if isinstance(row.data, dict) else {}
+        data = decoded if isinstance(decoded, dict) else {}
         status, gave_up = data.get("status", 200), data.get("abandoned", False)
         version = data.get("model_version")
-        if row.packed is not None:
-            numbers = read_numbers(row.packed)  # the tokens only: no text, no earlier blob
-            base_seq = numbers.base_seq
+        if blob is not None:
+            prefix = read_prefix(blob)  # the token stream goes out compressed, as stored
+            base_seq = prefix.base_seq
             call = CallParts(
-                row.seq,
+                seq,
                 -1 if base_seq is None else index[base_seq],
-                numbers.keep,
-                numbers.tail,
-                numbers.response,
-                numbers.logprobs,
+                prefix.keep,
+                prefix.tail,
+                prefix.response,
+                "none" if prefix.logprob_kind in ("absent", "null") else prefix.logprob_kind,
                 status,
                 gave_up,
                 version,
+                stream=memoryview(blob)[prefix.stream],
             )
         else:
-            call = _whole_call(row.seq, data, status, gave_up, version)
+            call = _whole_call(seq, data, status, gave_up, version)
         if call.tokens:
-            index[row.seq] = len(rollout.calls)
+            index[seq] = len(rollout.calls)
         rollout.calls.append(call)
     return [parts[rid] for rid in dict.fromkeys(rollout_ids)]
 
@@ -243,14 +253,17 @@ def _whole_call(
     """A call stored whole (before packing, or not packable) as the batch carries it."""
     prompt = token_array(data.get("prompt_token_ids"))
     response = token_array(data.get("response_token_ids", []))
-    empty = np.zeros(0, dtype=np.int32)
+    if prompt is None or response is None:
+        return CallParts(seq, -1, 0, 0, 0, "none", status, gave_up, version, tokens=False)
     raw = data.get("response_logprobs")
     logprobs = None
-    if prompt is None or response is None:
-        return CallParts(seq, -1, 0, empty, empty, None, status, gave_up, version, tokens=False)
     if isinstance(raw, list) and len(raw) == response.size:
         try:
             logprobs = np.asarray(raw, dtype=np.float32)
         except (TypeError, ValueError):
             logprobs = None
-    return CallParts(seq, -1, 0, prompt, response, logprobs, status, gave_up, version)
+    kind = "none" if logprobs is None else "f4"
+    arrays = (prompt, response, logprobs)
+    return CallParts(
+        seq, -1, 0, prompt.size, response.size, kind, status, gave_up, version, arrays=arrays
+    )
