@@ -123,7 +123,13 @@ class Packer:
                 raise RuntimeError(f"event {seq} is packed against {base_seq}, which is missing")
             arrays = read_arrays(blob, None if base is None else base.answer)
             built[seq] = base_after(seq, arrays, base)
-        return list(built.values())[-CANDIDATES:]
+        found = list(built.values())[-CANDIDATES:]
+        with self._lock:  # kept even when empty: an attempt whose calls cannot be packed is not
+            # read again on every call
+            if attempt not in self._candidates:
+                self._candidates[attempt] = found
+                self._held += sum(b.tokens.size for b in found)
+        return found
 
 
 def _text(value: Any) -> str:
