@@ -9,15 +9,19 @@ against a *base*, an earlier packed call of the same attempt:
 - the prompt: the first `keep` tokens of the base's prompt + response, then its own tail;
 - the request, key by key: a value equal to the base's is named only; a list that starts with
   the base's list keeps that prefix's length and its own tail; anything else is kept whole;
-- token IDs as int32, logprobs as float32 when each one survives the round trip (else float64);
-- the rest of the payload (the request's tails, the answer as the harness got it) as JSON;
-- all of it compressed with zlib, whose preset dictionary is the base's answer: the next request
-  usually carries that answer again as its assistant message.
+- token IDs as int32, logprobs as float32 when each one survives the round trip (else float64),
+  both byte plane by byte plane, in one zlib stream (all the trainer's read needs, readable
+  without any other blob);
+- the rest (the request's delta, the answer as the harness got it) as JSON in a second zlib
+  stream, whose preset dictionary is the base's answer: the next request usually carries that
+  answer again as its assistant message.
 
 Every field is restored exactly (JSON values, key order, int versus float); a document this form
 cannot carry exactly (token IDs that are not int32, logprobs that are not all floats, an integer
-beyond 64 bits) is simply not packed and is stored whole. Pure functions on plain data: the
-gateway's store packs and unpacks, the client reads the binary batch (`reins.records_wire`).
+beyond 64 bits) is simply not packed and is stored whole. `data` must already satisfy the JSON
+rule (`reins.gateway.jsonrule`: no NaN), as the store checks before it packs. Pure functions on
+plain data: the gateway's store packs and unpacks, the trainer's read decodes token streams
+(`reins.recordbatch`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ capabilities. What it keeps, for every command:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import select
@@ -128,8 +129,12 @@ def _counter(path: Path, key: str) -> int:
     """The `key N` line of a cgroup events file (0 if absent)."""
     try:
         lines = path.read_text().splitlines()
-    except FileNotFoundError:  # removed by a concurrent close()
-        return 0
+    except OSError as error:
+        # Removed by a concurrent close(): a cgroup folder being removed answers ENODEV ("No
+        # such device") before it answers ENOENT.
+        if error.errno in (errno.ENOENT, errno.ENODEV):
+            return 0
+        raise
     for line in lines:
         name, _, value = line.partition(" ")
         if name == key:
@@ -323,12 +328,12 @@ class Sandbox:
             while True:
                 now = time.monotonic()
                 if killed is None:
-                    if now - start >= wall:
+                    if self._closed:  # first: close() removes the cgroups read below
+                        killed = "closed"
+                    elif now - start >= wall:
                         killed = "wall time"
                     elif group and group.process_limit_hits() > hits0:
                         killed = "processes"  # a fork bomb would otherwise spin to the wall limit
-                    elif self._closed:
-                        killed = "closed"
                     if killed:
                         killed_at = now
                         self._kill(proc)

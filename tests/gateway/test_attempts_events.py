@@ -136,3 +136,15 @@ def test_event_pages_follow_after(gateway: Gateway) -> None:
     page = gateway.http.get("/api/rollouts/r/events", params={"limit": 2}).json()
     rest = gateway.http.get("/api/rollouts/r/events", params={"after": page[-1]["seq"]}).json()
     assert [e["data"]["i"] for e in page + rest] == [0, 1, 2, 3, 4]
+
+
+def test_a_nul_in_an_event_filter_matches_nothing(gateway: Gateway) -> None:
+    """PostgreSQL text cannot hold NUL, so no stored type or rollout id has one (was a 500)."""
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    gateway.http.post("/api/rollouts/r/attempts")
+    gateway.http.post("/api/rollouts/r/attempt/1/events", json={"type": "note", "data": {}})
+    for path in ("/api/rollouts/r/events", "/api/rollouts/r/events/packed"):
+        both = gateway.http.get(path, params={"type": ["note", "no\x00te"]})
+        assert both.status_code == 200 and [e["type"] for e in both.json()] == ["note"]
+        assert gateway.http.get(path, params={"type": "no\x00te"}).json() == []
+    assert gateway.http.get("/api/rollouts/r%00/events").status_code == 404

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 from reins.gateway.deps import Admin, StoreDep
 from reins.gateway.guards import GuardedRoute
 from reins.recordbatch import MEDIA_TYPE, encode
+from reins.schemas import Identifier
 
 router = APIRouter(prefix="/api/records", tags=["events"], route_class=GuardedRoute)
 
@@ -15,7 +16,9 @@ MAX_ROLLOUTS_PER_READ = 4096
 
 
 class RecordsRequest(BaseModel):
-    rollout_ids: list[str] = Field(min_length=1, max_length=MAX_ROLLOUTS_PER_READ)
+    # Identifiers as rollouts are declared with: anything else could name no rollout (and a NUL
+    # could not even be sent to PostgreSQL).
+    rollout_ids: list[Identifier] = Field(min_length=1, max_length=MAX_ROLLOUTS_PER_READ)
 
 
 @router.post("", response_class=Response, responses={200: {"content": {MEDIA_TYPE: {}}}})

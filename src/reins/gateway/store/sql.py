@@ -718,6 +718,8 @@ class SqlStore(DashboardReads):
         after: int,
         limit: int,
     ) -> sa.Select[Any]:
+        if "\x00" in rollout_id:  # PostgreSQL text cannot hold NUL: no rollout has one
+            raise NotFound(f"rollout {rollout_id!r} does not exist")
         latest = await conn.scalar(
             sa.select(rollouts.c.attempt_count).where(rollouts.c.rollout_id == rollout_id)
         )
@@ -730,7 +732,8 @@ class SqlStore(DashboardReads):
                 raise NotFound(f"rollout {rollout_id} has no attempt {attempt_id}")
             query = query.where(events.c.attempt_id == wanted)
         if types:
-            query = query.where(events.c.type.in_(list(types)))
+            # A type with a NUL names no event (and PostgreSQL could not even compare it).
+            query = query.where(events.c.type.in_([t for t in types if "\x00" not in t]))
         return query.where(events.c.seq > after).order_by(events.c.seq).limit(limit)
 
     async def record_parts(self, rollout_ids: Sequence[str]) -> list[RolloutParts]:
