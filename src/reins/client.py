@@ -11,7 +11,7 @@ import asyncio
 import random
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import httpx
 from pydantic import JsonValue, TypeAdapter
@@ -40,6 +40,7 @@ from reins.schemas import (
 _rollouts = TypeAdapter(list[Rollout])
 _events = TypeAdapter(list[Event])
 _packed_events = TypeAdapter(list[PackedEvent])
+_Paged = TypeVar("_Paged", Event, PackedEvent)
 _acks = TypeAdapter(list[EventAck])
 _models = TypeAdapter(list[Model])
 
@@ -240,37 +241,35 @@ class GatewayClient:
         types: Sequence[str] = (),
     ) -> list[Event]:
         """Every matching event, paging through the gateway's limit."""
-        out: list[Event] = []
-        after = 0
-        while True:
-            params: dict[str, Any] = {"after": after, "limit": 10_000}
-            if attempt_id is not None:
-                params["attempt_id"] = attempt_id
-            if all_attempts:
-                params["all_attempts"] = True
-            if types:
-                params["type"] = list(types)
-            page = _events.validate_python(
-                await self.request("GET", f"/api/rollouts/{rollout_id}/events", params=params)
-            )
-            out.extend(page)
-            if len(page) < 10_000:
-                return out
-            after = page[-1].seq
+        params: dict[str, Any] = {}
+        if attempt_id is not None:
+            params["attempt_id"] = attempt_id
+        if all_attempts:
+            params["all_attempts"] = True
+        if types:
+            params["type"] = list(types)
+        return await self._pages(f"/api/rollouts/{rollout_id}/events", params, _events)
 
     async def get_packed_events(
         self, rollout_id: str, *, attempt_id: int | None = None
     ) -> list[PackedEvent]:
         """An attempt's events as the store keeps them (`reins.packed.unpack_events` restores
         them), paging through the gateway's limit."""
-        out: list[PackedEvent] = []
+        params: dict[str, Any] = {} if attempt_id is None else {"attempt_id": attempt_id}
+        return await self._pages(
+            f"/api/rollouts/{rollout_id}/events/packed", params, _packed_events
+        )
+
+    async def _pages(
+        self, path: str, params: dict[str, Any], adapter: TypeAdapter[list[_Paged]]
+    ) -> list[_Paged]:
+        """Every page of an events route, `after` the last seq of the one before."""
+        out: list[_Paged] = []
         after = 0
         while True:
-            params: dict[str, Any] = {"after": after, "limit": 10_000}
-            if attempt_id is not None:
-                params["attempt_id"] = attempt_id
-            path = f"/api/rollouts/{rollout_id}/events/packed"
-            page = _packed_events.validate_python(await self.request("GET", path, params=params))
+            page = adapter.validate_python(
+                await self.request("GET", path, params={**params, "after": after, "limit": 10_000})
+            )
             out.extend(page)
             if len(page) < 10_000:
                 return out

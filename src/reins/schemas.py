@@ -166,7 +166,8 @@ class PackedEvent(_Wire):
     `model_request` has its token IDs, logprobs, request and response in `packed` (base64 of a
     `reins.packed` blob, stored against an earlier call of its attempt) and its other fields in
     `data`; `reins.packed.unpack_events` restores the events. Other events are whole, `packed`
-    null."""
+    null. Not a subclass of `Event`: its `data` is not the event's, so it must not pass for one
+    (`rollout_from_events` would read a packed call as a call without tokens)."""
 
     seq: int
     rollout_id: str

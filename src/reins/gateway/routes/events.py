@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query
+from fastapi import APIRouter, Body, Depends, Header, Query
 from pydantic import Field
 
 from reins.gateway.deps import Admin, AttemptCaller, AttemptIdPath, RolloutIdPath, StoreDep
@@ -70,11 +70,7 @@ def _ack(event: Event) -> EventAck:
     )
 
 
-@router.get("/{rollout_id}/events")
-async def read_events(
-    rollout_id: RolloutIdPath,
-    store: StoreDep,
-    _: Admin,
+def _event_filter(
     attempt_id: Annotated[
         int | None, Query(ge=1, le=1_000_000, description="Default: the latest attempt")
     ] = None,
@@ -84,42 +80,34 @@ async def read_events(
     ] = None,
     after: Annotated[int, Query(ge=0, le=2**62, description="Events with seq above this")] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+) -> dict[str, Any]:
+    """The query of both event reads, as the store's keyword arguments."""
+    return {
+        "attempt_id": attempt_id,
+        "all_attempts": all_attempts,
+        "types": type or (),
+        "after": after,
+        "limit": limit,
+    }
+
+
+EventFilter = Annotated[dict[str, Any], Depends(_event_filter)]
+
+
+@router.get("/{rollout_id}/events")
+async def read_events(
+    rollout_id: RolloutIdPath, store: StoreDep, _: Admin, query: EventFilter
 ) -> list[Event]:
     """Events in seq order; page with `after` = the last seq read."""
-    return await store.get_events(
-        rollout_id,
-        attempt_id=attempt_id,
-        all_attempts=all_attempts,
-        types=type or (),
-        after=after,
-        limit=limit,
-    )
+    return await store.get_events(rollout_id, **query)
 
 
 @router.get("/{rollout_id}/events/packed")
 async def read_packed_events(
-    rollout_id: RolloutIdPath,
-    store: StoreDep,
-    _: Admin,
-    attempt_id: Annotated[
-        int | None, Query(ge=1, le=1_000_000, description="Default: the latest attempt")
-    ] = None,
-    all_attempts: Annotated[bool, Query(description="Events of every attempt")] = False,
-    type: Annotated[
-        list[str] | None, Query(max_length=100, description="Keep these event types")
-    ] = None,
-    after: Annotated[int, Query(ge=0, le=2**62, description="Events with seq above this")] = 0,
-    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+    rollout_id: RolloutIdPath, store: StoreDep, _: Admin, query: EventFilter
 ) -> list[PackedEvent]:
     """The events as stored: a `model_request` packed against an earlier call of its attempt
     comes with its blob (`packed`, base64; `reins.packed.unpack_events` restores the events of
     an attempt read from its first call). A copy or an export of a long rollout costs its
     length, not the square of its turns."""
-    return await store.get_packed_events(
-        rollout_id,
-        attempt_id=attempt_id,
-        all_attempts=all_attempts,
-        types=type or (),
-        after=after,
-        limit=limit,
-    )
+    return await store.get_packed_events(rollout_id, **query)
