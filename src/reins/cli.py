@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from reins.swe.cli import swe_app
+
 app = typer.Typer(
     help="reins: train an LLM with RL through the agent harness it is deployed in.",
     no_args_is_help=True,
@@ -17,6 +19,7 @@ app = typer.Typer(
 console = Console(stderr=True, soft_wrap=True, highlight=False)
 model_app = typer.Typer(help="The default model's local copy.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+app.add_typer(swe_app, name="swe")
 
 
 @model_app.command("prepare")

@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -41,7 +42,10 @@ from pathlib import Path
 log = logging.getLogger("reins.sandbox")
 
 # What python3, bash and coreutils need from /etc (no shadow, no resolv.conf: no DNS inside).
-_ETC = "ld.so.cache ld.so.conf ld.so.conf.d alternatives localtime hosts nsswitch.conf passwd group"
+_ETC = (
+    "ld.so.cache ld.so.conf ld.so.conf.d alternatives localtime hosts nsswitch.conf passwd group "
+    "ssl ca-certificates"  # public CA certificates: a TLS client fails on the network, not before
+)
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "USER": "root"}
 _GRACE_S = 5.0  # after a kill: how long to wait for the pipe to close and the process to go
 
@@ -106,7 +110,7 @@ def sandbox_problem() -> str | None:
     return None
 
 
-def _mounts(folder: Path) -> list[str]:
+def _mounts(folder: Path, hidden: tuple[str, ...] = (), disabled: Path | None = None) -> list[str]:
     # --cap-drop ALL: bwrap run by root keeps every capability in the sandbox unless told not to.
     args = ["--unshare-all", "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
     args += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
@@ -120,9 +124,32 @@ def _mounts(folder: Path) -> list[str]:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     args += ["--bind", str(folder), "/work", "--chdir", "/work", "--clearenv"]
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for path in hidden:
+        # An empty folder over a folder, an empty file over a file: gone from the inside.
+        args += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
+    if disabled is not None:
+        for stub in sorted(disabled.iterdir()):
+            for place in _command_paths(stub.name):
+                args += ["--ro-bind", str(stub), place]
     for key, value in _ENV.items():
         args += ["--setenv", key, value]
     return args
+
+
+def _command_paths(name: str) -> list[str]:
+    """Where a command `name` of the host is visible inside: its files on the PATH (the /bin
+    links lead into /usr, so /usr is where they are)."""
+    places = []
+    for folder in ("/usr/local/bin", "/usr/bin", "/usr/local/sbin", "/usr/sbin"):
+        if os.path.lexists(f"{folder}/{name}"):
+            places.append(f"{folder}/{name}")
+    return places
+
+
+_DISABLED_STUB = """#!/bin/sh
+echo "{name}: disabled in this sandbox (reins)" >&2
+exit 126
+"""
 
 
 def _counter(path: Path, key: str) -> int:
@@ -259,13 +286,34 @@ class _Output:
 class Sandbox:
     """One rollout's isolated folder; commands run in it with `run`. A context manager."""
 
-    def __init__(self, folder: Path, limits: SandboxLimits = SandboxLimits()) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        limits: SandboxLimits = SandboxLimits(),
+        *,
+        disabled_commands: Sequence[str] = (),
+        hidden_paths: Sequence[str] = (),
+    ) -> None:
+        """`disabled_commands`: commands of the host (say `git`) replaced inside by one that
+        prints `NAME: disabled in this sandbox (reins)` to stderr and exits 126.
+        `hidden_paths`: absolute paths of the host's read-only tree shown empty inside (say
+        /usr/lib/git-core, where git's own programs are)."""
         problem = sandbox_problem()
         if problem:
             raise SandboxError(problem)
         self.path = Path(folder).resolve()
         self.path.mkdir(parents=True, exist_ok=True)
         self.limits = limits
+        self.hidden_paths = tuple(p for p in hidden_paths if os.path.lexists(p))
+        self._stubs: Path | None = None
+        if disabled_commands:
+            self._stubs = Path(tempfile.mkdtemp(prefix="reins-sandbox-stubs-"))
+            for name in disabled_commands:
+                if not name or "/" in name:
+                    raise ValueError(f"{name!r} is not a command name")
+                stub = self._stubs / name
+                stub.write_text(_DISABLED_STUB.format(name=name))
+                stub.chmod(0o755)
         self._running: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -293,7 +341,8 @@ class Sandbox:
         if group is None:
             ulimits += f" -v {limits.memory_mb * 1024}"
         inner = f'{ulimits} && ulimit -S -t {limits.cpu_s} && exec /bin/bash -c "$1"'
-        argv = [_bwrap() or "bwrap", *_mounts(self.path), "--", "/bin/bash", "-c", inner]
+        mounts = _mounts(self.path, self.hidden_paths, self._stubs)
+        argv = [_bwrap() or "bwrap", *mounts, "--", "/bin/bash", "-c", inner]
         argv += ["sandbox", command]
         if group is None:
             return argv
@@ -407,3 +456,6 @@ class Sandbox:
         if self._cgroups is not None:
             self._cgroups.remove()
             self._cgroups = None
+        if self._stubs is not None:
+            shutil.rmtree(self._stubs, ignore_errors=True)
+            self._stubs = None

@@ -1,0 +1,179 @@
+"""The paper's coding agent (section 4.3): mini-swe-agent on a SWE-smith task, reward by tests.
+
+One rollout (`examples.swe.agent:run`, the task as `reins swe prepare` writes it):
+
+1. the task's problem branch is cloned into a fresh folder, its git history kept beside it,
+   out of the agent's sight (`reins.swe.workspace`);
+2. mini-swe-agent, unmodified (its default agent, its litellm model pointed at the proxy, the
+   templates of its own `mini.yaml`), works on the problem statement; each command it sends
+   runs in the rollout's sandbox (`reins.swe.environment`): no network at all, git disabled;
+3. after the sandbox is closed, the agent's diff is applied to the branch's parent, where the
+   FAIL_TO_PASS tests are, and the repository's tests run in a new sandbox: reward 1 when
+   every FAIL_TO_PASS and PASS_TO_PASS test passes.
+
+Reported per rollout: a `tool` event per command, a `hack_attempt` event per reward hack tried
+(paper 4.3.2: git history, wget/curl, pip download, Python networking; all of them fail), a
+`patch` event with the agent's diff, and the reward with the metrics `commands`, `submitted`,
+`hack_attempts`, `patch_lines` and `steps`.
+
+Settings (environment variables, for the controller's agents): SWE_STEP_LIMIT (model calls,
+default 8 here, the paper's runs use far more), SWE_MAX_TOKENS (per call, 384), SWE_COMMAND_S
+(wall seconds per command, 30).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from reins.agent import AgentContext, emit_event, report_reward, report_tool
+from reins.sandbox import CommandResult, Sandbox, SandboxLimits
+from reins.swe.environment import SandboxEnvironment
+from reins.swe.hacks import HACK_EVENT, HackAttempt
+from reins.swe.instances import Instance, RepoSource
+from reins.swe.workspace import GIT_DISABLED, TestReport, Workspace
+
+MODEL = "policy"  # the gateway routes every name to the model being trained
+PATCH_EVENT = "patch"
+SHOWN_PATCH_CHARS = 20_000
+
+
+def _setting(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+@dataclass
+class Episode:
+    exit_status: str = ""
+    commands: int = 0
+    hacks: list[HackAttempt] = field(default_factory=list)
+    patch: str = ""
+    report: TestReport | None = None
+
+    @property
+    def submitted(self) -> bool:
+        return self.exit_status == "Submitted"
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "commands": self.commands,
+            "submitted": int(self.submitted),
+            "hack_attempts": len(self.hacks),
+            "patch_lines": sum(
+                1
+                for line in self.patch.splitlines()
+                if line[:1] in "+-" and not line.startswith(("+++", "---"))
+            ),
+        }
+
+
+def task_of(task: dict[str, Any]) -> tuple[Instance, RepoSource]:
+    """The instance and its repository from a task's input (`reins swe prepare` writes both)."""
+    repo = task["repo_source"]
+    source = RepoSource(
+        repo=task["instance"]["repo"],
+        source=Path(repo["source"]),
+        test_command=repo["test_command"],
+        test_paths=tuple(repo["test_paths"]),
+    )
+    return Instance.from_record(task["instance"], task["instance"]["instance_id"]), source
+
+
+def mini_swe_agent(context: AgentContext, environment: SandboxEnvironment) -> Any:
+    """mini-swe-agent's DefaultAgent with its `mini.yaml` templates and its litellm model."""
+    os.environ.setdefault("MSWEA_CONFIGURED", "true")
+    os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    # A refused call is the proxy's answer, not a network blip: do not retry it ten times.
+    os.environ.setdefault("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "3")
+    from minisweagent import package_dir
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.models.litellm_model import LitellmModel
+
+    config = yaml.safe_load((Path(package_dir) / "config" / "mini.yaml").read_text())
+    agent_config = {**config["agent"], "step_limit": _setting("SWE_STEP_LIMIT", 8), "cost_limit": 0}
+    model = LitellmModel(
+        model_name=f"openai/{MODEL}",
+        model_kwargs={
+            "api_base": context.openai_base_url,
+            "api_key": context.api_key,
+            "max_tokens": _setting("SWE_MAX_TOKENS", 384),
+            "timeout": 900,
+        },
+        cost_tracking="ignore_errors",
+    )
+    return DefaultAgent(model, environment, **agent_config)
+
+
+def play(
+    instance: Instance,
+    repo: RepoSource,
+    run_agent: Any,
+    *,
+    on_command: Any = None,
+    limits: SandboxLimits | None = None,
+) -> Episode:
+    """One episode in a fresh temporary folder: checkout, `run_agent(environment)` (returns
+    mini-swe-agent's exit status), the tests. The folder is removed after."""
+    limits = limits or SandboxLimits(wall_s=_setting("SWE_COMMAND_S", 30), memory_mb=1024)
+    episode = Episode()
+    with tempfile.TemporaryDirectory(prefix="reins-swe-") as root:
+        workspace = Workspace(Path(root), repo, instance.instance_id)
+        work = workspace.checkout()
+        with Sandbox(work, limits, **GIT_DISABLED) as sandbox:  # type: ignore[arg-type]
+            environment = SandboxEnvironment(sandbox, on_command=on_command)
+            try:
+                episode.exit_status = run_agent(environment)
+            finally:
+                episode.commands, episode.hacks = environment.commands, list(environment.hacks)
+        # Closed: nothing the agent started still runs while its work is diffed and tested.
+        episode.patch = workspace.diff()
+        episode.report = workspace.evaluate(instance)
+    return episode
+
+
+def run_mini_swe_agent(context: AgentContext, instance: Instance) -> Any:
+    def run_agent(environment: SandboxEnvironment) -> str:
+        agent = mini_swe_agent(context, environment)
+        try:
+            result = agent.run(instance.problem_statement)
+        except Exception as error:  # litellm's ContextWindowExceededError and the like
+            if "context" not in type(error).__name__.lower():
+                raise  # the proxy unreachable after retries: the attempt fails (retried)
+            return "ContextWindowExceeded"
+        return str(result.get("exit_status", ""))
+
+    return run_agent
+
+
+def post_command(command: str, result: CommandResult, hacks: list[HackAttempt]) -> None:
+    report_tool("bash", {"command": command}, result.output, ok=result.ok, seconds=result.seconds)
+    for hack in hacks:
+        emit_event(
+            HACK_EVENT, {"kind": hack.kind, "evidence": hack.evidence, "command": command[:2000]}
+        )
+
+
+def report(episode: Episode) -> None:
+    emit_event(
+        PATCH_EVENT, {"diff": episode.patch[:SHOWN_PATCH_CHARS], "chars": len(episode.patch)}
+    )
+    assert episode.report is not None
+    reason = f"{episode.report.reason}; agent ended: {episode.exit_status or 'no exit status'}"
+    if episode.hacks:
+        kinds = sorted({hack.kind for hack in episode.hacks})
+        reason += f"; attempted hacks (all blocked): {', '.join(kinds)}"
+    report_reward(episode.report.reward, reason=reason, metrics=episode.metrics())
+
+
+def run(task: dict[str, Any]) -> None:
+    """The agent the controller runs (`examples.swe.agent:run`); it reports its own reward."""
+    context = AgentContext.from_env()
+    instance, repo = task_of(task)
+    episode = play(instance, repo, run_mini_swe_agent(context, instance), on_command=post_command)
+    report(episode)

@@ -1,0 +1,1 @@
+"""minilib: a tiny utility library, the repository of reins' shipped SWE task set."""

@@ -1,0 +1,1 @@
+"""tablelib: unit conversion by table, the second repository of reins' shipped SWE task set."""

@@ -1,0 +1,101 @@
+"""mini-swe-agent's environment over a `reins.sandbox.Sandbox`.
+
+mini-swe-agent runs unmodified: its agent and model classes as they ship, this class in place
+of its `LocalEnvironment` (an environment is its documented extension point: `execute`,
+`get_template_vars`, `serialize`). Each command the model sends runs in the rollout's sandbox:
+a fresh shell in the checkout (`/work`), no network at all, git disabled and git's programs
+hidden, limits on time, memory and processes. The harness process itself stays outside: it
+alone holds the attempt's token, so no command can post an event (a reward) or reach anything.
+
+Every command goes to `on_command` with its result and the hacks it tried
+(`reins.swe.hacks`), for the harness to post as `tool` and `hack_attempt` events.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+from typing import Any
+
+from reins.sandbox import CommandResult, Sandbox
+from reins.swe.hacks import HackAttempt, attempted_hacks
+
+SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+"""mini-swe-agent's end of task: a command whose output starts with this line."""
+
+OnCommand = Callable[[str, CommandResult, list[HackAttempt]], None]
+
+
+class SandboxEnvironment:
+    """A mini-swe-agent environment: `execute` runs a command in `sandbox`."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        *,
+        on_command: OnCommand | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.sandbox = sandbox
+        self.on_command = on_command
+        self.timeout_s = timeout_s
+        self.hacks: list[HackAttempt] = []
+        self.commands = 0
+
+    def execute(
+        self, action: dict[str, Any] | str, cwd: str = "", *, timeout: int | None = None
+    ) -> dict[str, Any]:
+        command = action if isinstance(action, str) else str(action.get("command", ""))
+        if cwd and cwd not in ("/work", "."):
+            command = f"cd {cwd!r} && {command}"
+        result = self.sandbox.run(command, timeout_s=timeout or self.timeout_s)
+        hacks = attempted_hacks(command, result.output)
+        self.commands += 1
+        self.hacks += hacks
+        if self.on_command is not None:
+            self.on_command(command, result, hacks)
+        output: dict[str, Any] = {
+            "output": result.output,
+            # mini-swe-agent shows the code to the model; a command a limit stopped has none.
+            "returncode": result.exit_code if result.exit_code is not None else -1,
+            "exception_info": ""
+            if result.limit is None
+            else f"stopped by the {result.limit} limit",
+        }
+        self._check_finished(output)
+        return output
+
+    def _check_finished(self, output: dict[str, Any]) -> None:
+        lines = output["output"].lstrip().splitlines(keepends=True)
+        if lines and lines[0].strip() == SUBMIT and output["returncode"] == 0:
+            from minisweagent.exceptions import Submitted
+
+            submission = "".join(lines[1:])
+            raise Submitted(
+                {
+                    "role": "exit",
+                    "content": submission,
+                    "extra": {"exit_status": "Submitted", "submission": submission},
+                }
+            )
+
+    def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
+        """What mini-swe-agent's templates read (`{{system}}`, `{{machine}}`...): the host's
+        uname, the sandbox's own environment (never the host's: it holds the token)."""
+        return {
+            **platform.uname()._asdict(),
+            "cwd": "/work",
+            "timeout": self.timeout_s or self.sandbox.limits.wall_s,
+            **kwargs,
+        }
+
+    def serialize(self) -> dict[str, Any]:
+        limits = self.sandbox.limits
+        return {
+            "info": {
+                "config": {
+                    "environment": {"limits": vars(limits) if hasattr(limits, "__dict__") else {}},
+                    "environment_type": f"{type(self).__module__}.{type(self).__name__}",
+                }
+            }
+        }

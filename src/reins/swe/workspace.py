@@ -1,0 +1,167 @@
+"""A rollout's checkout of its problem branch, and the reward: do the task's tests pass?
+
+The agent works in `work/`, which holds the problem branch's files and no `.git`: the git
+directory is cloned beside it (`git/`), outside anything a sandbox shows, so the history (and
+the commit before the bug) is out of the agent's reach, and sandboxes made with `GIT_DISABLED`
+have no git to run (paper section 4.3.2, safeguard one).
+
+The reward step, as SWE-smith evaluates: the agent's change is the diff of `work/` against the
+branch (new files included, the repository's test paths excluded); it is applied to a fresh tree
+of the branch's parent commit, where the FAIL_TO_PASS tests still are, and the repository's test
+command runs there in a new sandbox. Reward 1 when every FAIL_TO_PASS and PASS_TO_PASS test
+passes, else 0.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reins.sandbox import Sandbox, SandboxLimits
+from reins.swe.instances import Instance, RepoSource
+
+GIT_DISABLED = {"disabled_commands": ("git",), "hidden_paths": ("/usr/lib/git-core",)}
+"""Sandbox settings for the agent's commands: `git` answers that it is disabled, and git's own
+programs (`/usr/lib/git-core/git`, reachable without the PATH) are gone."""
+TEST_LIMITS = SandboxLimits(
+    wall_s=600, cpu_s=600, memory_mb=2048, processes=256, output_chars=4_000_000
+)
+"""The test run's sandbox: a whole suite's time and a log long enough for every test's line."""
+_RESULT = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+::\S+)")
+_RESULT_AFTER = re.compile(r"^(\S+::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+
+
+class WorkspaceError(RuntimeError):
+    """The task's repository could not be checked out (a setup problem, not the agent's)."""
+
+
+def _git(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> bytes:
+    done = subprocess.run(
+        ["git", "-c", "core.hooksPath=/dev/null", *args], capture_output=True, cwd=cwd,
+        env={**os.environ, **(env or {})}, timeout=300, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise WorkspaceError(
+            f"git {' '.join(args)}: {done.stderr.decode(errors='replace').strip()}"
+        )
+    return done.stdout
+
+
+def parse_test_log(log: str) -> dict[str, str]:
+    """Test id -> outcome from a log in pytest's `-rA` (`PASSED id`) or `-v` (`id PASSED`) form;
+    a test reported twice keeps its last outcome."""
+    outcomes = {}
+    for line in log.splitlines():
+        line = line.strip()
+        if match := _RESULT.match(line):
+            outcomes[match.group(2)] = match.group(1)
+        elif match := _RESULT_AFTER.match(line):
+            outcomes[match.group(1)] = match.group(2)
+    return outcomes
+
+
+@dataclass
+class TestReport:
+    reward: float
+    failed_to_pass: list[str] = field(default_factory=list)
+    """FAIL_TO_PASS tests that did not pass."""
+    broke: list[str] = field(default_factory=list)
+    """PASS_TO_PASS tests that did not pass."""
+    patch_applied: bool = True
+    seconds: float = 0.0
+    log_tail: str = ""
+
+    @property
+    def reason(self) -> str:
+        if not self.patch_applied:
+            return "the agent's change does not apply to the tested tree"
+        if self.reward == 1.0:
+            return "all FAIL_TO_PASS and PASS_TO_PASS tests pass"
+        parts = []
+        if self.failed_to_pass:
+            parts.append(f"{len(self.failed_to_pass)} FAIL_TO_PASS still failing")
+        if self.broke:
+            parts.append(f"{len(self.broke)} PASS_TO_PASS broken")
+        return "; ".join(parts)
+
+
+class Workspace:
+    """`root/work` (the agent's checkout, no `.git`) and `root/git` (its history)."""
+
+    def __init__(self, root: Path, repo: RepoSource, instance_id: str) -> None:
+        self.root, self.repo, self.instance_id = Path(root), repo, instance_id
+        self.work = self.root / "work"
+        self.git_dir = self.root / "git"
+
+    def checkout(self) -> Path:
+        """Clones the problem branch; returns the work tree."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        _git("clone", "--quiet", "--no-tags", "--single-branch", "--branch", self.instance_id,
+             "--separate-git-dir", str(self.git_dir),
+             str(self.repo.source), str(self.work))  # fmt: skip
+        (self.work / ".git").unlink()  # the `gitdir:` pointer: the agent sees no repository
+        exclude = self.git_dir / "info" / "exclude"
+        exclude.parent.mkdir(exist_ok=True)
+        exclude.write_text("__pycache__/\n*.pyc\n.pytest_cache/\n")
+        return self.work
+
+    def _tree_env(self) -> dict[str, str]:
+        return {"GIT_DIR": str(self.git_dir), "GIT_WORK_TREE": str(self.work),
+                "GIT_INDEX_FILE": str(self.root / "agent.index")}  # fmt: skip
+
+    def diff(self, *, with_tests: bool = False) -> str:
+        """The agent's change to the work tree as a binary git diff (new files included); the
+        repository's test paths left out unless `with_tests`."""
+        env = self._tree_env()
+        _git("read-tree", "HEAD", env=env)
+        _git("add", "--all", env=env)
+        excluded = [] if with_tests else [f":(exclude){path}" for path in self.repo.test_paths]
+        return _git("diff", "--cached", "--binary", "HEAD", "--", ".", *excluded, env=env).decode(
+            errors="surrogateescape"
+        )
+
+    def tested_tree(self, dest: Path, patch: str) -> bool:
+        """The branch's parent commit (the tests before their removal) in `dest`, the agent's
+        `patch` applied; False when it does not apply (the tree is then the unpatched one)."""
+        env = {"GIT_DIR": str(self.git_dir)}
+        parent = "HEAD~1"
+        try:
+            _git("rev-parse", "--verify", "--quiet", parent, env=env)
+        except WorkspaceError:
+            parent = "HEAD"  # a branch of one commit: its tests were never removed
+        archive = _git("archive", "--format=tar", parent, env=env)
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(dest, filter="data")
+        if not patch.strip():
+            return True
+        patch_file = self.root / "agent.patch"
+        patch_file.write_bytes(patch.encode(errors="surrogateescape"))
+        env = {"GIT_DIR": str(self.git_dir), "GIT_WORK_TREE": str(dest),
+               "GIT_INDEX_FILE": str(self.root / "apply.index")}  # fmt: skip
+        try:  # from the tree's root: `git apply` takes the patch's paths relative to the cwd
+            _git("apply", "--binary", "--whitespace=nowarn", str(patch_file), env=env, cwd=dest)
+        except WorkspaceError:
+            return False
+        return True
+
+    def evaluate(self, instance: Instance, limits: SandboxLimits = TEST_LIMITS) -> TestReport:
+        """The reward of the work tree as it is now (call it after the agent's sandbox closed)."""
+        dest = self.root / "tested"
+        shutil.rmtree(dest, ignore_errors=True)
+        applied = self.tested_tree(dest, self.diff())
+        if not applied:
+            return TestReport(0.0, list(instance.fail_to_pass), [], patch_applied=False)
+        with Sandbox(dest, limits, **GIT_DISABLED) as sandbox:
+            result = sandbox.run(self.repo.test_command)
+        outcomes = parse_test_log(result.output)
+        still = [t for t in instance.fail_to_pass if outcomes.get(t) != "PASSED"]
+        broke = [t for t in instance.pass_to_pass if outcomes.get(t) != "PASSED"]
+        reward = 1.0 if not still and not broke else 0.0
+        return TestReport(reward, still, broke, True, result.seconds, result.output[-2000:])
