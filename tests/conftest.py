@@ -10,6 +10,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+# Under pytest-xdist (`make test`: 2 workers on 2 cores) torch's one thread per core in every
+# worker oversubscribes the cores while both run models: measured here, two workers each
+# decoding with the 135M model took 31 s with the default threads and 23 s with one thread
+# each, while one alone took 24 s with two threads and 23 s with one. Set before torch is
+# imported; the servers and agents the tests start inherit it (the vLLM server does not:
+# tests/vllm_support.py).
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["REINS_TESTS_SET_OMP_THREADS"] = "1"
+
+
 import httpx
 import pytest
 import uvicorn

@@ -161,6 +161,8 @@ class VllmServer:
         # The test process's venv must not leak into vLLM's interpreter.
         for name in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
             env.pop(name, None)
+        if env.pop("REINS_TESTS_SET_OMP_THREADS", None):  # tests/conftest.py's, for torch in pytest
+            env.pop("OMP_NUM_THREADS", None)
         self.tmp_dir.mkdir(exist_ok=True)
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(command)}\n".encode())
