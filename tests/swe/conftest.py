@@ -26,3 +26,7 @@ def shipped() -> tuple[list[Instance], dict[str, RepoSource]]:
 def by_id(instances: list[Instance], suffix: str) -> Instance:
     (found,) = [i for i in instances if i.instance_id.endswith(suffix)]
     return found
+
+
+# The controller tests' gateway and client fixtures, for the safeguard tests.
+from tests.controller.conftest import client, gateway_url  # noqa: E402, F401
