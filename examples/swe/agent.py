@@ -14,11 +14,11 @@ One rollout (`examples.swe.agent:run`, the task as `reins swe prepare` writes it
 Reported per rollout: a `tool` event per command, a `hack_attempt` event per reward hack tried
 (paper 4.3.2: git history, wget/curl, pip download, Python networking; all of them fail), a
 `patch` event with the agent's diff, and the reward with the metrics `commands`, `submitted`,
-`hack_attempts`, `patch_lines` and `steps`.
+`hack_attempts` and `patch_lines`.
 
 Settings (environment variables, for the controller's agents): SWE_STEP_LIMIT (model calls,
-default 8 here, the paper's runs use far more), SWE_MAX_TOKENS (per call, 384), SWE_COMMAND_S
-(wall seconds per command, 30).
+default 8 here, the paper's runs use far more), SWE_MAX_TOKENS (per call, 256), SWE_COMMAND_S
+(wall seconds per command, 30). Read at each rollout.
 """
 
 from __future__ import annotations
@@ -37,6 +37,23 @@ from reins.swe.environment import SandboxEnvironment
 from reins.swe.hacks import HACK_EVENT, HackAttempt
 from reins.swe.instances import Instance, RepoSource
 from reins.swe.workspace import GIT_DISABLED, TestReport, Workspace
+
+# Before mini-swe-agent and litellm are imported (they read these then): no first-run prompt, no
+# price table download, no cost errors for a model name they do not know. A refused call is the
+# proxy's answer, not a network blip: three tries, not ten.
+for _name, _value in {
+    "MSWEA_CONFIGURED": "true",
+    "MSWEA_COST_TRACKING": "ignore_errors",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "3",
+}.items():
+    os.environ.setdefault(_name, _value)
+
+# Imported here, not per rollout: the controller's zygote imports this module once and forks
+# each attempt from it, so litellm's seconds of import are paid once.
+from minisweagent import package_dir  # noqa: E402
+from minisweagent.agents.default import DefaultAgent  # noqa: E402
+from minisweagent.models.litellm_model import LitellmModel  # noqa: E402
 
 MODEL = "policy"  # the gateway routes every name to the model being trained
 PATCH_EVENT = "patch"
@@ -86,15 +103,6 @@ def task_of(task: dict[str, Any]) -> tuple[Instance, RepoSource]:
 
 def mini_swe_agent(context: AgentContext, environment: SandboxEnvironment) -> Any:
     """mini-swe-agent's DefaultAgent with its `mini.yaml` templates and its litellm model."""
-    os.environ.setdefault("MSWEA_CONFIGURED", "true")
-    os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    # A refused call is the proxy's answer, not a network blip: do not retry it ten times.
-    os.environ.setdefault("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "3")
-    from minisweagent import package_dir
-    from minisweagent.agents.default import DefaultAgent
-    from minisweagent.models.litellm_model import LitellmModel
-
     config = yaml.safe_load((Path(package_dir) / "config" / "mini.yaml").read_text())
     agent_config = {**config["agent"], "step_limit": _setting("SWE_STEP_LIMIT", 8), "cost_limit": 0}
     model = LitellmModel(
@@ -102,7 +110,7 @@ def mini_swe_agent(context: AgentContext, environment: SandboxEnvironment) -> An
         model_kwargs={
             "api_base": context.openai_base_url,
             "api_key": context.api_key,
-            "max_tokens": _setting("SWE_MAX_TOKENS", 384),
+            "max_tokens": _setting("SWE_MAX_TOKENS", 256),
             "timeout": 900,
         },
         cost_tracking="ignore_errors",

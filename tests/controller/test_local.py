@@ -413,6 +413,22 @@ async def test_function_agents_fork_from_a_preloaded_zygote(
         assert (folder / "exit").read_text().strip() == "0"
 
 
+async def test_a_module_that_prints_when_imported_does_not_break_its_zygote(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    ids = ["r-noisy1", "r-noisy2"]
+    await client.create_rollouts([RolloutSpec(rollout_id=rid, input={}) for rid in ids])
+    ctl = controller(client, gateway_url, tmp_path / "logs", "tests.controller.noisy_agent:succeed")
+    async with running(ctl):
+        rollouts = await wait_terminal(client, ids, timeout_s=60)
+    assert {rid: rollouts[rid].status.state for rid in ids} == dict.fromkeys(ids, "succeeded")
+    for rid in ids:
+        folder = tmp_path / "logs" / rid / "attempt-1"
+        assert (folder / "pid.start").read_text().strip()  # forked from the zygote
+        assert (folder / "agent.log").read_text() == "and the agent prints too\n"
+    assert "prints a banner" in (tmp_path / "logs" / "zygote.log").read_text()
+
+
 async def test_without_preload_function_agents_run_in_a_fresh_interpreter(
     client: GatewayClient, gateway_url: str, tmp_path: Path
 ) -> None:

@@ -15,6 +15,7 @@ leaves no agent behind.
 
 Protocol: one JSON request per line on stdin, `{"folder": ..., "env": {...}, "cwd": ...}`, one
 answer per line on stdout, `{"pid": N}` or `{"error": "..."}`. The zygote exits when stdin closes.
+Anything else written to stdout (by the agent's module, say) goes to stderr instead.
 
 Caveat (documented in docs/controller.md): a module that reads the environment at import time sees
 the controller's environment, not the attempt's; such agents can opt out (`--no-preload`).
@@ -83,11 +84,14 @@ def _exit_status(code: object) -> int:
     return 1
 
 
-def _child(agent: str, function: Any, request: dict[str, Any], parent: int | None) -> None:
+def _child(
+    agent: str, function: Any, request: dict[str, Any], parent: int | None, protocol: int
+) -> None:
     """Runs in the forked child; never returns."""
     code = 1
     try:
-        os.setsid()
+        os.close(protocol)  # the zygote's answers are its own: a child holding them open would
+        os.setsid()  # keep the controller from seeing a dead zygote's end of file
         if parent is not None:
             die_with_parent(parent)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the agent's own subprocesses are waited
@@ -124,6 +128,12 @@ def main(argv: list[str]) -> int:
     agent = argv[0]
     from reins.controller.run_agent import load_agent
 
+    # The answers go to a copy of stdout; stdout itself becomes stderr (the zygote's log), so
+    # what the agent's module prints when imported (mini-swe-agent's banner) cannot corrupt them.
+    protocol = os.dup(sys.stdout.fileno())
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    out = os.fdopen(protocol, "w")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     function = load_agent(agent)
@@ -135,7 +145,6 @@ def main(argv: list[str]) -> int:
         parent = os.getpid()
     # Children are reaped by the kernel: the controller learns their end from their files.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    out = sys.stdout
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -143,13 +152,14 @@ def main(argv: list[str]) -> int:
             request = json.loads(line)
             sys.stdout.flush()
             sys.stderr.flush()
+            out.flush()
             pid = os.fork()
         except (ValueError, OSError) as error:
             out.write(json.dumps({"error": repr(error)}) + "\n")
             out.flush()
             continue
         if pid == 0:
-            _child(agent, function, request, parent)
+            _child(agent, function, request, parent, protocol)
         # Written here, before the answer, so the controller never sees a pid it cannot check.
         folder = Path(request["folder"])
         _write(folder / "pid.start", process_start_time(pid) or "")
