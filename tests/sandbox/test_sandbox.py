@@ -219,3 +219,27 @@ def test_close_kills_a_running_command_and_removes_the_cgroups(tmp_path: Path) -
     assert results[0].exit_code is None and results[0].seconds < 5
     assert results[0].output == "[killed: sandbox closed]"
     assert not any(group.exists() for group in groups)
+
+
+def test_a_disabled_command_is_a_stub_however_called_and_hidden_paths_are_empty(
+    tmp_path: Path,
+) -> None:
+    assert Path("/usr/bin/git").exists() and any(Path("/usr/lib/git-core").iterdir())  # on host
+    with Sandbox(
+        tmp_path / "rollout", FAST, disabled_commands=("git",), hidden_paths=("/usr/lib/git-core",)
+    ) as box:
+        stubs = box._stubs
+        assert stubs is not None and stubs.is_dir()
+        from_python = "python3 -c \"import subprocess; subprocess.run(['git', 'log'], check=True)\""
+        for command in ("git log", "/usr/bin/git status", "/bin/git --version", from_python):
+            result = box.run(command)
+            assert result.exit_code != 0, command
+            assert "git: disabled in this sandbox (reins)" in result.output, command
+        assert box.run("git log").exit_code == 126
+        assert box.run("ls -A /usr/lib/git-core").output == ""
+        assert box.run("ls /usr/bin/python3").ok  # the rest of /usr is there
+    assert not stubs.exists()  # removed by close()
+    with Sandbox(tmp_path / "plain", FAST) as plain:  # nothing disabled by default
+        assert plain.run("git --version").output.startswith("git version")
+    with pytest.raises(ValueError, match="is not a command name"):
+        Sandbox(tmp_path / "bad", FAST, disabled_commands=("/usr/bin/git",))

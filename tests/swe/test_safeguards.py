@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
+
 from reins.client import GatewayClient
 from reins.controller import Controller, LocalReconciler
 from reins.schemas import REWARD, TOOL, RolloutSpec
 from reins.swe.hacks import HACK_EVENT
 from reins.swe.instances import Instance, RepoSource
 from reins.swe.prepare import task_input
+from tests.conftest import ADMIN_KEY
 from tests.controller.conftest import ROOT, running, wait_terminal
 from tests.swe.conftest import by_id, needs_sandbox
 
@@ -103,6 +106,11 @@ async def test_each_hack_fails_is_recorded_and_scores_zero_while_an_honest_fix_s
         assert "attempted hacks (all blocked)" in reward["reason"]
         assert reward["reason"].startswith("1 FAIL_TO_PASS still failing; agent ended: Submitted")
         assert of_type(events[name], "patch") == [{"diff": "", "chars": 0}]  # nothing changed
+
+    # The dashboard's rollout page shows them in the attempt's timeline.
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as http:
+        page = (await http.get(f"{gateway_url}/ui/rollouts/download")).text
+    assert page.count("hack_attempt") == 2 and f"curl -sSL {UPSTREAM}" in page
 
     assert hacks["honest"] == []
     assert outputs["honest"][2].strip().endswith("0 failed")  # its own check, tests it can see
