@@ -306,11 +306,12 @@ class Sandbox:
         self.limits = limits
         self.hidden_paths = tuple(p for p in hidden_paths if os.path.lexists(p))
         self._stubs: Path | None = None
+        for name in disabled_commands:
+            if not name or "/" in name:
+                raise ValueError(f"{name!r} is not a command name")
         if disabled_commands:
             self._stubs = Path(tempfile.mkdtemp(prefix="reins-sandbox-stubs-"))
             for name in disabled_commands:
-                if not name or "/" in name:
-                    raise ValueError(f"{name!r} is not a command name")
                 stub = self._stubs / name
                 stub.write_text(_DISABLED_STUB.format(name=name))
                 stub.chmod(0o755)

@@ -13,6 +13,7 @@ Every command goes to `on_command` with its result and the hacks it tried
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from collections.abc import Callable
 from typing import Any
@@ -94,7 +95,7 @@ class SandboxEnvironment:
         return {
             "info": {
                 "config": {
-                    "environment": {"limits": vars(limits) if hasattr(limits, "__dict__") else {}},
+                    "environment": {"limits": dataclasses.asdict(limits)},
                     "environment_type": f"{type(self).__module__}.{type(self).__name__}",
                 }
             }

@@ -58,7 +58,8 @@ class PrepareConfig(BaseModel):
     difficulty filter. None: no difficulty filter (every task the static filters keep)."""
     run_name: str = "swe-prepare"
     """The difficulty rollouts' run (its folder under the policy's runs_dir). Re-running with
-    the same name reuses rollouts that already finished."""
+    the same name reuses the rollouts that already finished (an interrupted run goes on); after
+    the policy changed, use another name or remove that folder."""
     attempts: int = Field(default=4, ge=1)
     temperature: float = Field(default=1.0, ge=0)
     all_failed_sample: int = Field(default=1000, ge=0)

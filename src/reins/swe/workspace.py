@@ -138,7 +138,10 @@ class Workspace:
         archive = _git("archive", "--format=tar", parent, env=env)
         dest.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(dest, filter="data")
+            if hasattr(tarfile, "data_filter"):  # Python 3.11.4+: refuse links out of `dest`
+                tar.extractall(dest, filter="data")
+            else:  # git's own archive of the repository's tree
+                tar.extractall(dest)
         if not patch.strip():
             return True
         patch_file = self.root / "agent.patch"
