@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -159,3 +160,37 @@ def test_agents_run_as_module_function_or_shell_command() -> None:
     ]
     assert agent_command("./run.sh --x 1", "py") == ["/bin/sh", "-c", "./run.sh --x 1"]
     assert agent_command("echo a:b", "py") == ["/bin/sh", "-c", "echo a:b"]
+
+
+def test_a_field_of_the_rollouts_input_fills_a_dotted_placeholder() -> None:
+    template = """
+apiVersion: batch/v1
+kind: Job
+metadata: {name: x}
+spec:
+  template:
+    spec:
+      containers:
+        - name: agent
+          image: "{{registry}}/{{input.instance.image_name}}"
+          command: "{{command}}"
+          args: "{{input.instance.tests}}"
+"""
+    task = {"instance": {"image_name": "swesmith.x86_64.repo:abc", "tests": ["t::a", "t::b"]}}
+    env = {**ENV, "REINS_INPUT": json.dumps(task)}
+    rec = reconciler(job_template=template, values={"registry": "registry.local"})
+    rec._check_templates()  # `input.*` is known at start: its value comes with each launch
+    job = rec.render_job(Launch("r-1", 1, agent=None, env=env, timeout_s=None, incarnation="t"))
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.local/swesmith.x86_64.repo:abc"
+    assert container["args"] == ["t::a", "t::b"]  # a whole placeholder keeps the value's type
+    other = {**ENV, "REINS_INPUT": json.dumps({"instance": {}})}
+    with pytest.raises(LaunchError, match=r"uses \{\{input.instance.image_name\}\}, but "
+                       r"input.instance has no 'image_name'"):  # fmt: skip
+        rec.render_job(Launch("r-2", 1, agent=None, env=other, timeout_s=None, incarnation="t"))
+    assert placeholders(template) == {"registry", "command", "input.instance.image_name",
+                                      "input.instance.tests"}  # fmt: skip
+    with pytest.raises(TemplateError, match=r"uses \{\{nope.x\}\}, which has no value"):
+        render('a: "{{nope.x}}"', {})
+    with pytest.raises(ValueError, match=r"--set registry=\.\.\."):
+        reconciler(job_template=template)._check_templates()

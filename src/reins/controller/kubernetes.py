@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import ipaddress
+import json
 import logging
 import math
 import re
@@ -320,6 +321,8 @@ class KubernetesReconciler:
         if agent:
             values["agent"] = agent
             values["command"] = agent_command(agent, self.python)
+        if "REINS_INPUT" in launch.env:  # `{{input.x.y}}`: a field of the rollout's task
+            values["input"] = json.loads(launch.env["REINS_INPUT"])
         try:
             job = render(self.job_template, values)
         except TemplateError as error:
@@ -396,9 +399,9 @@ class KubernetesReconciler:
         """Fails at start, not at the first launch, when a template lacks a value."""
         known = {
             "job_name", "namespace", "rollout_id", "attempt_id", "mode", "timeout_s",
-            "controller", "agent", "command", *self.values,
+            "controller", "agent", "command", "input", *self.values,
         }  # fmt: skip
-        missing = placeholders(self.job_template) - known
+        missing = {name.split(".")[0] for name in placeholders(self.job_template)} - known
         if missing:
             raise ValueError(
                 f"the Job template uses {', '.join(sorted(missing))} with no value: pass "

@@ -4,7 +4,8 @@ The YAML is parsed first and the placeholders are filled in the parsed tree, so 
 re-read as YAML: a string that is one whole placeholder (`command: "{{command}}"`) becomes the
 value itself (a list, a number, a mapping); a placeholder inside a longer string is replaced by
 the value's text (`name: "agent-{{rollout_id}}"`). Quote placeholders, as YAML reads a bare
-`{{x}}` as a mapping.
+`{{x}}` as a mapping. A dotted name reads into a mapping value: `{{input.instance.image_name}}`
+is `values["input"]["instance"]["image_name"]`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import yaml
 
-_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_-]+)*)\s*\}\}")
 
 DEFAULT_JOB_TEMPLATE = """\
 # One attempt of one rollout. reins sets metadata.name, labels, backoffLimit: 0,
@@ -96,9 +97,16 @@ def _fill(node: Any, values: Mapping[str, Any]) -> Any:
 
 
 def _value(name: str, values: Mapping[str, Any]) -> Any:
-    if name not in values:
+    head, *path = name.split(".")
+    if head not in values:
         known = ", ".join(sorted(values))
         raise TemplateError(
             f"the template uses {{{{{name}}}}}, which has no value here (known: {known})"
         )
-    return values[name]
+    value = values[head]
+    for depth, key in enumerate(path):
+        if not isinstance(value, Mapping) or key not in value:
+            where = ".".join([head, *path[:depth]])
+            raise TemplateError(f"the template uses {{{{{name}}}}}, but {where} has no {key!r}")
+        value = value[key]
+    return value
