@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reins.swe.instances import (
@@ -37,6 +36,7 @@ from reins.swe.instances import (
     load_repos,
     static_filter,
 )
+from reins.trainer.config import ConfigError, read_config_file, validation_problems
 
 
 class PrepareError(ValueError):
@@ -72,25 +72,12 @@ class PrepareConfig(BaseModel):
 def load_prepare_config(path: Path, overrides: list[str] | None = None) -> PrepareConfig:
     """The YAML file at `path`, its relative paths read from its folder; `key=value` overrides."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise PrepareError(f"cannot read {path}: {error}") from error
-    if not isinstance(data, dict):
-        raise PrepareError(f"{path} must hold a mapping of fields")
-    for item in overrides or []:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise PrepareError(f"override {item!r} is not key=value")
-        data[key] = yaml.safe_load(raw) if raw else None
-    for key in ("instances", "repos", "out", "policy"):
-        value = data.get(key)
-        if isinstance(value, str) and not Path(value).is_absolute():
-            data[key] = str(path.parent / value)
-    try:
+        data = read_config_file(path, ("instances", "repos", "out", "policy"), overrides)
         return PrepareConfig.model_validate(data)
+    except ConfigError as error:
+        raise PrepareError(str(error)) from error
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise PrepareError(f"invalid prepare config: {problems}") from error
+        raise PrepareError(f"invalid prepare config: {validation_problems(error)}") from error
 
 
 def task_input(instance: Instance, repo: RepoSource) -> dict[str, Any]:
@@ -128,7 +115,7 @@ async def attempt_with_policy(
     from reins.recordbatch import record_of
     from reins.samples.records import MissingRewardError
     from reins.schemas import RolloutConfig, RolloutSpec
-    from reins.trainer.config import ConfigError, load_config
+    from reins.trainer.config import load_config
     from reins.trainer.loop import CompletionWatch
     from reins.trainer.services import policy_services
 

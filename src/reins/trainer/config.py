@@ -186,6 +186,24 @@ class TrainConfig(BaseModel):
 def load_config(path: Path | None, overrides: list[str] | None = None) -> TrainConfig:
     """A config from a YAML file (relative paths resolved against its folder) and `key=value`
     overrides (values parsed as YAML: `lr=3e-5`, `lora.r=8`, `mode=async`)."""
+    data = read_config_file(path, _PATH_FIELDS, overrides)
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(f"invalid training config: {validation_problems(error)}") from error
+
+
+# runs_dir stays relative to where the command runs (`.reins/runs`), as the default is.
+_PATH_FIELDS = ("tasks", "val_tasks", "model")
+
+
+def read_config_file(
+    path: Path | None, path_fields: tuple[str, ...], overrides: list[str] | None = None
+) -> dict[str, Any]:
+    """The mapping in the YAML file at `path` (none: empty), its relative `path_fields` read
+    from the file's folder, then `key=value` overrides (a dotted key sets a nested field; a
+    relative path given here stays relative to where the command runs). ConfigError says
+    what is wrong."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -194,7 +212,11 @@ def load_config(path: Path | None, overrides: list[str] | None = None) -> TrainC
             raise ConfigError(f"cannot read {path}: {error}") from error
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path} must hold a mapping of fields, not {type(loaded).__name__}")
-        data = _resolve_paths(loaded, path.parent)
+        data = dict(loaded)
+        for key in path_fields:
+            value = data.get(key)
+            if isinstance(value, str) and not Path(value).is_absolute():
+                data[key] = str(path.parent / value)
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -204,25 +226,12 @@ def load_config(path: Path | None, overrides: list[str] | None = None) -> TrainC
         for parent in parents:
             target = target.setdefault(parent, {})
         target[leaf] = yaml.safe_load(raw) if raw else None
-    try:
-        return TrainConfig.model_validate(data)
-    except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
-        )
-        raise ConfigError(f"invalid training config: {problems}") from error
+    return data
 
 
-_PATH_FIELDS = ("tasks", "val_tasks", "model", "runs_dir")
-
-
-def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
-    out = dict(data)
-    for key in _PATH_FIELDS:
-        value = out.get(key)
-        if isinstance(value, str) and not Path(value).is_absolute() and key != "runs_dir":
-            out[key] = str(base / value)
-    return out
+def validation_problems(error: ValidationError) -> str:
+    """`field.sub: message; ...` for each problem pydantic found."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
 
 
 def describe_fields() -> str:
