@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 from openai import OpenAI
@@ -21,5 +22,7 @@ def two_calls(task: dict[str, Any]) -> float:
     ]
     second = client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
     text = (first.choices[0].message.content or "") + (second.choices[0].message.content or "")
-    # A reward that varies within a group, so advantages are not all zero.
-    return float(len(text) % 3) / 2
+    # A reward that differs whenever the two texts differ, so a group's advantages are zero only
+    # when its samples are identical (a reward with few values left whole steps without a
+    # gradient by chance: the resume test's logprob-gap check then had nothing to check).
+    return (zlib.crc32(text.encode()) % 1001) / 1000
