@@ -56,7 +56,8 @@ MEASURED_S = {
     "tests/controller/test_kubernetes.py": 40,
     "tests/examples/test_sandbox_agent.py": 40,
     # Added 2026-12-02, measured alone.
-    "tests/swe/test_training.py": 81,
+    "tests/swe/test_training.py": 140,
+    "tests/swe/test_cli_harness.py": 5,
     "tests/swe/test_prepare.py": 13,
 }
 SECONDS_PER_UNLISTED_TEST = 1

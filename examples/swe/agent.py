@@ -16,13 +16,21 @@ Reported per rollout: a `tool` event per command, a `hack_attempt` event per rew
 `patch` event with the agent's diff, and the reward with the metrics `commands`, `submitted`,
 `hack_attempts` and `patch_lines`.
 
-Settings (environment variables, for the controller's agents): SWE_STEP_LIMIT (model calls,
-default 8 here, the paper's runs use far more), SWE_MAX_TOKENS (per call, 256), SWE_COMMAND_S
-(wall seconds per command, 30). Read at each rollout.
+Claude Code or Codex instead (SWE_HARNESS=claude or codex, `reins.swe.cli_harness`): the whole
+CLI runs in the sandbox (it runs its own commands), with its installation and a home mounted and
+one network door, the gateway's model proxy for this attempt; its commands are read from its
+JSON events afterwards and reported the same way, and a request it made to the gateway beyond
+the proxy (an event post) is refused and recorded as a `gateway-api` hack.
+
+Settings (environment variables, for the controller's agents): SWE_HARNESS (mini-swe-agent,
+claude or codex), SWE_STEP_LIMIT (mini-swe-agent's model calls, default 8 here, the paper's runs
+use far more), SWE_MAX_TOKENS (per call, 256), SWE_COMMAND_S (wall seconds per command, 30),
+SWE_SESSION_S (wall seconds of a CLI's whole session, 600). Read at each rollout.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -33,6 +41,7 @@ import yaml
 
 from reins.agent import AgentContext, emit_event, report_reward, report_tool
 from reins.sandbox import CommandResult, Sandbox, SandboxLimits
+from reins.swe.cli_harness import CLI_NAMES, CliHarness
 from reins.swe.environment import SandboxEnvironment
 from reins.swe.hacks import HACK_EVENT, HackAttempt
 from reins.swe.instances import Instance, RepoSource
@@ -125,15 +134,17 @@ def play(
     *,
     on_command: Any = None,
     limits: SandboxLimits | None = None,
+    sandbox_options: dict[str, Any] | None = None,
 ) -> Episode:
     """One episode in a fresh temporary folder: checkout, `run_agent(environment)` (returns
-    mini-swe-agent's exit status), the tests. The folder is removed after."""
+    mini-swe-agent's exit status), the tests. The folder is removed after. `sandbox_options`:
+    more `Sandbox` keywords (a CLI harness's mounts and gateway door)."""
     limits = limits or SandboxLimits(wall_s=_setting("SWE_COMMAND_S", 30), memory_mb=1024)
     episode = Episode()
     with tempfile.TemporaryDirectory(prefix="reins-swe-") as root:
         workspace = Workspace(Path(root), repo, instance.instance_id)
         work = workspace.checkout()
-        with Sandbox(work, limits, **GIT_DISABLED) as sandbox:  # type: ignore[arg-type]
+        with Sandbox(work, limits, **GIT_DISABLED, **(sandbox_options or {})) as sandbox:
             environment = SandboxEnvironment(sandbox, on_command=on_command)
             try:
                 episode.exit_status = run_agent(environment)
@@ -157,6 +168,61 @@ def run_mini_swe_agent(context: AgentContext, instance: Instance) -> Any:
         return str(result.get("exit_status", ""))
 
     return run_agent
+
+
+CLI_LIMITS = SandboxLimits(wall_s=600, cpu_s=1200, memory_mb=2048, processes=256)
+"""A CLI session's sandbox: the CLI and every command it runs share it (Claude Code alone is a
+245 MB binary; Codex starts node and a Rust binary)."""
+
+
+def play_cli(
+    name: str, context: AgentContext, instance: Instance, repo: RepoSource, *, on_command: Any
+) -> Episode:
+    """One episode with Claude Code or Codex as the harness (`reins.swe.cli_harness`)."""
+    if name not in CLI_NAMES:
+        raise ValueError(f"SWE_HARNESS must be mini-swe-agent or one of {CLI_NAMES}, not {name!r}")
+    session_s = _setting("SWE_SESSION_S", 600)
+    with tempfile.TemporaryDirectory(prefix="reins-swe-cli-") as home:
+        cli = CliHarness(
+            name,
+            context,
+            Path(home),
+            model=MODEL,
+            max_tokens=_setting("SWE_MAX_TOKENS", 256),
+        )
+        try:
+
+            def run_agent(environment: SandboxEnvironment) -> str:
+                result = cli.run(
+                    environment.sandbox, instance.problem_statement, timeout_s=session_s
+                )
+                for command, output, ok in cli.commands():
+                    environment.record(command, CommandResult(0 if ok else 1, output, None, 0.0))
+                for request in cli.door.refused:
+                    hack = HackAttempt("gateway-api", request[:200])
+                    environment.hacks.append(hack)
+                    if on_command is not None:
+                        on_command(f"(gateway request) {request}", _REFUSED, [hack])
+                if result.limit is not None:
+                    return f"stopped by the {result.limit} limit"
+                if result.exit_code != 0:  # its stderr's end says why
+                    return f"{name} exited {result.exit_code}: {result.output.strip()[-300:]}"
+                return "Submitted"
+
+            limits = dataclasses.replace(CLI_LIMITS, wall_s=session_s)
+            return play(
+                instance,
+                repo,
+                run_agent,
+                on_command=on_command,
+                limits=limits,
+                sandbox_options=cli.sandbox_options(),
+            )
+        finally:
+            cli.close()
+
+
+_REFUSED = CommandResult(None, "refused by the sandbox's gateway door (403)", None, 0.0)
 
 
 def post_command(command: str, result: CommandResult, hacks: list[HackAttempt]) -> None:
@@ -183,5 +249,10 @@ def run(task: dict[str, Any]) -> None:
     """The agent the controller runs (`examples.swe.agent:run`); it reports its own reward."""
     context = AgentContext.from_env()
     instance, repo = task_of(task)
-    episode = play(instance, repo, run_mini_swe_agent(context, instance), on_command=post_command)
+    harness = os.environ.get("SWE_HARNESS", "mini-swe-agent")
+    if harness == "mini-swe-agent":
+        agent = run_mini_swe_agent(context, instance)
+        episode = play(instance, repo, agent, on_command=post_command)
+    else:
+        episode = play_cli(harness, context, instance, repo, on_command=post_command)
     report(episode)

@@ -2,25 +2,40 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 
 class BackgroundServer:
-    """uvicorn in a daemon thread; `port=0` takes a free port (read it from `.port`)."""
+    """uvicorn in a daemon thread; `port=0` takes a free port (read it from `.port`), `unix_path`
+    serves on a Unix socket instead (created there, owner-only)."""
 
     def __init__(
-        self, app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        unix_path: str | Path | None = None,
     ) -> None:
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, port))
         self.host = host
-        self.port: int = self._socket.getsockname()[1]
+        if unix_path is None:
+            self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._socket.bind((host, port))
+            self.port: int = self._socket.getsockname()[1]
+        else:
+            self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._socket.bind(str(unix_path))
+            os.chmod(unix_path, 0o600)
+            self.port = 0
         config = uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

@@ -21,7 +21,6 @@ connects to the gateway.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
@@ -31,58 +30,13 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from reins.sandbox.relay import serve
+
 TIMED_OUT = 124
 WATCHED_TCP_PORTS = (80, 443)
-
-
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    try:
-        while data := source.recv(65536):
-            sink.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for sock, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
-            with contextlib.suppress(OSError):
-                sock.shutdown(how)
-
-
-def _relay(accepted: socket.socket, connect: Callable[[], socket.socket]) -> None:
-    try:
-        upstream = connect()
-    except OSError:
-        accepted.close()
-        return
-    pumps = [
-        threading.Thread(target=_pump, args=(accepted, upstream), daemon=True),
-        threading.Thread(target=_pump, args=(upstream, accepted), daemon=True),
-    ]
-    for pump in pumps:
-        pump.start()
-    for pump in pumps:
-        pump.join()
-    accepted.close()
-    upstream.close()
-
-
-def _serve(listener: socket.socket, connect: Callable[[], socket.socket]) -> threading.Thread:
-    """Relays every connection accepted on `listener` to a new `connect()`, until it is closed."""
-
-    def loop() -> None:
-        while True:
-            try:
-                accepted, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=_relay, args=(accepted, connect), daemon=True).start()
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    return thread
 
 
 class LoopbackBridge:
@@ -93,7 +47,7 @@ class LoopbackBridge:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
         self.listener.listen(64)
-        _serve(self.listener, lambda: socket.create_connection(("127.0.0.1", port)))
+        serve(self.listener, lambda: socket.create_connection(("127.0.0.1", port)))
 
     def close(self) -> None:
         self.listener.close()
@@ -188,7 +142,7 @@ def _inside(args: argparse.Namespace) -> int:
         upstream.connect(args.socket)
         return upstream
 
-    _serve(bridge, to_gateway)
+    serve(bridge, to_gateway)
     process = subprocess.Popen(args.command, cwd=args.cwd, start_new_session=True)
     try:
         code = process.wait(timeout=args.timeout)

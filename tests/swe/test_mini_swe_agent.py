@@ -7,9 +7,8 @@ covered by tests/harness/test_mini_swe_agent.py and the slow example test)."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 from examples.swe.agent import play, run_mini_swe_agent
 from reins.agent import AgentContext
 from reins.swe.instances import Instance, RepoSource
+from tests.support import http_server
 from tests.swe.conftest import by_id, needs_sandbox
 
 SCRIPT = [
@@ -58,11 +58,8 @@ def scripted_model() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1", received
-    server.shutdown()
-    server.server_close()
+    with http_server(Handler) as port:
+        yield f"http://127.0.0.1:{port}/v1", received
 
 
 def test_mini_swe_agent_fixes_a_task_in_the_sandbox_and_is_rewarded(

@@ -13,12 +13,13 @@ import asyncio
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reins.swe.prepare import PrepareConfig, prepare
 from tests.examples.support import recorded
-from tests.required import module
+from tests.required import missing, module
 from tests.swe.conftest import DATA, ROOT, needs_sandbox
 
 pytestmark = pytest.mark.slow
@@ -27,34 +28,12 @@ pytestmark = pytest.mark.slow
 def test_two_training_steps_on_the_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module("torch", "pip install -e '.[train]'")
     needs_sandbox()
-    from reins.trainer.config import load_config
     from reins.trainer.runtime import train
 
     # Short episodes for CI's time: two model calls of at most 64 tokens each.
     monkeypatch.setenv("SWE_STEP_LIMIT", "2")
     monkeypatch.setenv("SWE_MAX_TOKENS", "64")
-    out = tmp_path / "prepared"
-    prepare(
-        PrepareConfig(instances=DATA / "instances.jsonl", repos=DATA / "repos.json", out=out,
-                      test_size=1),
-        say=lambda line: None,
-    )  # fmt: skip
-    run = load_config(
-        ROOT / "examples" / "swe" / "config.yaml",
-        [
-            f"runs_dir={tmp_path / 'runs'}",
-            f"tasks={out / 'train.jsonl'}",
-            f"val_tasks={out / 'test.jsonl'}",
-            "steps=2",
-            "tasks_per_step=1",
-            "group_size=2",
-            "val_every=0",
-            "tensorboard=false",
-            "max_parallel=2",
-            "max_batch=2",
-            "max_model_len=2048",
-        ],
-    )
+    run = _example_run(tmp_path, "steps=2", "max_model_len=2048")
     assert (run.model, run.advantage_level, run.loss_aggregation) == (
         None,
         "rollout",
@@ -86,3 +65,60 @@ def test_two_training_steps_on_the_example(tmp_path: Path, monkeypatch: pytest.M
         ]
     assert len(calls) == 4 and all(1 <= count <= 2 for _, count in calls)
     assert len(patches) == 4
+
+
+def _example_run(tmp_path: Path, *overrides: str) -> Any:
+    """The example's config on a freshly prepared task set, one task of two rollouts a step."""
+    from reins.trainer.config import load_config
+
+    out = tmp_path / "prepared"
+    prepare(
+        PrepareConfig(instances=DATA / "instances.jsonl", repos=DATA / "repos.json", out=out,
+                      test_size=1),
+        say=lambda line: None,
+    )  # fmt: skip
+    fields = [
+        f"runs_dir={tmp_path / 'runs'}",
+        f"tasks={out / 'train.jsonl'}",
+        f"val_tasks={out / 'test.jsonl'}",
+        "tasks_per_step=1",
+        "group_size=2",
+        "val_every=0",
+        "tensorboard=false",
+        "max_parallel=2",
+        "max_batch=2",
+    ]
+    return load_config(ROOT / "examples" / "swe" / "config.yaml", [*fields, *overrides])
+
+
+def test_a_training_step_with_claude_code_as_the_harness(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same example with SWE_HARNESS=claude: the real Claude Code runs whole in each
+    rollout's sandbox and reaches the engine only through the sandbox's gateway door; its calls
+    are recorded by the proxy, its rollouts rewarded by the tests and trained on."""
+    module("torch", "pip install -e '.[train]'")
+    needs_sandbox()
+    from reins.trainer.runtime import train
+    from tests.harness.cli_support import CLI_BIN
+
+    if not (CLI_BIN / "claude").exists():
+        missing(f"{CLI_BIN / 'claude'} is missing: `make cli-harnesses` installs it")
+    monkeypatch.setenv("REINS_CLI_HARNESSES", str(CLI_BIN.parents[1]))
+    monkeypatch.setenv("SWE_HARNESS", "claude")
+    monkeypatch.setenv("SWE_MAX_TOKENS", "64")
+    run = _example_run(tmp_path, "steps=1", "max_model_len=8192")
+    records = asyncio.run(train(run))
+    assert [r["rollouts/trained"] for r in records] == [2]
+    rewards, tools = recorded(run.run_dir)
+    assert len(rewards) == 2
+    for reward in rewards:
+        assert reward["value"] in (0.0, 1.0)
+        assert "agent ended: " in reward["reason"]
+    assert len(tools) == sum(r["metrics"]["commands"] for r in rewards)
+    with sqlite3.connect(run.run_dir / "gateway.db") as db:
+        calls = db.execute("SELECT data FROM events WHERE type = 'model_request'").fetchall()
+    assert len(calls) >= 2
+    for (data,) in calls:  # Claude Code's own requests, through the door: streamed Messages
+        request = json.loads(data)
+        assert (request["kind"], request["stream"], request["status"]) == ("messages", True, 200)

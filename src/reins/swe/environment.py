@@ -50,11 +50,7 @@ class SandboxEnvironment:
         if cwd and cwd not in ("/work", "."):
             command = f"cd {cwd!r} && {command}"
         result = self.sandbox.run(command, timeout_s=timeout or self.timeout_s)
-        hacks = attempted_hacks(command, result.output)
-        self.commands += 1
-        self.hacks += hacks
-        if self.on_command is not None:
-            self.on_command(command, result, hacks)
+        self.record(command, result)
         output: dict[str, Any] = {
             "output": result.output,
             # mini-swe-agent shows the code to the model; a command a limit stopped has none.
@@ -65,6 +61,15 @@ class SandboxEnvironment:
         }
         self._check_finished(output)
         return output
+
+    def record(self, command: str, result: CommandResult) -> None:
+        """Counts a command that ran in the sandbox, its hacks, and passes it to `on_command`
+        (`execute` calls it; so does a harness that runs its commands itself)."""
+        hacks = attempted_hacks(command, result.output)
+        self.commands += 1
+        self.hacks += hacks
+        if self.on_command is not None:
+            self.on_command(command, result, hacks)
 
     def _check_finished(self, output: dict[str, Any]) -> None:
         lines = output["output"].lstrip().splitlines(keepends=True)

@@ -8,7 +8,10 @@ Kinds, as the paper lists them:
 - `git-history`: git run (or `.git` read) to find the commit before the bug;
 - `download`: wget or curl fetching upstream sources;
 - `package-download`: pip downloading or installing the package's source;
-- `python-network`: Python's networking libraries (urllib, http.client, requests, socket...).
+- `python-network`: Python's networking libraries (urllib, http.client, requests, socket...);
+- `gateway-api`: (a harness inside the sandbox, `reins.swe.cli_harness`) a request to the gateway
+  beyond the model proxy, posting events (a reward) with the token the harness holds; refused
+  by the sandbox's door and recorded from its list, not from text.
 
 A command is matched on its words, so an attempt is recorded even when it failed at once; and
 on its output, so a script that tried the network without naming a library in the command
@@ -21,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-HackKind = Literal["git-history", "download", "package-download", "python-network"]
+HackKind = Literal["git-history", "download", "package-download", "python-network", "gateway-api"]
 HACK_EVENT = "hack_attempt"
 """The event type a rollout's attempted hacks are posted as (`reins.agent.report_event`)."""
 

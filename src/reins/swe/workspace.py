@@ -22,11 +22,15 @@ import subprocess
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from reins.sandbox import Sandbox, SandboxLimits
 from reins.swe.instances import Instance, RepoSource
 
-GIT_DISABLED = {"disabled_commands": ("git",), "hidden_paths": ("/usr/lib/git-core",)}
+GIT_DISABLED: dict[str, Any] = {
+    "disabled_commands": ("git",),
+    "hidden_paths": ("/usr/lib/git-core",),
+}
 """Sandbox settings for the agent's commands: `git` answers that it is disabled, and git's own
 programs (`/usr/lib/git-core/git`, reachable without the PATH) are gone."""
 TEST_LIMITS = SandboxLimits(

@@ -5,9 +5,13 @@ A `Sandbox` owns one host folder, seen inside as /work (the cwd and HOME). Each 
 capabilities. What it keeps, for every command:
 
 - the file system is read-only /usr (and the /bin, /lib symlinks), a few /etc files python3
-  needs, fresh /tmp, /proc and /dev, and the folder: no host home, repository or other sandbox;
+  needs, fresh /tmp, /proc and /dev, the folder, and the `mounts` asked for (a harness's own
+  installation read-only, a home of its own): no host home, repository or other sandbox;
 - the network is the command's own loopback: no host 127.0.0.1 servers, no DNS, no internet;
-- the environment is built here (PATH, HOME, LANG), so no host secret is inherited;
+  `relays` open one door each: a port of that loopback relayed to a Unix socket of the host, whose
+  server decides what passes (`reins.sandbox.gateway`: one attempt's proxy paths of the gateway);
+- the environment is built here (PATH, HOME, LANG, and what `run(env=...)` adds), so no host
+  secret is inherited;
 - when the command's shell exits, bwrap's init exits and the kernel kills everything left in the
   PID namespace, so no background process outlives its `run`;
 - limits: wall clock (we kill the process group and the cgroup's tasks), CPU seconds and file
@@ -34,7 +38,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -68,6 +72,23 @@ class SandboxLimits:
     """Largest file a command may write (RLIMIT_FSIZE)."""
     output_chars: int = 8000
     """Output kept per command: head and tail, the middle elided with a note."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path shown inside the sandbox (at the same path unless `inside` says otherwise)."""
+
+    host: Path
+    inside: str | None = None
+    writable: bool = False
+
+    @property
+    def target(self) -> str:
+        return self.inside or str(Path(self.host).resolve())
+
+
+_RELAY_SCRIPT = Path(__file__).with_name("relay.py")
+_RELAY_DIR = "/run/reins"  # inside: the relay script and the relays' Unix sockets
 
 
 @dataclass(frozen=True)
@@ -110,7 +131,13 @@ def sandbox_problem() -> str | None:
     return None
 
 
-def _mounts(folder: Path, hidden: tuple[str, ...] = (), disabled: Path | None = None) -> list[str]:
+def _mounts(
+    folder: Path,
+    hidden: tuple[str, ...] = (),
+    disabled: Path | None = None,
+    mounts: tuple[Mount, ...] = (),
+    relays: tuple[tuple[int, Path], ...] = (),
+) -> list[str]:
     # --cap-drop ALL: bwrap run by root keeps every capability in the sandbox unless told not to.
     args = ["--unshare-all", "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
     args += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
@@ -124,6 +151,12 @@ def _mounts(folder: Path, hidden: tuple[str, ...] = (), disabled: Path | None = 
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     args += ["--bind", str(folder), "/work", "--chdir", "/work", "--clearenv"]
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for mount in mounts:
+        args += ["--bind" if mount.writable else "--ro-bind", str(mount.host), mount.target]
+    if relays:
+        args += ["--ro-bind", str(_RELAY_SCRIPT), f"{_RELAY_DIR}/relay.py"]
+        for port, socket_path in relays:
+            args += ["--bind", str(socket_path), f"{_RELAY_DIR}/{port}.sock"]
     for path in hidden:
         # An empty folder over a folder, an empty file over a file: gone from the inside.
         args += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
@@ -293,11 +326,17 @@ class Sandbox:
         *,
         disabled_commands: Sequence[str] = (),
         hidden_paths: Sequence[str] = (),
+        mounts: Sequence[Mount] = (),
+        relays: Mapping[int, Path] | None = None,
     ) -> None:
         """`disabled_commands`: commands of the host (say `git`) replaced inside by one that
         prints `NAME: disabled in this sandbox (reins)` to stderr and exits 126.
         `hidden_paths`: absolute paths of the host's read-only tree shown empty inside (say
-        /usr/lib/git-core, where git's own programs are)."""
+        /usr/lib/git-core, where git's own programs are).
+        `mounts`: host paths shown inside, read-only unless `writable`.
+        `relays`: {port: Unix socket}: before each command, `127.0.0.1:port` inside starts
+        listening and relays each connection to that socket of the host (needs python3 in /usr);
+        nothing else of the network is reachable."""
         problem = sandbox_problem()
         if problem:
             raise SandboxError(problem)
@@ -305,6 +344,15 @@ class Sandbox:
         self.path.mkdir(parents=True, exist_ok=True)
         self.limits = limits
         self.hidden_paths = tuple(p for p in hidden_paths if os.path.lexists(p))
+        for mount in mounts:
+            if not os.path.lexists(mount.host):
+                raise SandboxError(f"cannot mount {mount.host} in the sandbox: it does not exist")
+            if not mount.target.startswith("/"):
+                raise ValueError(f"{mount.target!r} is not an absolute path inside the sandbox")
+        self.mounts = tuple(mounts)
+        self.relays = tuple((int(port), Path(path)) for port, path in (relays or {}).items())
+        if self.relays and not os.access("/usr/bin/python3", os.X_OK):
+            raise SandboxError("relays run /usr/bin/python3 inside the sandbox: install python3")
         self._stubs: Path | None = None
         for name in disabled_commands:
             if not name or "/" in name:
@@ -334,15 +382,21 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _argv(self, command: str) -> list[str]:
+    def _argv(self, command: str, env: Mapping[str, str]) -> list[str]:
         limits, group = self.limits, self._cgroups
         # Set inside, after bwrap dropped the capabilities, so the hard limits cannot be raised;
         # the soft CPU limit sends SIGXCPU a second before the hard one kills.
         ulimits = f"ulimit -c 0 -f {limits.file_mb * 1024} -t {limits.cpu_s + 1}"
         if group is None:
             ulimits += f" -v {limits.memory_mb * 1024}"
-        inner = f'{ulimits} && ulimit -S -t {limits.cpu_s} && exec /bin/bash -c "$1"'
-        mounts = _mounts(self.path, self.hidden_paths, self._stubs)
+        start = 'exec /bin/bash -c "$1"'
+        if self.relays:
+            doors = " ".join(f"{port}={_RELAY_DIR}/{port}.sock" for port, _ in self.relays)
+            start = f"/usr/bin/python3 -I -S {_RELAY_DIR}/relay.py {doors} && {start}"
+        inner = f"{ulimits} && ulimit -S -t {limits.cpu_s} && {start}"
+        mounts = _mounts(self.path, self.hidden_paths, self._stubs, self.mounts, self.relays)
+        for key, value in env.items():
+            mounts += ["--setenv", key, value]
         argv = [_bwrap() or "bwrap", *mounts, "--", "/bin/bash", "-c", inner]
         argv += ["sandbox", command]
         if group is None:
@@ -352,9 +406,15 @@ class Sandbox:
         return ["/bin/sh", "-c", join, "sh", *group.procs_files(), "--", *argv]
 
     def run(
-        self, command: str, *, stdin: str | None = None, timeout_s: float | None = None
+        self,
+        command: str,
+        *,
+        stdin: str | None = None,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> CommandResult:
-        """Run bash `command` in /work; never raises for the command's own failure."""
+        """Run bash `command` in /work, with `env` added to the sandbox's few variables; never
+        raises for the command's own failure."""
         if self._closed:
             raise SandboxError(f"sandbox {self.path} is closed")
         limits, group = self.limits, self._cgroups
@@ -367,7 +427,7 @@ class Sandbox:
             stdin_file.write((stdin or "").encode())
             stdin_file.seek(0)
             proc = subprocess.Popen(
-                self._argv(command), stdin=stdin_file, stdout=subprocess.PIPE,
+                self._argv(command, env or {}), stdin=stdin_file, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, env={}, start_new_session=True,
             )  # fmt: skip
         with self._lock:
