@@ -20,7 +20,7 @@ from reins.sandbox.gateway import GatewayDoor
 from tests.required import missing
 from tests.support import http_server
 
-ATTEMPT = "/v1/rollouts/r1/attempts/2/mode/train"
+ATTEMPT = "/proxy/rollout/r1/attempt/2/mode/train"  # the gateway's proxy path for it
 LIMITS = SandboxLimits(wall_s=20, cpu_s=10, memory_mb=512, processes=64)
 
 
@@ -73,12 +73,12 @@ def test_the_door_passes_only_the_attempts_proxy_paths() -> None:
             f"{ATTEMPT}/anthropic",  # Claude Code's first `HEAD` of its base URL
         ]
         refused = [
-            "/v1/rollouts/r1/attempts/2/events",  # posting a reward with the harness's token
+            "/api/rollouts/r1/attempt/2/events",  # posting a reward with the harness's token
             "/api/rollouts",
             f"{ATTEMPT}/openai/v1/../../../../events",
             f"{ATTEMPT}/openai/v1/%2e%2e/%2e%2e/events",
             f"{ATTEMPT}/openaiX/v1",
-            "/v1/rollouts/r1/attempts/3/mode/train/openai/v1/chat/completions",  # another attempt
+            "/proxy/rollout/r1/attempt/3/mode/train/openai/v1/chat/completions",  # another one
             f"{ATTEMPT}/openai\\..\\events",
         ]
         assert [door.passes(path) for path in passes] == [True] * len(passes)
@@ -122,7 +122,7 @@ def test_a_command_reaches_the_proxy_through_the_door_and_nothing_else(
         assert arrived[2] - arrived[0] > 0.4  # not buffered to the end
         before = len(received)
         for command in (
-            f'curl -sS -X POST -d x "http://127.0.0.1:{port}/v1/rollouts/r1/attempts/2/events"',
+            f'curl -sS -X POST -d x "http://127.0.0.1:{port}/api/rollouts/r1/attempt/2/events"',
             f'curl -sS "http://127.0.0.1:{port}/api/rollouts"',
         ):
             refused = box.run(command + ' -w " %{http_code}"')
@@ -130,7 +130,7 @@ def test_a_command_reaches_the_proxy_through_the_door_and_nothing_else(
             assert "refused by the sandbox's gateway door" in refused.output
         assert len(received) == before  # the refused requests never reached the gateway
         assert door.refused == [
-            "POST /v1/rollouts/r1/attempts/2/events",
+            "POST /api/rollouts/r1/attempt/2/events",
             "GET /api/rollouts",
         ]
         other_port = box.run(f"curl -sS -m 5 http://127.0.0.1:{port + 1}/; echo exit $?")

@@ -15,7 +15,8 @@ from typing import Any
 
 from tests.support import http_server
 
-ATTEMPT = "/v1/rollouts/r-cli/attempts/1/mode/val"
+ATTEMPT = "/proxy/rollout/r-cli/attempt/1/mode/val"  # the gateway's proxy path for it
+EVENTS = "/api/rollouts/r-cli/attempt/1/events"  # and its event API
 DONE_TEXT = "The fix is in place."
 
 
