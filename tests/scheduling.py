@@ -53,11 +53,12 @@ MEASURED_S = {
     "tests/gateway/test_crash.py": 45,
     "tests/engine/test_fidelity.py": 43,
     "tests/gateway/test_proxy.py": 42,
-    "tests/controller/test_kubernetes.py": 40,
+    "tests/controller/test_kubernetes.py": 50,
     "tests/examples/test_sandbox_agent.py": 40,
     # Added 2026-12-02, measured alone.
     "tests/swe/test_training.py": 140,
     "tests/swe/test_cli_harness.py": 5,
+    "tests/swe/test_image_environment.py": 2,
     "tests/swe/test_prepare.py": 13,
 }
 SECONDS_PER_UNLISTED_TEST = 1

@@ -25,7 +25,10 @@ the proxy (an event post) is refused and recorded as a `gateway-api` hack.
 Settings (environment variables, for the controller's agents): SWE_HARNESS (mini-swe-agent,
 claude or codex), SWE_STEP_LIMIT (mini-swe-agent's model calls, default 8 here, the paper's runs
 use far more), SWE_MAX_TOKENS (per call, 256), SWE_COMMAND_S (wall seconds per command, 30),
-SWE_SESSION_S (wall seconds of a CLI's whole session, 600). Read at each rollout.
+SWE_SESSION_S (wall seconds of a CLI's whole session, 600). Where the task's dependencies live
+outside /usr (a SWE-smith image's conda environment): SWE_SANDBOX_MOUNTS (host folders shown
+read-only in every sandbox, `:`-separated) and SWE_SANDBOX_PATH (the sandboxes' PATH). Read at
+each rollout.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from typing import Any
 import yaml
 
 from reins.agent import AgentContext, emit_event, report_reward, report_tool
-from reins.sandbox import CommandResult, Sandbox, SandboxLimits
+from reins.sandbox import CommandResult, Mount, Sandbox, SandboxLimits
 from reins.swe.cli_harness import CLI_NAMES, CliHarness
 from reins.swe.environment import SandboxEnvironment
 from reins.swe.hacks import HACK_EVENT, HackAttempt
@@ -127,6 +130,18 @@ def mini_swe_agent(context: AgentContext, environment: SandboxEnvironment) -> An
     return DefaultAgent(model, environment, **agent_config)
 
 
+def image_options() -> dict[str, Any]:
+    """`Sandbox` keywords for the task's environment beyond /usr (SWE_SANDBOX_MOUNTS and
+    SWE_SANDBOX_PATH): the agent's sandbox and the tests' get the same."""
+    options: dict[str, Any] = {}
+    folders = [f for f in os.environ.get("SWE_SANDBOX_MOUNTS", "").split(":") if f]
+    if folders:
+        options["mounts"] = [Mount(Path(folder)) for folder in folders]
+    if os.environ.get("SWE_SANDBOX_PATH"):
+        options["env"] = {"PATH": os.environ["SWE_SANDBOX_PATH"]}
+    return options
+
+
 def play(
     instance: Instance,
     repo: RepoSource,
@@ -144,7 +159,10 @@ def play(
     with tempfile.TemporaryDirectory(prefix="reins-swe-") as root:
         workspace = Workspace(Path(root), repo, instance.instance_id)
         work = workspace.checkout()
-        with Sandbox(work, limits, **GIT_DISABLED, **(sandbox_options or {})) as sandbox:
+        image = image_options()
+        options = {**image, **(sandbox_options or {})}
+        options["mounts"] = [*image.get("mounts", []), *(sandbox_options or {}).get("mounts", [])]
+        with Sandbox(work, limits, **GIT_DISABLED, **options) as sandbox:
             environment = SandboxEnvironment(sandbox, on_command=on_command)
             try:
                 episode.exit_status = run_agent(environment)
@@ -152,7 +170,7 @@ def play(
                 episode.commands, episode.hacks = environment.commands, list(environment.hacks)
         # Closed: nothing the agent started still runs while its work is diffed and tested.
         episode.patch = workspace.diff()
-        episode.report = workspace.evaluate(instance)
+        episode.report = workspace.evaluate(instance, sandbox_options=image)
     return episode
 
 

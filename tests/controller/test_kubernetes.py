@@ -37,6 +37,8 @@ from tests.controller.kube_cluster import (
 
 pytestmark = pytest.mark.slow
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[KubeCluster]:
@@ -437,3 +439,63 @@ async def test_a_job_left_by_an_older_rollout_with_the_same_id_is_replaced(
     assert rollouts["r-same"].attempt_count == 1
     rewards = await client.get_events("r-same", types=[REWARD])
     assert [e.data["reason"] for e in rewards] == ["graded in the pod"]
+
+
+async def test_the_coding_examples_template_runs_each_rollout_in_its_tasks_image(
+    cluster: KubeCluster,
+    kube: tuple[Any, Any],
+    ns: str,
+    client: GatewayClient,
+    gateway_url: str,
+    tmp_path: Path,
+) -> None:
+    """examples/swe/kubernetes/job.yaml with a task as `reins swe prepare` writes it: the
+    apiserver accepts the Job and the Job controller makes its pod (no kubelet runs it here),
+    in the task's image, with the sandbox's settings, the repositories' volume where the task
+    names them, and the controller's gateway-only NetworkPolicy."""
+    from reins.swe.instances import load_instances, load_repos
+    from reins.swe.prepare import task_input
+
+    core, batch = kube
+    data = ROOT / "examples" / "swe" / "data"
+    instance = load_instances(data / "instances.jsonl")[0]
+    task = task_input(instance, load_repos(data / "repos.json")[instance.repo])
+    await client.create_rollouts([RolloutSpec(rollout_id="swe-1", input=task, mode="val")])
+    rec = reconciler(
+        cluster, ns, gateway_url, tmp_path,
+        agent="examples.swe.agent:run",
+        job_template=(ROOT / "examples" / "swe" / "kubernetes" / "job.yaml").read_text(),
+        values={"image_prefix": "swe-agents/", "repos_path": str(data), "repos_claim": "swe"},
+    )  # fmt: skip
+    async with running(controller(client, rec, gateway_url)):
+        await wait_for(lambda: core.list_namespaced_pod(ns).items, what="the Job's pod")
+    (pod,) = core.list_namespaced_pod(ns).items
+    (container,) = pod.spec.containers
+    assert (
+        container.image
+        == f"swe-agents/{task['instance']['image_name']}"
+        == "swe-agents/reins-swe/minilib:0b4eb3cb"
+    )
+    assert container.command == [
+        "python", "-m", "reins.controller.run_agent", "examples.swe.agent:run"
+    ]  # fmt: skip
+    env = {e.name: e.value for e in container.env}
+    assert json.loads(env["REINS_INPUT"]) == task
+    assert env["SWE_HARNESS"] == "mini-swe-agent" and env["SWE_SANDBOX_MOUNTS"] == "/opt/miniconda3"
+    security = container.security_context
+    assert security.allow_privilege_escalation is False
+    assert security.capabilities.drop == ["ALL"] and not security.capabilities.add
+    assert security.seccomp_profile.type == "Unconfined"  # bubblewrap's namespaces, no more
+    apparmor = "container.apparmor.security.beta.kubernetes.io/agent"
+    assert pod.metadata.annotations[apparmor] == "unconfined"
+    assert pod.spec.automount_service_account_token is False
+    assert container.resources.limits == {"cpu": "2", "memory": "4Gi", "ephemeral-storage": "8Gi"}
+    (mount,) = container.volume_mounts
+    assert mount.read_only and Path(task["repo_source"]["source"]).parent == Path(mount.mount_path)
+    (volume,) = pod.spec.volumes
+    assert volume.persistent_volume_claim.claim_name == "swe"
+    from kubernetes import client as k8s
+
+    (policy,) = k8s.NetworkingV1Api(batch.api_client).list_namespaced_network_policy(ns).items
+    assert policy.spec.pod_selector.match_labels["reins.dev/role"] == "agent"
+    assert pod.metadata.labels["reins.dev/role"] == "agent"

@@ -328,6 +328,7 @@ class Sandbox:
         hidden_paths: Sequence[str] = (),
         mounts: Sequence[Mount] = (),
         relays: Mapping[int, Path] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         """`disabled_commands`: commands of the host (say `git`) replaced inside by one that
         prints `NAME: disabled in this sandbox (reins)` to stderr and exits 126.
@@ -336,7 +337,8 @@ class Sandbox:
         `mounts`: host paths shown inside, read-only unless `writable`.
         `relays`: {port: Unix socket}: before each command, `127.0.0.1:port` inside starts
         listening and relays each connection to that socket of the host (needs python3 in /usr);
-        nothing else of the network is reachable."""
+        nothing else of the network is reachable.
+        `env`: variables for every command (a task image's PATH), under each run's own."""
         problem = sandbox_problem()
         if problem:
             raise SandboxError(problem)
@@ -350,6 +352,7 @@ class Sandbox:
             if not mount.target.startswith("/"):
                 raise ValueError(f"{mount.target!r} is not an absolute path inside the sandbox")
         self.mounts = tuple(mounts)
+        self.env = dict(env or {})
         self.relays = tuple((int(port), Path(path)) for port, path in (relays or {}).items())
         if self.relays and not os.access("/usr/bin/python3", os.X_OK):
             raise SandboxError("relays run /usr/bin/python3 inside the sandbox: install python3")
@@ -427,7 +430,8 @@ class Sandbox:
             stdin_file.write((stdin or "").encode())
             stdin_file.seek(0)
             proc = subprocess.Popen(
-                self._argv(command, env or {}), stdin=stdin_file, stdout=subprocess.PIPE,
+                self._argv(command, {**self.env, **(env or {})}),
+                stdin=stdin_file, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, env={}, start_new_session=True,
             )  # fmt: skip
         with self._lock:

@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,14 +159,21 @@ class Workspace:
             return False
         return True
 
-    def evaluate(self, instance: Instance, limits: SandboxLimits = TEST_LIMITS) -> TestReport:
-        """The reward of the work tree as it is now (call it after the agent's sandbox closed)."""
+    def evaluate(
+        self,
+        instance: Instance,
+        limits: SandboxLimits = TEST_LIMITS,
+        sandbox_options: Mapping[str, Any] | None = None,
+    ) -> TestReport:
+        """The reward of the work tree as it is now (call it after the agent's sandbox closed).
+        `sandbox_options`: more `Sandbox` keywords (the task image's environment: its mounts and
+        PATH)."""
         dest = self.root / "tested"
         shutil.rmtree(dest, ignore_errors=True)
         applied = self.tested_tree(dest, self.diff())
         if not applied:
             return TestReport(0.0, list(instance.fail_to_pass), [], patch_applied=False)
-        with Sandbox(dest, limits, **GIT_DISABLED) as sandbox:
+        with Sandbox(dest, limits, **GIT_DISABLED, **(sandbox_options or {})) as sandbox:
             result = sandbox.run(self.repo.test_command)
         outcomes = parse_test_log(result.output)
         still = [t for t in instance.fail_to_pass if outcomes.get(t) != "PASSED"]
