@@ -105,3 +105,24 @@ def test_async_run_drains_updates_and_resumes_the_gateway(
     assert [r["weight_version"] for r in records] == [1, 2, 3]
     assert all(r["rollouts/trained"] + 2 * r["rollouts/stale_groups"] == 4 for r in records)
     assert all("time/wait" in r for r in records)
+
+
+def test_async_run_with_importance_correction_reports_gaps_by_version_lag(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The embedded engine serves the trainer's own weights: a token served by the version being
+    trained has the trainer's logprob (gap ~0); one served a version before is an update away."""
+    run = config(
+        tmp_path, tiny_model_dir, mode="async", steps=3, val_every=0, max_staleness=1,
+        tis_cap=2.0, rollout_mask_ratio=1e6,
+    )  # fmt: skip
+    records = asyncio.run(train(run))
+    lag0 = [r["correction/logprob_gap_lag0"] for r in records if "correction/logprob_gap_lag0" in r]
+    lag1 = [r["correction/logprob_gap_lag1"] for r in records if "correction/logprob_gap_lag1" in r]
+    assert lag0 and lag1, records
+    assert max(lag0) < 1e-4 < min(lag1), (lag0, lag1)
+    for record in records:
+        assert record["rollouts/staleness_max"] <= 1
+        if "correction/ratio_mean" in record:
+            assert record["correction/masked_rollouts"] == 0
+            assert 0 < record["correction/ratio_min"] <= record["correction/ratio_max"]

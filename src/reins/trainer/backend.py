@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -23,6 +23,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
 from reins.samples.batch import Batch, TrainingSequence
+from reins.trainer.correction import CorrectionStats, correction_weights
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class BackendConfig(BaseModel):
     clip_low: float = 0.2
     clip_high: float = 0.28
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
+    tis_cap: float | None = None
+    rollout_mask_ratio: float | None = None
     kl_to_initial: bool = False
     kl_coef: float = 0.0
     gradient_checkpointing: bool = True
@@ -63,6 +66,8 @@ class StepStats:
     optimizer_steps: int = 0
     skipped_sequences: int = 0
     """Sequences with advantage 0 (and no KL penalty): no gradient, so no forward or backward."""
+    correction: CorrectionStats | None = None
+    """The importance correction's figures, when one is on."""
 
     def as_metrics(self) -> dict[str, float]:
         out = {
@@ -77,13 +82,17 @@ class StepStats:
             out["policy/logprob_gap"] = self.logprob_gap
         if self.kl_initial is not None:
             out["policy/kl_initial"] = self.kl_initial
+        if self.correction is not None:
+            out.update(self.correction.as_metrics())
         return out
 
 
 class Backend(Protocol):
     """Turns a batch of samples into a policy update."""
 
-    def train_step(self, batch: Batch) -> StepStats: ...
+    def train_step(
+        self, batch: Batch, version_lags: Mapping[int, int] | None = None
+    ) -> StepStats: ...
 
     def save_checkpoint(self, folder: Path) -> None: ...
 
@@ -147,13 +156,33 @@ class TorchBackend:
 
     # -- the update ------------------------------------------------------------------------
 
-    def train_step(self, batch: Batch) -> StepStats:
+    def train_step(self, batch: Batch, version_lags: Mapping[int, int] | None = None) -> StepStats:
+        """One update on `batch`. `version_lags` (serving version -> updates behind the weights
+        trained now) sorts the correction's logprob gaps by lag."""
         self._check_plan(batch)
         sums = _Sums()
         skipped = 0
+        config = self.config
+        correcting = config.tis_cap is not None or config.rollout_mask_ratio is not None
+        correction: CorrectionStats | None = None
+        multipliers: list[np.ndarray[Any, Any]] | None = None
         self.model.train()
         try:
-            old = self._recomputed_old_logprobs(batch) if self._needs_recompute(batch) else None
+            recompute = correcting or self._needs_recompute(batch)
+            old = self._recomputed_old_logprobs(batch) if recompute else None
+            if correcting:
+                assert old is not None
+                computed = [
+                    o if self._contributes(s) else None
+                    for s, o in zip(batch.sequences, old, strict=True)
+                ]
+                multipliers, correction = correction_weights(
+                    batch.sequences,
+                    computed,
+                    tis_cap=config.tis_cap,
+                    mask_ratio=config.rollout_mask_ratio,
+                    version_lags=version_lags,
+                )
             grad_norms = []
             for position, plan in enumerate(batch.minibatches):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -171,7 +200,10 @@ class TorchBackend:
                 for kept in work[self.rank]:
                     sequences = [batch.sequences[i] for i in kept]
                     olds = [old[i] for i in kept] if old is not None else None
-                    self._accumulate(sequences, olds, sums, measure_gap=position == 0)
+                    weighed = [multipliers[i] for i in kept] if multipliers is not None else None
+                    self._accumulate(
+                        sequences, olds, sums, measure_gap=position == 0, multipliers=weighed
+                    )
                 for _ in range(self._idle_passes(work)):
                     self._idle_pass()
                 grad_norms.append(self._step())
@@ -194,6 +226,7 @@ class TorchBackend:
             trained_tokens=sums.trained,
             optimizer_steps=len(grad_norms),
             skipped_sequences=skipped,
+            correction=correction,
         )
 
     def _sum_over_ranks(self, sums: _Sums) -> None:
@@ -275,10 +308,13 @@ class TorchBackend:
         sums: _Sums,
         *,
         measure_gap: bool,
+        multipliers: list[np.ndarray[Any, Any]] | None = None,
     ) -> None:
         tensors = _pack(sequences, self.device)
         logprobs, entropy = self._response_logprobs(self.policy, tensors, with_entropy=True)
         weight = tensors.weights
+        if multipliers is not None:  # the importance correction's, per token
+            weight = weight * _gather_response(multipliers, tensors, self.device)
         rollout_old = tensors.old
         if olds is not None:
             old = _gather_response(olds, tensors, self.device)

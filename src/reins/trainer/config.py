@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from reins.samples.advantage import AdvantageEstimator, AdvantageLevel
 from reins.samples.loss import LossAggregation
@@ -125,6 +125,18 @@ class TrainConfig(BaseModel):
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
     """The PPO ratio's denominator: recomputed by the trainer before the update, or the
     engine's logprobs from the rollout. Their gap is logged either way (`policy/logprob_gap`)."""
+    tis_cap: float | None = Field(default=None, gt=0)
+    """Token-level truncated importance sampling: each token's loss weighed by
+    min(trainer / engine probability, tis_cap), the engine's being the weights that sampled it
+    (`reins.trainer.correction`). None: off. Needs `old_logprobs: recompute`."""
+    rollout_mask_ratio: float | None = Field(default=None, gt=1)
+    """Rollout-level masking: a rollout whose geometric-mean trainer/engine ratio is beyond this
+    bound (either way) is left out of the update whole. None: off. Needs `old_logprobs:
+    recompute`."""
+    spanning_rollouts: Literal["keep", "drop"] = "keep"
+    """`async`: a rollout whose calls were served by more than one weight version (it spanned an
+    update) is trained (with its tokens' own ratios when a correction is on) or dropped with its
+    group. Counted either way (`rollouts/spanning`)."""
     kl_to_initial: bool = False
     """Log the KL to the initial policy (k3 estimator; one more forward pass per micro-batch)."""
     kl_coef: float = Field(default=0.0, ge=0)
@@ -169,6 +181,17 @@ class TrainConfig(BaseModel):
     """Older checkpoints are removed."""
     tensorboard: bool = True
     """Also write TensorBoard scalars (when the `tensorboard` package is installed)."""
+
+    @model_validator(mode="after")
+    def _correction_needs_recomputed_logprobs(self) -> TrainConfig:
+        correcting = self.tis_cap is not None or self.rollout_mask_ratio is not None
+        if correcting and self.old_logprobs != "recompute":
+            raise ValueError(
+                "tis_cap and rollout_mask_ratio compare the trainer's recomputed logprobs with "
+                "the engine's: they need old_logprobs: recompute (with `rollout` the PPO ratio "
+                "is already taken against the engine's)"
+            )
+        return self
 
     @property
     def run_dir(self) -> Path:

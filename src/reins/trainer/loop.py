@@ -41,6 +41,7 @@ from reins.trainer.memory import peak_gpu_mb, peak_rss_mb
 from reins.trainer.metrics import MetricsLog
 from reins.trainer.publish import WeightPublisher
 from reins.trainer.resume import VersionLedger
+from reins.trainer.staleness import rollout_staleness, spans_update, version_lags
 
 log = logging.getLogger(__name__)
 
@@ -359,10 +360,12 @@ class Trainer:
 
     async def _records(
         self, groups: list[Group]
-    ) -> tuple[list[RolloutRecord], dict[str, int], list[str]]:
-        """Records of the groups' rollouts, counts of what was dropped and why, and the ids of
-        the groups whose rollouts are trained."""
+    ) -> tuple[list[RolloutRecord], dict[str, int], list[str], list[float]]:
+        """Records of the groups' rollouts, counts of what was dropped and why, the ids of the
+        groups whose rollouts are trained, and each trained rollout's staleness."""
         counts = {"failed": 0, "dropped_groups": 0, "stale_groups": 0, "missing_reward": 0}
+        counts |= {"spanning": 0, "spanning_groups_dropped": 0}
+        staleness: list[float] = []
         records: list[RolloutRecord] = []
         trained: list[str] = []
         current = self.publisher.version
@@ -386,28 +389,23 @@ class Trainer:
                     break
                 group_records.append(record)
             else:
-                versions = [
-                    call.model_version
-                    for record in group_records
-                    for call in record.calls
-                    if call.model_version is not None
-                ]
-                if versions and self._staleness(current, versions) > self.config.max_staleness:
+                served = [[call.model_version for call in r.calls] for r in group_records]
+                stale = [rollout_staleness(v, current, self.lineage) for v in served]
+                spanning = sum(spans_update(v) for v in served)
+                # A group goes whole or not at all: its advantages are relative to each other.
+                if max(stale, default=0.0) > self.config.max_staleness:
                     counts["stale_groups"] += 1
                     continue
+                if spanning and self.config.spanning_rollouts == "drop":
+                    counts["spanning_groups_dropped"] += 1
+                    continue
+                counts["spanning"] += spanning
+                staleness += stale
                 records += group_records
                 trained.append(group.group_id)
                 continue
             counts["dropped_groups"] += 1
-        return records, counts, trained
-
-    def _staleness(self, current: int, versions: list[int]) -> float:
-        """Updates between the oldest weights that served a call and the current ones, counted
-        along the lineage; infinite for a version outside it (weights a crash discarded)."""
-        index = {version: i for i, version in enumerate(self.lineage)}
-        if current not in index or any(v not in index for v in versions):
-            return float("inf")
-        return index[current] - min(index[v] for v in versions)
+        return records, counts, trained, staleness
 
     def _record(
         self, rollout: Rollout, read: DecodedRollout, counts: dict[str, int]
@@ -431,7 +429,7 @@ class Trainer:
     ) -> dict[str, Any]:
         self.reporter.phase(step, "samples")
         built_at = time.monotonic()
-        records, counts, trained = await self._records(groups)
+        records, counts, trained, staleness = await self._records(groups)
         rewards = [r.reward for r in records]
         batch: Batch | None = None
         if records:
@@ -443,8 +441,9 @@ class Trainer:
         if batch is not None and batch.sequences:
             if self.versions is not None:
                 self.versions.served(self.publisher.version + 1)
+            lags = version_lags(self.lineage)
             stats, publish_s = await asyncio.to_thread(
-                self.publisher.update, lambda: self.backend.train_step(batch)
+                self.publisher.update, lambda: self.backend.train_step(batch, lags)
             )
             if self.versions is not None:
                 self.versions.served(self.publisher.version)
@@ -461,6 +460,10 @@ class Trainer:
             "rollouts/failed": counts["failed"],
             "rollouts/dropped_groups": counts["dropped_groups"],
             "rollouts/stale_groups": counts["stale_groups"],
+            "rollouts/spanning": counts["spanning"],
+            "rollouts/spanning_groups_dropped": counts["spanning_groups_dropped"],
+            "rollouts/staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
+            "rollouts/staleness_max": max(staleness, default=0.0),
             "rollouts/missing_reward": counts["missing_reward"],
             "rollouts/groups": trained,
             "time/build": build_s,

@@ -12,7 +12,7 @@ import datetime
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -88,8 +88,8 @@ class LeaderBackend:
     def world_size(self) -> int:
         return self.backend.world_size
 
-    def train_step(self, batch: Batch) -> StepStats:
-        return self.leader.call("train_step", self.backend.train_step, batch)
+    def train_step(self, batch: Batch, version_lags: Mapping[int, int] | None = None) -> StepStats:
+        return self.leader.call("train_step", self.backend.train_step, batch, version_lags)
 
     def save_checkpoint(self, folder: Path) -> None:
         self.leader.call("save_checkpoint", self.backend.save_checkpoint, folder)

@@ -1,0 +1,148 @@
+"""`reins.trainer.correction` and `reins.trainer.staleness` on hand-made sequences, against
+figures computed by hand; and the backend's masking, which must leave a masked rollout out of
+the update whole, as if it had no gradient."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from reins.samples.batch import TrainingSequence
+from reins.trainer.correction import correction_weights
+from reins.trainer.staleness import rollout_staleness, spans_update, version_lags
+from tests.trainer.batches import make_batch
+from tests.trainer.test_backend import load, parameters
+
+NAN = float("nan")
+
+
+def sequence(
+    rollout_id: str,
+    engine: list[float],
+    spans: tuple[tuple[int, int], ...],
+    versions: tuple[int | None, ...],
+) -> TrainingSequence:
+    """Two prompt tokens, then responses: `engine` holds a logprob per token (0 on the prompt)."""
+    n = len(engine)
+    mask = np.zeros(n, dtype=bool)
+    for start, end in spans:
+        mask[start:end] = True
+    return TrainingSequence(
+        token_ids=np.arange(n, dtype=np.int32), loss_mask=mask,
+        old_logprobs=np.array(engine, dtype=np.float32), advantage=1.0,
+        loss_weight=mask.astype(np.float32), reward=1.0, rollout_id=rollout_id, group_id="g",
+        attempt_id=1, call_seqs=tuple(range(len(spans))), model_versions=versions,
+        response_spans=spans, minibatch=0,
+    )  # fmt: skip
+
+
+def test_staleness_counts_from_the_oldest_serving_version_along_the_lineage() -> None:
+    lineage = [1, 2, 3, 4, 5]
+    assert rollout_staleness([3, 4], 5, lineage) == 2  # served by v3 and v4, trained at v5
+    assert rollout_staleness([5, 5], 5, lineage) == 0
+    assert rollout_staleness([None, 4], 5, lineage) == 1  # a call of unknown version: left out
+    assert rollout_staleness([], 5, lineage) == 0
+    assert rollout_staleness([7], 5, lineage) == math.inf  # weights a crash discarded
+    assert (spans_update([3, 4]), spans_update([4, None, 4])) == (True, False)
+    assert version_lags([1, 2, 5]) == {1: 2, 2: 1, 5: 0}
+
+
+def test_truncated_ratios_and_a_rollout_masked_whole() -> None:
+    a = sequence("r1", [0, 0, -1.0, -2.0, NAN], ((2, 4), (4, 5)), (4, 5))
+    b1 = sequence("r2", [0, 0, -4.0], ((2, 3),), (3,))
+    b2 = sequence("r2", [0, 0, -1.0, -1.0], ((2, 4),), (5,))
+    b3 = sequence("r2", [0, 0, -1.0], ((2, 3),), (5,))  # not run by the update (no gradient)
+    trainer = [
+        np.array([0, 0, -0.5, -2.5, -1.0]),  # log-ratios +0.5, -0.5 (the NaN token: unknown)
+        np.array([0, 0, -1.0]),  # +3.0
+        np.array([0, 0, -1.2, -1.2]),  # -0.2, -0.2
+        None,
+    ]
+    multipliers, stats = correction_weights(
+        [a, b1, b2, b3], trainer, tis_cap=1.5, mask_ratio=2.0, version_lags={5: 0, 4: 1, 3: 2}
+    )
+    np.testing.assert_allclose(multipliers[0], [1, 1, 1.5, math.exp(-0.5), 1], rtol=1e-6)
+    # r2's mean log-ratio, (3.0 - 0.2 - 0.2) / 3 = 0.867, is beyond log(2) = 0.693: every
+    # sequence of it is left out, b2 whose own ratios are near 1 and b3 included.
+    for masked in multipliers[1:]:
+        assert not masked.any()
+    ratios = [math.exp(0.5), math.exp(-0.5), math.exp(3.0), math.exp(-0.2), math.exp(-0.2)]
+    assert stats.tokens == 5 and (stats.rollouts, stats.masked_rollouts) == (2, 1)
+    assert stats.ratio_mean == pytest.approx(sum(ratios) / 5)
+    assert (stats.ratio_min, stats.ratio_max) == (
+        pytest.approx(math.exp(-0.5)),
+        pytest.approx(math.exp(3.0)),
+    )
+    assert stats.clipped_fraction == pytest.approx(2 / 5)  # e^0.5 and e^3 are above 1.5
+    # By the serving version's lag: v5 (lag 0) served b2's tokens; v4 (lag 1) a's two; v3 b1's.
+    assert dict(stats.gap_by_lag) == pytest.approx({0: 0.2, 1: 0.5, 2: 3.0})
+    metrics = stats.as_metrics()
+    assert metrics["correction/masked_fraction"] == 0.5
+    assert metrics["correction/logprob_gap_lag2"] == pytest.approx(3.0)
+
+
+def test_the_cap_and_the_mask_apply_only_when_set() -> None:
+    a = sequence("r1", [0, 0, -4.0], ((2, 3),), (1,))
+    multipliers, stats = correction_weights(
+        [a], [np.array([0, 0, -1.0])], tis_cap=None, mask_ratio=None
+    )
+    assert multipliers[0].tolist() == [1, 1, 1] and stats.masked_rollouts == 0
+    assert stats.clipped_fraction == 0 and stats.gap_by_lag == {}
+    with pytest.raises(ValueError, match="above 1"):
+        correction_weights([a], [None], tis_cap=None, mask_ratio=0.5)
+
+
+def test_a_masked_rollout_moves_the_weights_as_a_rollout_with_no_gradient(
+    tiny_model_dir: Path,
+) -> None:
+    """The backend with `rollout_mask_ratio`: one rollout whose engine logprobs are far from the
+    trainer's (0: probability 1) is masked; the others' are unknown (NaN: no ratio, weight 1).
+    The update equals that of the same batch with that rollout's advantage 0 (never run)."""
+    batch = make_batch()
+    target = batch.sequences[0].rollout_id
+    assert batch.sequences[0].advantage != 0
+
+    def engine(sequence: TrainingSequence) -> TrainingSequence:
+        known = sequence.rollout_id == target
+        lp = np.where(sequence.loss_mask, 0.0 if known else NAN, 0.0).astype(np.float32)
+        return dataclasses.replace(sequence, old_logprobs=lp)
+
+    masked_batch = dataclasses.replace(batch, sequences=[engine(s) for s in batch.sequences])
+    silent = dataclasses.replace(
+        masked_batch,
+        sequences=[
+            dataclasses.replace(s, advantage=0.0) if s.rollout_id == target else s
+            for s in masked_batch.sequences
+        ],
+    )
+    masking = load(tiny_model_dir, rollout_mask_ratio=2.0)
+    stats = masking.train_step(masked_batch)
+    reference = load(tiny_model_dir)
+    reference.train_step(silent)
+    assert stats.correction is not None and stats.correction.masked_rollouts == 1
+    for x, y in zip(parameters(masking), parameters(reference), strict=True):
+        torch.testing.assert_close(x, y, atol=5e-5, rtol=0)
+    unmasked = load(tiny_model_dir)
+    unmasked.train_step(masked_batch)  # the rollout trained: the weights differ
+    assert any(
+        not torch.allclose(x, y, atol=5e-5, rtol=0)
+        for x, y in zip(parameters(unmasked), parameters(reference), strict=True)
+    )
+
+
+def test_a_correction_needs_the_recomputed_logprobs() -> None:
+    from pydantic import ValidationError
+
+    from reins.trainer.config import TrainConfig
+
+    fields = {"tasks": "t.jsonl", "agent": "m:f"}
+    assert TrainConfig.model_validate({**fields, "tis_cap": 2.0}).tis_cap == 2.0
+    with pytest.raises(ValidationError, match="need old_logprobs: recompute"):
+        TrainConfig.model_validate({**fields, "rollout_mask_ratio": 2, "old_logprobs": "rollout"})
+    with pytest.raises(ValidationError, match="greater than 1"):
+        TrainConfig.model_validate({**fields, "rollout_mask_ratio": 0.5})
