@@ -104,6 +104,7 @@ def run_mode(mode: str, folder: Path, model: Path, steps: int) -> dict[str, floa
         "step_s": sum(r["time/step"] for r in records) / len(records),
         "update_s": sum(r["time/update"] for r in records) / len(records),
         "stale_groups": sum(r.get("rollouts/stale_groups", 0) for r in records),
+        "generated_per_trained": records[-1].get("rollouts/generated_per_trained", float("nan")),
         "mixed_version_sequences": sum(
             r.get("samples/mixed_version_sequences", 0) for r in records
         ),
@@ -126,11 +127,12 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"{steps} updates per mode, 8 groups x 4 rollouts per update; load {load:.1f}")
     print(f"agent durations: Pareto alpha {ALPHA}, base {BASE_S} s, cap {CAP * BASE_S} s")
-    print(f"{'mode':6} {'wall s':>8} {'s/update':>9} {'update s':>9} {'stale groups':>13}")
+    header = f"{'mode':6} {'wall s':>8} {'s/update':>9} {'update s':>9} {'stale groups':>13}"
+    print(f"{header} {'generated/trained':>18}")
     for mode, result in results.items():
         print(
             f"{mode:6} {result['wall_s']:8.1f} {result['step_s']:9.2f} {result['update_s']:9.2f}"
-            f" {result['stale_groups']:13.0f}"
+            f" {result['stale_groups']:13.0f} {result['generated_per_trained']:18.2f}"
         )
     speedup = results["sync"]["wall_s"] / results["async"]["wall_s"]
     step_ratio = results["sync"]["step_s"] / results["async"]["step_s"]

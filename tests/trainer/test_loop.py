@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from reins.trainer.config import TrainConfig
@@ -104,6 +105,10 @@ def test_async_run_drains_updates_and_resumes_the_gateway(
     records = asyncio.run(train(run))
     assert [r["weight_version"] for r in records] == [1, 2, 3]
     assert all(r["rollouts/trained"] + 2 * r["rollouts/stale_groups"] == 4 for r in records)
+    trained = np.cumsum([r["rollouts/trained"] for r in records])
+    generated = 4 * np.arange(1, 4)  # two groups of two a step, trained or stale
+    waste = [r.get("rollouts/generated_per_trained") for r in records]
+    assert waste == [g / t if t else None for g, t in zip(generated, trained, strict=True)]
     assert all("time/wait" in r for r in records)
 
 

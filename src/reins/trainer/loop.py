@@ -183,6 +183,9 @@ class Trainer:
         self.pending = list(pending)
         """Stream positions of groups an earlier incarnation declared and did not train."""
         self.versions = versions
+        self._generated = self._trained = 0
+        """Rollouts finished and read by this process's updates, and those trained: their ratio
+        is the work async drops (stale or failed groups)."""
         self._running: list[Group] = []
 
     # -- the run ---------------------------------------------------------------------------
@@ -424,6 +427,15 @@ class Trainer:
             record.reward = fill
         return record
 
+    def _waste(self, groups: list[Group], trained: int) -> dict[str, float]:
+        """Rollouts generated per rollout trained so far in this process (1.0: nothing lost;
+        absent until one is trained)."""
+        self._generated += sum(len(group.rollout_ids) for group in groups)
+        self._trained += trained
+        if not self._trained:
+            return {}
+        return {"rollouts/generated_per_trained": self._generated / self._trained}
+
     async def _update(
         self, step: int, groups: list[Group], val: float | None, *, timings: dict[str, float]
     ) -> dict[str, Any]:
@@ -470,6 +482,7 @@ class Trainer:
             "time/update": update_s,
             "time/publish": publish_s,
             **timings,
+            **self._waste(groups, len(records)),
             "memory/peak_rss_mb": peak_rss_mb(),
         }
         gpu_mb = peak_gpu_mb()
