@@ -45,6 +45,7 @@ MEASURED_S = {
     "tests/gateway/test_fuzz.py": 108,
     "tests/engine/test_vllm_upstream.py": 108,
     "tests/trainer/test_sigkill.py": 80,
+    "tests/trainer/test_loop.py": 120,
     "tests/harness/test_mini_swe_agent.py": 67,
     "tests/test_required.py": 60,
     "tests/harness/test_cli_claude.py": 56,
@@ -59,6 +60,7 @@ MEASURED_S = {
     "tests/swe/test_training.py": 140,
     "tests/swe/test_cli_harness.py": 5,
     "tests/swe/test_image_environment.py": 2,
+    "tests/trainer/test_correction.py": 12,
     "tests/swe/test_prepare.py": 13,
 }
 SECONDS_PER_UNLISTED_TEST = 1
