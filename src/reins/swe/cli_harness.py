@@ -91,10 +91,9 @@ class CliHarness:
 
     def sandbox_options(self) -> dict[str, Any]:
         """`Sandbox(...)` keywords: the installation and the home mounted, the gateway's door."""
+        # Called by its real path (`command`), which is inside the installation.
         installation = _installation(self.executable)
         mounts = [Mount(installation), Mount(self.home, HOME_INSIDE, writable=True)]
-        if installation != self.executable.parent.resolve():
-            mounts.append(Mount(self.executable.parent))  # .bin's links, at the path we call
         return {"mounts": mounts, "relays": self.door.relays}
 
     def env(self) -> dict[str, str]:
@@ -120,7 +119,7 @@ class CliHarness:
         home = HOME_INSIDE
         prompt = f'"$(cat {home}/{_PROMPT_FILE})"'
         if self.name == "claude":
-            argv = [str(self.executable), "-p", "PROMPT", "--model", self.model]
+            argv = [str(self.executable.resolve()), "-p", "PROMPT", "--model", self.model]
             argv += ["--tools", "Bash", "--allowedTools", "Bash"]
             argv += ["--output-format", "stream-json", "--verbose"]
         else:
@@ -130,7 +129,7 @@ class CliHarness:
                 self.model,
                 lean=True,
             )
-            argv = [str(self.executable), "exec", "--json", "--skip-git-repo-check"]
+            argv = [str(self.executable.resolve()), "exec", "--json", "--skip-git-repo-check"]
             argv += ["--strict-config", "--dangerously-bypass-approvals-and-sandbox"]
             argv += ["PROMPT"]  # (no setting caps its output: the engine's context does)
         line = " ".join(prompt if part == "PROMPT" else shlex.quote(part) for part in argv)
