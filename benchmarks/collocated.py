@@ -68,7 +68,9 @@ def sleepy_agent(task: dict[str, Any]) -> float:
     return float(len(text) % 2)
 
 
-def run_mode(mode: str, folder: Path, model: Path, steps: int) -> dict[str, float]:
+def run_mode(
+    mode: str, folder: Path, model: Path, steps: int, stale_groups: str = "drop"
+) -> dict[str, float]:
     from reins.trainer.config import TrainConfig
     from reins.trainer.runtime import train
 
@@ -87,6 +89,8 @@ def run_mode(mode: str, folder: Path, model: Path, steps: int) -> dict[str, floa
         tasks_per_step=8,
         group_size=4,
         max_staleness=1,
+        stale_groups=stale_groups,  # type: ignore[arg-type]
+        tis_cap=2.0 if stale_groups == "correct" else None,
         max_parallel=64,
         val_every=0,
         lr=1e-4,
@@ -114,6 +118,12 @@ def run_mode(mode: str, folder: Path, model: Path, steps: int) -> dict[str, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--long", action="store_true", help="20 updates per mode instead of 6")
+    parser.add_argument(
+        "--stale-groups",
+        choices=["drop", "correct"],
+        default="drop",
+        help="async: drop stale groups (default) or train them with the correction (tis_cap 2)",
+    )
     args = parser.parse_args()
     steps = 20 if args.long else 6
     sys.path.insert(0, str(ROOT))
@@ -123,9 +133,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="reins-collocated-") as tmp:
         folder = Path(tmp)
         model = make_tiny_model(folder / "tiny-llama")
-        results = {mode: run_mode(mode, folder, model, steps) for mode in ("sync", "async")}
+        results = {
+            mode: run_mode(mode, folder, model, steps, args.stale_groups)
+            for mode in ("sync", "async")
+        }
     load = os.getloadavg()[0]
     print(f"{steps} updates per mode, 8 groups x 4 rollouts per update; load {load:.1f}")
+    print(f"async: stale groups {args.stale_groups}")
     print(f"agent durations: Pareto alpha {ALPHA}, base {BASE_S} s, cap {CAP * BASE_S} s")
     header = f"{'mode':6} {'wall s':>8} {'s/update':>9} {'update s':>9} {'stale groups':>13}"
     print(f"{header} {'generated/trained':>18}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import zlib
 from typing import Any
 
@@ -9,13 +10,14 @@ from openai import OpenAI
 
 
 def two_calls(task: dict[str, Any]) -> float:
-    """Two chat calls (the second extends the first's conversation); the task sets the reward,
-    or `crash: true` makes the agent fail."""
+    """Two chat calls (the second extends the first's conversation), `pause_s` seconds apart
+    (default 0); `crash: true` makes the agent fail."""
     if task.get("crash"):
         raise RuntimeError("this task always crashes")
     client = OpenAI(max_retries=5, timeout=300)
     messages: list[Any] = [{"role": "user", "content": f"Say {task['word']}."}]
     first = client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+    time.sleep(float(task.get("pause_s", 0)))
     messages += [
         {"role": "assistant", "content": first.choices[0].message.content or ""},
         {"role": "user", "content": "Again."},

@@ -144,5 +144,7 @@ def test_a_correction_needs_the_recomputed_logprobs() -> None:
     assert TrainConfig.model_validate({**fields, "tis_cap": 2.0}).tis_cap == 2.0
     with pytest.raises(ValidationError, match="need old_logprobs: recompute"):
         TrainConfig.model_validate({**fields, "rollout_mask_ratio": 2, "old_logprobs": "rollout"})
+    with pytest.raises(ValidationError, match="set tis_cap or rollout_mask_ratio too"):
+        TrainConfig.model_validate({**fields, "stale_groups": "correct"})
     with pytest.raises(ValidationError, match="greater than 1"):
         TrainConfig.model_validate({**fields, "rollout_mask_ratio": 0.5})

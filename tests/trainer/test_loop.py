@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from reins.trainer.config import TrainConfig
+from reins.trainer.data import TaskStream, load_tasks
 from reins.trainer.runtime import train
 
 pytestmark = pytest.mark.slow
@@ -131,3 +132,34 @@ def test_async_run_with_importance_correction_reports_gaps_by_version_lag(
         if "correction/ratio_mean" in record:
             assert record["correction/masked_rollouts"] == 0
             assert 0 < record["correction/ratio_min"] <= record["correction/ratio_max"]
+
+
+def test_async_stale_groups_trained_with_the_correction_waste_nothing(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`stale_groups: correct`: the first task's rollouts make a call, pause 20 s, make another;
+    meanwhile three updates train the other tasks, so that group is 2-3 versions stale when it
+    finishes (`max_staleness` 1). It is trained, with the correction, not dropped: every rollout
+    generated is trained."""
+    tasks = tmp_path / "slow.jsonl"
+    lines = [{"id": "slow", "input": {"word": "slow", "pause_s": 20}}]
+    lines += [{"id": w, "input": {"word": w}} for w in ("ant", "bee", "cat")]
+    tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    # A seed whose shuffle declares the slow task first: two groups start together.
+    seed = next(
+        seed for seed in range(100)
+        if TaskStream(load_tasks(tasks), seed).take(1)[0][1].id == "slow"
+    )  # fmt: skip
+    run = config(
+        tmp_path, tiny_model_dir, mode="async", steps=4, val_every=0, tasks=tasks, seed=seed,
+        tasks_per_step=1, max_staleness=1, stale_groups="correct", tis_cap=2.0,
+    )  # fmt: skip
+    records = asyncio.run(train(run))
+    seen = json.dumps(
+        [{k: v for k, v in r.items() if k.startswith(("rollouts/", "time/step"))} for r in records]
+    )
+    assert [r["rollouts/stale_groups"] for r in records] == [0, 0, 0, 0], seen
+    corrected = [r["rollouts/stale_groups_corrected"] for r in records]
+    assert sorted(corrected) == [0, 0, 0, 1], seen  # the slow group; at step 3 on an idle machine
+    assert records[corrected.index(1)]["rollouts/staleness_max"] >= 2
+    assert [r["rollouts/generated_per_trained"] for r in records] == [1.0] * 4

@@ -87,6 +87,10 @@ class TrainConfig(BaseModel):
     max_staleness: int = Field(default=1, ge=0)
     """`async`: rollouts start at most this many versions ahead of the weights that will train on
     them; a group with a call served by an older version is dropped (and counted)."""
+    stale_groups: Literal["drop", "correct"] = "drop"
+    """`async`: a group with a rollout more than `max_staleness` stale is dropped (its rollouts
+    were generated for nothing: `rollouts/generated_per_trained`), or trained with the
+    importance correction (`correct`: needs `tis_cap` or `rollout_mask_ratio`)."""
     drain_timeout_s: float = Field(default=300.0, gt=0)
     """`async`: how long an update waits for in-flight LLM calls before going on anyway."""
 
@@ -185,6 +189,11 @@ class TrainConfig(BaseModel):
     @model_validator(mode="after")
     def _correction_needs_recomputed_logprobs(self) -> TrainConfig:
         correcting = self.tis_cap is not None or self.rollout_mask_ratio is not None
+        if self.stale_groups == "correct" and not correcting:
+            raise ValueError(
+                "stale_groups: correct trains stale groups with the importance correction: set "
+                "tis_cap or rollout_mask_ratio too"
+            )
         if correcting and self.old_logprobs != "recompute":
             raise ValueError(
                 "tis_cap and rollout_mask_ratio compare the trainer's recomputed logprobs with "

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -367,7 +368,7 @@ class Trainer:
         """Records of the groups' rollouts, counts of what was dropped and why, the ids of the
         groups whose rollouts are trained, and each trained rollout's staleness."""
         counts = {"failed": 0, "dropped_groups": 0, "stale_groups": 0, "missing_reward": 0}
-        counts |= {"spanning": 0, "spanning_groups_dropped": 0}
+        counts |= {"spanning": 0, "spanning_groups_dropped": 0, "stale_groups_corrected": 0}
         staleness: list[float] = []
         records: list[RolloutRecord] = []
         trained: list[str] = []
@@ -397,8 +398,10 @@ class Trainer:
                 spanning = sum(spans_update(v) for v in served)
                 # A group goes whole or not at all: its advantages are relative to each other.
                 if max(stale, default=0.0) > self.config.max_staleness:
-                    counts["stale_groups"] += 1
-                    continue
+                    if self.config.stale_groups == "drop" or math.isinf(max(stale)):
+                        counts["stale_groups"] += 1
+                        continue
+                    counts["stale_groups_corrected"] += 1
                 if spanning and self.config.spanning_rollouts == "drop":
                     counts["spanning_groups_dropped"] += 1
                     continue
@@ -472,6 +475,7 @@ class Trainer:
             "rollouts/failed": counts["failed"],
             "rollouts/dropped_groups": counts["dropped_groups"],
             "rollouts/stale_groups": counts["stale_groups"],
+            "rollouts/stale_groups_corrected": counts["stale_groups_corrected"],
             "rollouts/spanning": counts["spanning"],
             "rollouts/spanning_groups_dropped": counts["spanning_groups_dropped"],
             "rollouts/staleness_mean": float(np.mean(staleness)) if staleness else 0.0,
