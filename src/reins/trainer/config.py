@@ -86,7 +86,8 @@ class TrainConfig(BaseModel):
     rollouts running; update as soon as `tasks_per_step` whole groups finished."""
     max_staleness: int = Field(default=1, ge=0)
     """`async`: rollouts start at most this many versions ahead of the weights that will train on
-    them; a group with a call served by an older version is dropped (and counted)."""
+    them; a group with a call served by an older version is dropped (and counted), or trained
+    with the importance correction (`stale_groups`)."""
     stale_groups: Literal["drop", "correct"] = "drop"
     """`async`: a group with a rollout more than `max_staleness` stale is dropped (its rollouts
     were generated for nothing: `rollouts/generated_per_trained`), or trained with the
