@@ -186,7 +186,10 @@ def _codex_commands(events: list[Mapping[str, Any]]) -> list[tuple[str, str, boo
         item = event.get("item") or {}
         if event.get("type") == "item.completed" and item.get("type") == "command_execution":
             command = str(item.get("command", ""))
-            with_shell = shlex.split(command) if command else []
+            try:
+                with_shell = shlex.split(command)
+            except ValueError:  # not shell words: kept as Codex showed it
+                with_shell = []
             if len(with_shell) == 3 and with_shell[1] in ("-c", "-lc"):
                 command = with_shell[2]  # Codex runs `bash -lc CMD`: the model's CMD
             output = str(item.get("aggregated_output", ""))
