@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 from typing import Any
@@ -10,14 +11,17 @@ from openai import OpenAI
 
 
 def two_calls(task: dict[str, Any]) -> float:
-    """Two chat calls (the second extends the first's conversation), `pause_s` seconds apart
-    (default 0); `crash: true` makes the agent fail."""
+    """Two chat calls (the second extends the first's conversation); between them it waits until
+    the file `wait_for` exists, if set (at most 300 s); `crash: true` makes the agent fail."""
     if task.get("crash"):
         raise RuntimeError("this task always crashes")
     client = OpenAI(max_retries=5, timeout=300)
     messages: list[Any] = [{"role": "user", "content": f"Say {task['word']}."}]
     first = client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
-    time.sleep(float(task.get("pause_s", 0)))
+    if task.get("wait_for"):
+        deadline = time.monotonic() + 300
+        while not os.path.exists(task["wait_for"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
     messages += [
         {"role": "assistant", "content": first.choices[0].message.content or ""},
         {"role": "user", "content": "Again."},

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -137,12 +138,13 @@ def test_async_run_with_importance_correction_reports_gaps_by_version_lag(
 def test_async_stale_groups_trained_with_the_correction_waste_nothing(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    """`stale_groups: correct`: the first task's rollouts make a call, pause 20 s, make another;
-    meanwhile three updates train the other tasks, so that group is 2-3 versions stale when it
-    finishes (`max_staleness` 1). It is trained, with the correction, not dropped: every rollout
-    generated is trained."""
+    """`stale_groups: correct`: the slow task's rollouts make a call, then wait until three
+    updates have trained the other tasks, then make another: that group is 3 versions stale when
+    it finishes (`max_staleness` 1). It is trained, with the correction, not dropped: every
+    rollout generated is trained."""
+    release = tmp_path / "release"
     tasks = tmp_path / "slow.jsonl"
-    lines = [{"id": "slow", "input": {"word": "slow", "pause_s": 20}}]
+    lines = [{"id": "slow", "input": {"word": "slow", "wait_for": str(release)}}]
     lines += [{"id": w, "input": {"word": w}} for w in ("ant", "bee", "cat")]
     tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
     # A seed whose shuffle declares the slow task first: two groups start together.
@@ -154,12 +156,24 @@ def test_async_stale_groups_trained_with_the_correction_waste_nothing(
         tmp_path, tiny_model_dir, mode="async", steps=4, val_every=0, tasks=tasks, seed=seed,
         tasks_per_step=1, max_staleness=1, stale_groups="correct", tis_cap=2.0,
     )  # fmt: skip
-    records = asyncio.run(train(run))
-    seen = json.dumps(
-        [{k: v for k, v in r.items() if k.startswith(("rollouts/", "time/step"))} for r in records]
-    )
-    assert [r["rollouts/stale_groups"] for r in records] == [0, 0, 0, 0], seen
-    corrected = [r["rollouts/stale_groups_corrected"] for r in records]
-    assert sorted(corrected) == [0, 0, 0, 1], seen  # the slow group; at step 3 on an idle machine
-    assert records[corrected.index(1)]["rollouts/staleness_max"] >= 2
+    stop = threading.Event()
+
+    def release_after_three_steps() -> None:
+        log = run.run_dir / "metrics.jsonl"
+        while not stop.is_set():
+            if log.exists() and len(log.read_text().splitlines()) >= 3:
+                release.touch()
+                return
+            stop.wait(0.1)
+
+    watcher = threading.Thread(target=release_after_three_steps, daemon=True)
+    watcher.start()
+    try:
+        records = asyncio.run(train(run))
+    finally:
+        stop.set()
+        watcher.join()
+    assert [r["rollouts/stale_groups"] for r in records] == [0, 0, 0, 0]
+    assert [r["rollouts/stale_groups_corrected"] for r in records] == [0, 0, 0, 1]
+    assert records[3]["rollouts/staleness_max"] >= 2  # 3: first call by v0, trained at v3
     assert [r["rollouts/generated_per_trained"] for r in records] == [1.0] * 4
