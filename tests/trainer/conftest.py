@@ -9,7 +9,7 @@ import pytest
 import torch
 
 
-def make_tiny_model(folder: Path, seed: int = 0) -> Path:
+def make_tiny_model(folder: Path, seed: int = 0, initializer_range: float = 0.02) -> Path:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from reins.engine.prepare import prepare_default_model
@@ -24,6 +24,7 @@ def make_tiny_model(folder: Path, seed: int = 0) -> Path:
         num_key_value_heads=2,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
+        initializer_range=initializer_range,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -148,3 +148,19 @@ def test_a_correction_needs_the_recomputed_logprobs() -> None:
         TrainConfig.model_validate({**fields, "stale_groups": "correct"})
     with pytest.raises(ValidationError, match="greater than 1"):
         TrainConfig.model_validate({**fields, "rollout_mask_ratio": 0.5})
+
+
+def test_an_async_run_is_told_when_max_parallel_holds_its_rollouts_back() -> None:
+    from reins.trainer.config import TrainConfig
+
+    fields = {"tasks": "t.jsonl", "agent": "m:f", "tasks_per_step": 8, "group_size": 4}
+    short = TrainConfig.model_validate({**fields, "mode": "async", "max_parallel": 63})
+    message = short.async_parallel_shortfall()
+    assert message is not None and "up to 64 rollouts" in message and "is 63" in message
+    enough = TrainConfig.model_validate({**fields, "mode": "async", "max_parallel": 64})
+    assert enough.async_parallel_shortfall() is None
+    deeper = enough.model_copy(update={"max_staleness": 2})
+    assert "up to 96 rollouts" in (deeper.async_parallel_shortfall() or "")
+    assert (
+        TrainConfig.model_validate({**fields, "max_parallel": 1}).async_parallel_shortfall() is None
+    )

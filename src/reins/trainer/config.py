@@ -203,6 +203,21 @@ class TrainConfig(BaseModel):
             )
         return self
 
+    def async_parallel_shortfall(self) -> str | None:
+        """Why `max_parallel` holds back an async run's rollouts (None when it does not): async
+        keeps `max_staleness + 1` steps of groups in flight, and the local runner runs at most
+        `max_parallel` agents, so the rest queue and async overlaps less."""
+        in_flight = self.tasks_per_step * self.group_size * (self.max_staleness + 1)
+        if self.mode != "async" or self.max_parallel >= in_flight:
+            return None
+        return (
+            f"async keeps up to {in_flight} rollouts in flight ({self.tasks_per_step} tasks x "
+            f"{self.group_size} x (max_staleness {self.max_staleness} + 1)), but max_parallel "
+            f"is {self.max_parallel}: the others wait for a free agent slot, which takes away "
+            f"most of what async gains; set max_parallel to at least {in_flight} (plus the "
+            "validation's tasks)"
+        )
+
     @property
     def run_dir(self) -> Path:
         return self.runs_dir / self.run_name

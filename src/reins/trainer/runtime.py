@@ -269,6 +269,9 @@ async def _train(
             _tell(reporter, f"run {config.run_name} is finished ({start} steps): nothing to do")
             return []
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    shortfall = config.async_parallel_shortfall()
+    if shortfall is not None:
+        _tell(reporter, shortfall)
     torch.manual_seed(config.seed)
 
     backend: Backend

@@ -1,0 +1,291 @@
+"""Sync vs collocated async training: wall time to reach the same validation reward.
+
+Updates per second flatter async: it may train on staler, fewer rollouts for each update. What a
+user wants is the wall time to a given validation reward. Each repeat trains the same model from
+the same seed on the same tasks twice, in sync and in collocated async (paper 3.1), and reports:
+
+- the wall time at which each run's validation reward first reached the sync run's final one
+  (time to reward), and their ratio, async over sync;
+- the final validation reward of each (async must not lose reward for its speed);
+- rollouts generated per rollout trained (async drops or corrects stale groups).
+
+Runs differ by luck (which rollout is sampled first decides when a greedy policy flips), so the
+benchmark repeats with other seeds and reports the median ratio and its spread.
+
+The default (`--job tiny`, a few minutes) is the real main-job stack (`reins.trainer.runtime.train`:
+in-process gateway on SQLite, embedded engine sharing the trainer's weights, agents as local
+processes, torch backend) with two things stubbed so that learning takes minutes on 2 cores: the
+model is a tiny random Llama (2 layers, hidden 64, the real SmolLM2 tokenizer) and the agent
+(`vowel_agent`) stands for an agent whose tools take a long-tailed time: it sleeps a Pareto
+(alpha 1.5, capped at 10x) time seeded by its rollout id and the repeat, makes one real call
+through the proxy, and is rewarded by the share of the answer's letters among "etaoin" (untrained
+0.45). The tiny model's weights are drawn 35x wider than usual (std 0.7) so that its next-token
+distributions are peaked (2.3 nats at the first position, not the uniform 10.8) as a trained
+model's are: policy-gradient steps then move mass among a few candidates and the reward rises
+from 0.43 to about 0.6 in 16 updates. Validation (64 tasks, sampled at temperature 1: the
+reward the policy gets in expectation) does not sleep.
+
+`--job recall` is the main job itself (`examples/recall/config.yaml`, SmolLM2-135M, 25 steps,
+validation every 5): about 13 minutes per run, so 26 minutes per repeat.
+
+    .venv/bin/python benchmarks/time_to_reward.py                       # tiny, 3 repeats
+    .venv/bin/python benchmarks/time_to_reward.py --job recall --repeats 2
+    .venv/bin/python benchmarks/time_to_reward.py --stale-groups correct --tis-cap 2
+
+The last line is the headline: `time_to_reward_async_over_sync: VALUE ratio` (median over the
+repeats; lower is better, aim <= 0.6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE_S = 1.0
+ALPHA = 1.5
+CAP = 10.0
+LETTERS = "etaoin"
+TASKS_PER_STEP = 4
+
+
+def duration_of(key: str) -> float:
+    """Pareto(alpha) seconds, seeded by `key` (the same in both modes)."""
+    digest = hashlib.sha256(key.encode()).digest()
+    u = (int.from_bytes(digest[:8], "big") + 1) / 2**64
+    return BASE_S * min(u ** (-1 / ALPHA), CAP)
+
+
+def letter_share(text: str) -> float:
+    letters = [c for c in text if not c.isspace()]
+    return sum(c in LETTERS for c in letters) / len(letters) if letters else 0.0
+
+
+def vowel_agent(task: dict[str, Any]) -> float:
+    """Sleeps (training rollouts only), then one chat call through the proxy; reward from it.
+
+    urllib, not httpx: a new httpx client builds an SSL context (55-130 ms of CPU here), which
+    dozens of agents in flight on 2 cores would turn into the bottleneck being measured."""
+    if os.environ["REINS_MODE"] == "train":
+        # `<run>.t<position>.<task>.<k>`: without the run's name, the same in both modes.
+        rollout = os.environ["REINS_ROLLOUT_ID"].split(".", 1)[1]
+        time.sleep(duration_of(f"{task['repeat']}/{rollout}"))
+    body = {"model": "policy", "messages": [{"role": "user", "content": task["word"]}],
+            "max_tokens": 4}  # fmt: skip
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={
+            "Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}",
+            "Content-Type": "application/json",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        text = json.load(response)["choices"][0]["message"]["content"] or ""
+    return letter_share(text)
+
+
+@dataclass
+class Run:
+    """One training run: its validation curve against wall time, and its rollout counts."""
+
+    mode: str
+    wall_s: float
+    curve: list[tuple[float, int, float]]
+    """(seconds since the run started when the validation finished, step, mean reward)."""
+    generated_per_trained: float
+    stale_groups: int
+
+    @property
+    def final(self) -> float:
+        return self.curve[-1][2]
+
+    def time_to(self, reward: float) -> float:
+        """Seconds until a validation first reached `reward` (inf when none did)."""
+        return next((t for t, _, value in self.curve if value >= reward - 1e-9), math.inf)
+
+
+def validation_curve(
+    records: list[dict[str, Any]], started: float
+) -> list[tuple[float, int, float]]:
+    """A step's validation runs before its rollouts: it finished `time/step` before the step's
+    line was written. The final validation's line is written when it finishes."""
+    curve = []
+    for record in records:
+        if "val/reward_mean" not in record:
+            continue
+        done = record["time"] - record.get("time/step", 0.0)
+        curve.append((done - started, int(record["step"]), float(record["val/reward_mean"])))
+    return curve
+
+
+def tiny_config(folder: Path, repeat: int, mode: str, args: argparse.Namespace) -> Any:
+    from reins.trainer.config import TrainConfig
+    from tests.trainer.conftest import make_tiny_model
+
+    model = folder / f"tiny-llama-{repeat}"
+    if not model.exists():
+        make_tiny_model(model, seed=repeat, initializer_range=0.7)
+    tasks, val_tasks = folder / f"tasks-{repeat}.jsonl", folder / f"val-{repeat}.jsonl"
+    # Validation words are every 12th of the training range, held out: words of the same form
+    # (`w12`..`w384`), so that what is measured is the policy, not how a random model
+    # generalizes from `w0`-`w399` to another range of numbers.
+    held_out = range(0, 384, 12)
+    train_words = [i for i in range(400) if i not in held_out]
+    for path, words in ((tasks, train_words), (val_tasks, held_out)):
+        path.write_text(
+            "".join(
+                json.dumps({"id": f"w{i}", "input": {"word": f"w{i}", "repeat": repeat}}) + "\n"
+                for i in words
+            )
+        )
+    return TrainConfig(
+        run_name=f"{mode}-{repeat}",
+        runs_dir=folder / "runs",
+        seed=repeat,
+        tasks=tasks,
+        val_tasks=val_tasks,
+        agent="benchmarks.time_to_reward:vowel_agent",
+        model=model,
+        mode=mode,  # type: ignore[arg-type]
+        steps=args.steps,
+        tasks_per_step=TASKS_PER_STEP,
+        group_size=args.group_size,
+        val_every=args.val_every,
+        val_temperature=1.0,
+        max_staleness=args.max_staleness,
+        stale_groups=args.stale_groups,
+        tis_cap=args.tis_cap,
+        rollout_mask_ratio=args.mask_ratio,
+        # Every group async may keep in flight, and a validation's rollouts beside them.
+        max_parallel=TASKS_PER_STEP * args.group_size * (args.max_staleness + 1) + 64,
+        lr=args.lr,
+        max_model_len=256,
+        checkpoint_every=0,
+        keep_checkpoints=1,
+        tensorboard=False,
+    )
+
+
+def recall_config(folder: Path, repeat: int, mode: str, args: argparse.Namespace) -> Any:
+    from reins.trainer.config import load_config
+
+    overrides = [
+        f"run_name=recall-{mode}-{repeat}",
+        f"runs_dir={folder / 'runs'}",
+        f"seed={repeat}",
+        f"mode={mode}",
+        f"max_staleness={args.max_staleness}",
+        f"stale_groups={args.stale_groups}",
+        # recall's 2 tasks x 8 rollouts a step, as many ahead for async, 32 validation tasks.
+        f"max_parallel={2 * 8 * (args.max_staleness + 1) + 32}",
+        "checkpoint_every=0",
+        "tensorboard=false",
+    ]
+    if args.tis_cap is not None:
+        overrides.append(f"tis_cap={args.tis_cap}")
+    if args.mask_ratio is not None:
+        overrides.append(f"rollout_mask_ratio={args.mask_ratio}")
+    return load_config(ROOT / "examples" / "recall" / "config.yaml", overrides)
+
+
+def train_once(config: Any) -> Run:
+    from reins.trainer.runtime import train
+
+    started = time.time()
+    records = asyncio.run(train(config))
+    wall = time.time() - started
+    metrics = (config.run_dir / "metrics.jsonl").read_text().splitlines()
+    lines = [json.loads(line) for line in metrics]
+    return Run(
+        mode=config.mode,
+        wall_s=wall,
+        curve=validation_curve(lines, started),
+        generated_per_trained=records[-1].get("rollouts/generated_per_trained", math.nan),
+        stale_groups=sum(r.get("rollouts/stale_groups", 0) for r in records),
+    )
+
+
+def spread(values: list[float]) -> str:
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "none reached"
+    low, high = min(finite), max(finite)
+    missed = len(values) - len(finite)
+    return f"{low:.2f}-{high:.2f}" + (f" ({missed} not reached)" if missed else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--job", choices=["tiny", "recall"], default="tiny")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=16, help="tiny job: updates per run")
+    parser.add_argument("--val-every", type=int, default=2, help="tiny job")
+    parser.add_argument("--group-size", type=int, default=8, help="tiny job")
+    parser.add_argument("--lr", type=float, default=3e-2, help="tiny job")
+    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--stale-groups", choices=["drop", "correct"], default="drop")
+    parser.add_argument("--tis-cap", type=float, default=None)
+    parser.add_argument("--mask-ratio", type=float, default=None)
+    parser.add_argument(
+        "--keep", type=Path, help="a folder to keep the runs in (metrics, checkpoints) for a look"
+    )
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    os.chdir(ROOT)  # agents import `benchmarks.time_to_reward` or `examples.recall` from here
+    make_config = tiny_config if args.job == "tiny" else recall_config
+
+    rows: list[tuple[int, Run, Run]] = []
+    with tempfile.TemporaryDirectory(prefix="reins-time-to-reward-") as tmp:
+        folder = args.keep or Path(tmp)
+        for repeat in range(args.repeats):
+            runs = [train_once(make_config(folder, repeat, m, args)) for m in ("sync", "async")]
+            rows.append((repeat, runs[0], runs[1]))
+            print(f"repeat {repeat}: " + "; ".join(
+                f"{r.mode} " + " ".join(f"{t:.0f}s:{v:.3f}" for t, _, v in r.curve) for r in runs
+            ), flush=True)  # fmt: skip
+
+    settings = f"stale groups {args.stale_groups}, max staleness {args.max_staleness}"
+    if args.tis_cap is not None:
+        settings += f", tis cap {args.tis_cap}"
+    if args.mask_ratio is not None:
+        settings += f", mask ratio {args.mask_ratio}"
+    load = os.getloadavg()[0]
+    print(f"job {args.job}, {args.repeats} repeats; async: {settings}; load {load:.1f}")
+    print(
+        f"{'repeat':>6} {'target':>7} {'sync s':>7} {'async s':>8} {'ratio':>6}"
+        f" {'sync final':>11} {'async final':>12} {'wall sync/async':>16} {'async gen/trained':>18}"
+    )
+    ratios, final_gaps = [], []
+    for repeat, sync, async_ in rows:
+        target = sync.final
+        sync_s, async_s = sync.time_to(target), async_.time_to(target)
+        ratio = async_s / sync_s if sync_s > 0 else math.nan
+        ratios.append(ratio)
+        final_gaps.append(async_.final - sync.final)
+        print(
+            f"{repeat:>6} {target:7.3f} {sync_s:7.0f} {async_s:8.0f} {ratio:6.2f}"
+            f" {sync.final:11.3f} {async_.final:12.3f}"
+            f" {sync.wall_s:7.0f}/{async_.wall_s:<8.0f} {async_.generated_per_trained:18.2f}"
+        )
+    median = statistics.median(ratios)
+    print(f"ratio spread over repeats: {spread(ratios)}")
+    print(f"final reward, async minus sync: median {statistics.median(final_gaps):+.3f}, "
+          f"range {min(final_gaps):+.3f} to {max(final_gaps):+.3f}")  # fmt: skip
+    print(f"time_to_reward_async_over_sync: {median:.2f} ratio")
+
+
+if __name__ == "__main__":
+    main()
