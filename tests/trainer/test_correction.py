@@ -164,3 +164,38 @@ def test_an_async_run_is_told_when_max_parallel_holds_its_rollouts_back() -> Non
     assert (
         TrainConfig.model_validate({**fields, "max_parallel": 1}).async_parallel_shortfall() is None
     )
+
+
+def test_token_level_tis_from_the_updates_own_forward_equals_the_recomputing_pass(
+    tiny_model_dir: Path,
+) -> None:
+    """TIS alone (one mini-batch) weighs tokens by the update's own forward, without the pass
+    that recomputes every logprob first; a huge `rollout_mask_ratio` (never masking) forces that
+    pass: the same weights and the same statistics. The engine's logprobs are all -10.9 (the
+    tiny model's are near -10.8), so some ratios are above the cap and some below."""
+    batch = make_batch()
+
+    def engine(sequence: TrainingSequence) -> TrainingSequence:
+        lp = np.where(sequence.loss_mask, -10.9, 0.0).astype(np.float32)
+        return dataclasses.replace(sequence, old_logprobs=lp)
+
+    batch = dataclasses.replace(batch, sequences=[engine(s) for s in batch.sequences])
+    assert len(batch.minibatches) == 1
+    inline = load(tiny_model_dir, tis_cap=1.1)
+    inline_stats = inline.train_step(batch).correction
+    recomputing = load(tiny_model_dir, tis_cap=1.1, rollout_mask_ratio=1e9)
+    recomputing_stats = recomputing.train_step(batch).correction
+    assert inline_stats is not None and recomputing_stats is not None
+    assert 0 < inline_stats.clipped_fraction < 1
+    assert inline_stats.tokens == recomputing_stats.tokens > 0
+    assert inline_stats.clipped_fraction == pytest.approx(recomputing_stats.clipped_fraction)
+    assert inline_stats.ratio_mean == pytest.approx(recomputing_stats.ratio_mean, abs=1e-5)
+    assert inline_stats.ratio_max == pytest.approx(recomputing_stats.ratio_max, abs=1e-5)
+    for x, y in zip(parameters(inline), parameters(recomputing), strict=True):
+        torch.testing.assert_close(x, y, atol=1e-6, rtol=0)
+    plain = load(tiny_model_dir)
+    plain.train_step(batch)  # no correction: other weights
+    assert any(
+        not torch.allclose(x, y, atol=1e-6, rtol=0)
+        for x, y in zip(parameters(plain), parameters(inline), strict=True)
+    )

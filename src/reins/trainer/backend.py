@@ -167,10 +167,20 @@ class TorchBackend:
         correction: CorrectionStats | None = None
         multipliers: list[np.ndarray[Any, Any]] | None = None
         self.model.train()
+        # Token-level TIS alone weighs each token by its own ratio: with one mini-batch on one
+        # rank the forward's detached logprobs are the recomputed ones, so it needs no pass of
+        # its own (the rollout mask needs a whole rollout's tokens before any of its loss).
+        inline = (
+            correcting
+            and config.rollout_mask_ratio is None
+            and self.world_size == 1
+            and not self._needs_recompute(batch)
+        )
+        seen: list[np.ndarray[Any, Any] | None] = [None] * len(batch.sequences)
         try:
-            recompute = correcting or self._needs_recompute(batch)
+            recompute = (correcting and not inline) or self._needs_recompute(batch)
             old = self._recomputed_old_logprobs(batch) if recompute else None
-            if correcting:
+            if correcting and not inline:
                 assert old is not None
                 computed = [
                     o if self._contributes(s) else None
@@ -201,13 +211,29 @@ class TorchBackend:
                     sequences = [batch.sequences[i] for i in kept]
                     olds = [old[i] for i in kept] if old is not None else None
                     weighed = [multipliers[i] for i in kept] if multipliers is not None else None
-                    self._accumulate(
-                        sequences, olds, sums, measure_gap=position == 0, multipliers=weighed
+                    trainer_logprobs = self._accumulate(
+                        sequences,
+                        olds,
+                        sums,
+                        measure_gap=position == 0,
+                        multipliers=weighed,
+                        inline_tis=inline,
                     )
+                    if inline:
+                        for index, logprobs in zip(kept, trainer_logprobs, strict=True):
+                            seen[index] = logprobs
                 for _ in range(self._idle_passes(work)):
                     self._idle_pass()
                 grad_norms.append(self._step())
             self.steps_done += 1
+            if inline:  # the statistics of the weights the micro-batches applied
+                _, correction = correction_weights(
+                    batch.sequences,
+                    seen,
+                    tis_cap=config.tis_cap,
+                    mask_ratio=None,
+                    version_lags=version_lags,
+                )
         finally:
             # The gradients (one more copy of the weights) are not kept while rollouts run.
             self.optimizer.zero_grad(set_to_none=True)
@@ -309,10 +335,19 @@ class TorchBackend:
         *,
         measure_gap: bool,
         multipliers: list[np.ndarray[Any, Any]] | None = None,
-    ) -> None:
+        inline_tis: bool = False,
+    ) -> list[np.ndarray[Any, Any]]:
+        """Adds the micro-batch's loss gradient; returns each sequence's logprobs under the
+        trainer (aligned with its `token_ids`) when `inline_tis`, else nothing."""
         tensors = _pack(sequences, self.device)
         logprobs, entropy = self._response_logprobs(self.policy, tensors, with_entropy=True)
         weight = tensors.weights
+        aligned: list[np.ndarray[Any, Any]] = []
+        if inline_tis:
+            aligned = _scatter_response(logprobs.detach(), sequences, tensors)
+            multipliers, _ = correction_weights(
+                sequences, aligned, tis_cap=self.config.tis_cap, mask_ratio=None
+            )
         if multipliers is not None:  # the importance correction's, per token
             weight = weight * _gather_response(multipliers, tensors, self.device)
         rollout_old = tensors.old
@@ -351,6 +386,7 @@ class TorchBackend:
                 known = ~torch.isnan(rollout_old)
                 sums.gap += float((rollout_old[known] - logprobs[known]).abs().sum())
                 sums.gap_tokens += int(known.sum())
+        return aligned
 
     def _response_logprobs(
         self, forward: Any, tensors: Packed, *, with_entropy: bool
@@ -493,3 +529,20 @@ def _gather_response(
     rows = tensors.response_positions.cpu().numpy()
     flat = [old[1:][rows[i, : len(old) - 1]] for i, old in enumerate(olds)]
     return torch.from_numpy(np.concatenate(flat).astype(np.float32)).to(device)
+
+
+def _scatter_response(
+    flat: torch.Tensor, sequences: list[TrainingSequence], tensors: Packed
+) -> list[np.ndarray[Any, Any]]:
+    """`_gather_response` undone: per sequence, its response tokens' values (flat, in packing
+    order) back at their positions in `token_ids`, 0 elsewhere."""
+    rows = tensors.response_positions.cpu().numpy()
+    values = flat.float().cpu().numpy()
+    out, offset = [], 0
+    for i, sequence in enumerate(sequences):
+        aligned = np.zeros(len(sequence.token_ids), dtype=np.float32)
+        positions = np.flatnonzero(rows[i, : len(sequence.token_ids) - 1]) + 1
+        aligned[positions] = values[offset : offset + len(positions)]
+        offset += len(positions)
+        out.append(aligned)
+    return out
