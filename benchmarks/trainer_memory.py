@@ -12,9 +12,12 @@ AdamW's two moments are 4 x 540 MB in fp32; activations, logits and the engine's
   steps (the engine's prefix cache is emptied before the update in both rows: that change is
   the engine's, not a setting; docs/benchmarks.md has its own before and after).
 - `after`: today's defaults (`gradient_checkpointing: true`, gradients freed after each step).
+  Both rows include the engine's `malloc_trim` as it enters an update (it is the engine's, not
+  a setting; docs/benchmarks.md has its before and after).
 - `--long` adds each change on its own, glibc's allocator capped (`MALLOC_ARENA_MAX=2
-  MALLOC_TRIM_THRESHOLD_=0`, tried and not adopted: see docs/benchmarks.md), and the real main
-  job: `reins train` on examples/recall for 2 steps, its `memory/peak_rss_mb` metric.
+  MALLOC_TRIM_THRESHOLD_=0`) and a second `malloc_trim` after each update (both tried and not
+  adopted: see docs/benchmarks.md), and the real main job: `reins train` on examples/recall for 2
+  steps, its `memory/peak_rss_mb` metric.
 
 Nothing is stubbed but the token IDs (random). RSS does not depend on the machine's load; the
 times (generate, update) do, and are printed for the trade-off, not as figures to compare
@@ -48,10 +51,11 @@ EACH_CHANGE: dict[str, tuple[dict[str, str], list[str]]] = {
     "checkpointing only": ({}, ["--keep-grads"]),
     "grads freed only": ({}, ["--no-checkpointing"]),
     "after + glibc capped": ({"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "0"}, []),
+    "after + trim after update": ({}, ["--trim-after-update"]),
 }
 
 
-def child(checkpointing: bool, keep_grads: bool) -> dict[str, Any]:
+def child(checkpointing: bool, keep_grads: bool, trim_after: bool = False) -> dict[str, Any]:
     """Three steps in this process: its peak RSS in MB, and the time of each half."""
     import numpy as np
     import torch
@@ -106,8 +110,12 @@ def child(checkpointing: bool, keep_grads: bool) -> dict[str, Any]:
         return tokens
 
     def update() -> None:
-        with engine.updating_weights():
+        with engine.updating_weights():  # which hands generation's freed memory back first
             backend.train_step(batch)
+        if trim_after:  # the gradients' freed memory too (tried, not adopted)
+            import ctypes
+
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
     async def steps() -> tuple[float, float]:
         generate_s = update_s = 0.0
@@ -162,9 +170,10 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-checkpointing", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--keep-grads", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--trim-after-update", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        result = child(not args.no_checkpointing, args.keep_grads)
+        result = child(not args.no_checkpointing, args.keep_grads, args.trim_after_update)
         print(json.dumps(result))
         return
 

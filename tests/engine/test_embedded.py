@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -458,6 +459,35 @@ def greedy_answer(served: ServedEngine) -> tuple[int, list[int]]:
     )
     assert response.status_code == 200
     return int(response.headers[WEIGHT_VERSION_HEADER]), response.json()["choices"][0]["token_ids"]
+
+
+def _resident_mb() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+
+
+@pytest.mark.slow
+def test_an_update_starts_with_the_memory_generation_freed_given_back(
+    own_engine: ServedEngine,
+) -> None:
+    """A thread allocates 320 MB in 8 KB blocks (glibc serves them from that thread's arena, not
+    by mmap) and frees every other one: 160 MB of holes between live blocks, which glibc keeps
+    resident. Entering an update hands them back (`malloc_trim`), as generation's freed KV is
+    before the update allocates its gradients elsewhere."""
+    kept: list[bytearray] = []
+
+    def fragment() -> None:
+        blocks = [bytearray(8192) for _ in range(40_000)]  # bytearray() writes its pages: resident
+        kept.extend(blocks[1::2])
+
+    worker = threading.Thread(target=fragment)
+    worker.start()
+    worker.join()
+    before = _resident_mb()
+    with own_engine.engine.updating_weights():
+        after = _resident_mb()
+    assert before - after > 100, (before, after)
+    assert len(kept) == 20_000
 
 
 @pytest.mark.slow

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import logging
 import threading
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,7 +139,10 @@ class EmbeddedEngine:
 
         The prefix cache is emptied before the block, not after: its KV (up to
         `prefix_cache_gb`) is stale once the weights change, and freeing it first keeps it out
-        of the update's peak memory."""
+        of the update's peak memory. What generation freed then goes back to the system
+        (`malloc_trim`): glibc keeps freed memory in the arena of the thread that freed it,
+        where an update in another thread cannot reuse it (main job: 4.7 -> 4.0 GB peak RSS,
+        docs/benchmarks.md)."""
         target = self._weight_version + 1 if version is None else version
         if target < self._weight_version:
             raise ValueError(
@@ -146,6 +151,7 @@ class EmbeddedEngine:
             )
         with self._weights_lock:
             self.prefix_cache.invalidate(target)
+            _return_freed_memory()
             yield
             self._weight_version = target
         log.info("engine %s now serves weight version %d", self.name, self._weight_version)
@@ -219,3 +225,20 @@ def _eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
         elif isinstance(value, list):
             ids.update(v for v in value if isinstance(v, int))
     return ids
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's `malloc_trim`, or None (another C library, another system)."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+def _return_freed_memory() -> None:
+    """Hands the memory the allocator holds free, in every arena, back to the system."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
