@@ -46,15 +46,13 @@ def duration_of(rollout_id: str) -> float:
     return BASE_S * min(u ** (-1 / ALPHA), CAP)
 
 
-def sleepy_agent(task: dict[str, Any]) -> float:
-    """Sleeps, then one chat call through the proxy; reward from it.
+def ask_policy(content: str, max_tokens: int) -> str:
+    """One chat call through the proxy (the agent's `OPENAI_*` variables); the answer's text.
 
-    urllib, not httpx: a new httpx client builds an SSL context (55-130 ms of CPU here), which 64
-    agents in flight on 2 cores would turn into the bottleneck being measured."""
-    # `<run>.t<position>.<task>.<k>`: without the run's name, the same in both modes.
-    time.sleep(duration_of(os.environ["REINS_ROLLOUT_ID"].split(".", 1)[1]))
-    body = {"model": "policy", "messages": [{"role": "user", "content": task["word"]}],
-            "max_tokens": 3}  # fmt: skip
+    urllib, not httpx: a new httpx client builds an SSL context (55-130 ms of CPU here), which
+    dozens of agents in flight on 2 cores would turn into the bottleneck being measured."""
+    body = {"model": "policy", "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens}  # fmt: skip
     request = urllib.request.Request(
         os.environ["OPENAI_BASE_URL"] + "/chat/completions",
         data=json.dumps(body).encode(),
@@ -64,7 +62,15 @@ def sleepy_agent(task: dict[str, Any]) -> float:
         },
     )
     with urllib.request.urlopen(request, timeout=300) as response:
-        text = json.load(response)["choices"][0]["message"]["content"] or ""
+        text: str = json.load(response)["choices"][0]["message"]["content"] or ""
+    return text
+
+
+def sleepy_agent(task: dict[str, Any]) -> float:
+    """Sleeps, then one chat call through the proxy; reward from it."""
+    # `<run>.t<position>.<task>.<k>`: without the run's name, the same in both modes.
+    time.sleep(duration_of(os.environ["REINS_ROLLOUT_ID"].split(".", 1)[1]))
+    text = ask_policy(task["word"], max_tokens=3)
     return float(len(text) % 2)
 
 

@@ -49,7 +49,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,26 +74,14 @@ def letter_share(text: str) -> float:
 
 
 def vowel_agent(task: dict[str, Any]) -> float:
-    """Sleeps (training rollouts only), then one chat call through the proxy; reward from it.
+    """Sleeps (training rollouts only), then one chat call through the proxy; reward from it."""
+    from benchmarks.collocated import ask_policy  # agents run from the repository's root
 
-    urllib, not httpx: a new httpx client builds an SSL context (55-130 ms of CPU here), which
-    dozens of agents in flight on 2 cores would turn into the bottleneck being measured."""
     if os.environ["REINS_MODE"] == "train":
         # `<run>.t<position>.<task>.<k>`: without the run's name, the same in both modes.
         rollout = os.environ["REINS_ROLLOUT_ID"].split(".", 1)[1]
         time.sleep(duration_of(f"{task['repeat']}/{rollout}"))
-    body = {"model": "policy", "messages": [{"role": "user", "content": task["word"]}],
-            "max_tokens": 4}  # fmt: skip
-    request = urllib.request.Request(
-        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={
-            "Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}",
-            "Content-Type": "application/json",
-        },
-    )
-    with urllib.request.urlopen(request, timeout=300) as response:
-        text = json.load(response)["choices"][0]["message"]["content"] or ""
+    text = ask_policy(task["word"], max_tokens=4)
     return letter_share(text)
 
 
