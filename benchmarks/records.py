@@ -14,8 +14,10 @@ Figures, each as a ratio against the aim of issue #17 where there is one:
 
 - **storage overhead**: bytes stored per rollout / bytes of its final sequence. "Bytes stored" is
   the growth of the SQLite database file (after ``PRAGMA wal_checkpoint(TRUNCATE)``, so the WAL
-  is empty) divided by the rollouts written. "Bytes of its final sequence" is the last call's
-  prompt + response token IDs as 4-byte ints. Aim: <= 1.5 at every length.
+  is empty) divided by the rollouts written: enough rollouts of each shape for ~1.5 MB, since the
+  file grows by whole pages (64 KB), on a database that already holds a rollout (its tables
+  past their first page, as any database in use). "Bytes of its final sequence" is the last
+  call's prompt + response token IDs as 4-byte ints. Aim: <= 1.5 at every length.
 - **write throughput**: bytes of event bodies posted per second, events/s and new tokens/s (final
   sequence tokens per second), each rollout posted by one client in order, one call at a time as
   a harness does. No aim: printed for the before/after.
@@ -26,9 +28,10 @@ Figures, each as a ratio against the aim of issue #17 where there is one:
   32k tokens. The baseline in the same run is the JSON read the trainer did before:
   ``GatewayClient.get_events`` per rollout, then ``rollout_from_events``.
 
-The default run keeps to under a minute on 2 cores: every shape above, and a read step of 16
-rollouts of 50 turns x 32k. ``--long`` reads the issue's step, 512 rollouts x 32k (about 5 GB of
-SQLite and 7-8 minutes on 2 cores). The machine may be shared: each figure is also printed as a
+The default run keeps to about a minute on 2 cores: ~1 MB of final sequences of each shape
+above, and a read step of 16 rollouts of 50 turns x 32k. ``--long`` writes 5 MB of each shape
+and reads the issue's step, 512 rollouts x 32k (5 GB of JSON posted, ~100 MB stored; 7-8
+minutes on 2 cores). The machine may be shared: each figure is also printed as a
 ratio to its aim.
 
 Run: ``python benchmarks/records.py [--long]``. Last line:
@@ -70,6 +73,9 @@ API_KEY = "bench-admin-key"
 CHARS_PER_TOKEN = 4
 VOCAB = 151_000
 OVERHEAD_AIM = 1.5
+STORAGE_SAMPLE_BYTES = 1.0e6
+"""Bytes of final sequences written per shape for the storage figure (``--long``: 5x). The file
+grows by whole 64 KB pages: at 1 MB (~1.5 MB stored) a ratio is within about +-0.03."""
 READ_AIM_TOKENS_S = 10e6
 _EVENTS = TypeAdapter(list[Event])
 
@@ -362,32 +368,45 @@ class Cpu:
 
 
 def storage_cells(
-    url: str, db: Path, pid: int, shapes: list[Shape], pool: Text
+    url: str, db: Path, pid: int, shapes: list[Shape], pool: Text, sample_bytes: float
 ) -> dict[int, float]:
-    """One rollout per shape, posted call by call; its overhead ratio by turns."""
-    print("\nstorage per rollout (one rollout per shape, posted call by call by one client)")
+    """Rollouts of each shape, posted call by call; the overhead ratio by turns."""
+    settle = make_rollout(Shape(50, 32 * 1024), "settle", "settle", 999, pool)
+    write(url, [settle], 1)  # not counted: the tables grow past their first page
+    print(
+        f"\nstorage per rollout (~{sample_bytes / 1e6:.1f} MB of final sequences per "
+        "shape, each rollout posted call by call by one client)"
+    )
     print(
         f"{'shape':<20}{'final seq':>12}{'stored':>12}{'overhead':>10}{'vs aim':>8}"
         f"{'posted':>12}{'write MB/s':>11}{'events/s':>10}{'ktok/s':>8}{'gw CPU s':>10}"
     )
     overhead: dict[int, float] = {}
     for i, shape in enumerate(shapes):
-        rollout = make_rollout(shape, f"store-{i}", f"store-{i}", 1000 + i, pool)
+        count = max(1, round(sample_bytes / (4 * shape.final_tokens)))
+        written = [
+            make_rollout(shape, f"store-{i}-{n}", f"store-{i}", 1000 + 100 * i + n, pool)
+            for n in range(count)
+        ]
         before = db_bytes(db)
         with Cpu(pid) as cpu:
-            seconds = write(url, [rollout], 1)
-        stored = db_bytes(db) - before
+            seconds = write(url, written, 1)
+        stored = (db_bytes(db) - before) / count
+        rollout = written[0]
         final_bytes = 4 * rollout.final_tokens
         overhead[shape.turns] = ratio = stored / final_bytes
-        posted = sum(len(b) for b in rollout.bodies)
+        posted = sum(len(b) for r in written for b in r.bodies)
+        events = sum(len(r.bodies) for r in written)
         print(
-            f"{shape.label():<20}{_mb(final_bytes):>12}{_mb(stored):>12}"
-            f"{ratio:>9.1f}x{ratio / OVERHEAD_AIM:>7.1f}x{_mb(posted):>12}"
-            f"{posted / seconds / 1e6:>11.1f}{len(rollout.bodies) / seconds:>10.1f}"
-            f"{rollout.final_tokens / seconds / 1e3:>8.1f}{cpu.gateway_s:>7.1f}/{seconds:.1f}",
+            f"{shape.label() + f' x{count}':<20}{_mb(final_bytes):>12}{_mb(stored):>12}"
+            f"{ratio:>9.2f}x{ratio / OVERHEAD_AIM:>7.2f}x{_mb(posted / count):>12}"
+            f"{posted / seconds / 1e6:>11.1f}{events / seconds:>10.1f}"
+            f"{count * rollout.final_tokens / seconds / 1e3:>8.1f}"
+            f"{cpu.gateway_s:>7.1f}/{seconds:.1f}",
             flush=True,
         )
-        share = ", ".join(f"{name} {100 * n / posted:.0f}%" for name, n in rollout.parts.items())
+        one = sum(len(b) for b in rollout.bodies)
+        share = ", ".join(f"{name} {100 * n / one:.0f}%" for name, n in rollout.parts.items())
         print(f"{'':<20}posted JSON by part: {share}")
     return overhead
 
@@ -498,7 +517,11 @@ def read_breakdown(url: str, rollout: Rollout, repeats: int = 3) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--long", action="store_true", help="the issue's read step: 512 x 32k")
+    ap.add_argument(
+        "--long",
+        action="store_true",
+        help="5 MB per storage shape; the issue's read step: 512 x 32k",
+    )
     ap.add_argument("--read-rollouts", type=int, default=None, help="rollouts in the read step")
     ap.add_argument("--clients", type=int, default=4, help="concurrent writers for the read set")
     ap.add_argument(
@@ -519,7 +542,8 @@ def main() -> None:
     ):
         assert gateway.process is not None
         db, pid = Path(tmp) / "gateway.db", gateway.process.pid
-        overhead = storage_cells(gateway.url, db, pid, shapes, pool)
+        sample = STORAGE_SAMPLE_BYTES * (5 if args.long else 1)
+        overhead = storage_cells(gateway.url, db, pid, shapes, pool, sample)
         rate = read_set(
             gateway.url,
             db,
@@ -534,7 +558,7 @@ def main() -> None:
     for turns, ratio in overhead.items():
         print(f"records_storage_overhead_{turns}_turns_vs_aim: {ratio / OVERHEAD_AIM:.2f} x")
     print(f"records_read_{read_rollouts}x32k_tokens_per_s_vs_aim: {rate / READ_AIM_TOKENS_S:.3f} x")
-    print(f"records_storage_overhead_200_turns: {overhead[200]:.1f} ratio")
+    print(f"records_storage_overhead_200_turns: {overhead[200]:.2f} ratio")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ holds, and the documents left whole."""
 
 from __future__ import annotations
 
+import base64
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,11 +44,11 @@ def _chain(datas: list[dict[str, Any]]) -> list[Unpacked]:
         out = unpack(seq, skeleton, packed.blob, base)
         assert orjson.dumps(out.data) == orjson.dumps(data)
         # The store rebuilds its candidates without restoring requests: the same base.
-        arrays = read_arrays(packed.blob, None if base is None else base.base.answer)
+        arrays = read_arrays(packed.blob, None if base is None else base.base.text)
         again = base_after(seq, arrays, None if base is None else base.base)
         assert np.array_equal(again.tokens, out.base.tokens)
         assert again.request == out.base.request
-        assert again.answer == out.base.answer
+        assert again.text == out.base.text
         restored.append(out)
     return restored
 
@@ -84,6 +86,8 @@ def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
         if draw(st.booleans()):
             data["response"] = draw(json_values)
         data["status"] = draw(st.sampled_from([200, 500]))
+        fields = ["latency_s", "endpoint", "model_version", "abandoned", "error"]
+        data.update(draw(st.dictionaries(st.sampled_from(fields), json_values)))
         out.append(data)
         move = draw(st.sampled_from(["extend", "extend", "rewrite", "restart"]))
         if move == "extend":
@@ -145,7 +149,7 @@ def test_a_call_stores_only_what_is_new_against_the_previous_one() -> None:
         assert packed is not None
         blobs.append(packed.blob)
         base = restored[seq - 2] if seq > 1 else None
-        arrays = read_arrays(packed.blob, None if base is None else base.base.answer)
+        arrays = read_arrays(packed.blob, None if base is None else base.base.text)
         if seq == 1:
             assert arrays.base_seq is None and arrays.tail.size == 300
             continue
@@ -163,8 +167,8 @@ def test_a_call_stores_only_what_is_new_against_the_previous_one() -> None:
 
 
 def test_the_answer_the_next_request_repeats_is_not_stored_twice() -> None:
-    """zlib's preset dictionary is the base's answer: the assistant message that repeats it in
-    the next request costs a few bytes, not its length."""
+    """zlib's preset dictionary is the base's text, its answer last: the assistant message that
+    repeats it in the next request costs a few bytes, not its length."""
     datas = _turns(3)
     restored = _chain(datas)
     letters = np.random.default_rng(1).integers(97, 123, 2000, dtype=np.uint8)
@@ -195,7 +199,7 @@ def test_a_side_call_between_two_turns_does_not_break_the_chain() -> None:
     packed = pack(datas[2], [u.base for u in restored])
     assert packed is not None
     assert base_of(packed.blob) == 2  # the main conversation's last call, not the side call
-    arrays = read_arrays(packed.blob, restored[1].base.answer)
+    arrays = read_arrays(packed.blob, restored[1].base.text)
     assert arrays.keep == len(datas[1]["prompt_token_ids"]) + 40
 
 
@@ -244,3 +248,62 @@ def test_unpack_refuses_the_wrong_base() -> None:
     assert packed is not None
     with pytest.raises(ValueError, match="packed against event 2"):
         unpack(3, packed.skeleton, packed.blob, restored[0])
+
+
+def test_only_the_queried_fields_stay_in_the_column() -> None:
+    """The JSON column keeps what queries read without opening the blob; every other field
+    travels in the blob's text and comes back in place."""
+    data = {
+        **_turns(1)[0],
+        "latency_s": 1.25,
+        "endpoint": "http://127.0.0.1:8001/v1",
+        "abandoned": False,
+        "error": None,
+    }
+    packed = pack(data)
+    assert packed is not None
+    assert packed.skeleton == {"model_version": 2, "status": 200, "abandoned": False}
+    assert list(unpack(1, packed.skeleton, packed.blob, None).data.items()) == list(data.items())
+
+
+def _format_1_rows() -> list[dict[str, Any]]:
+    path = Path(__file__).parent / "fixtures" / "packed_format1.json"
+    rows: list[dict[str, Any]] = orjson.loads(path.read_bytes())["rows"]
+    for row in rows:
+        row["packed"] = base64.b64decode(row["packed"])
+    return rows
+
+
+def test_blobs_of_format_1_are_still_read_and_packed_against() -> None:
+    """Rows written before format 2 (fixture written by reins at b1cd759): restored exactly,
+    rebuilt as bases the way the store does after a restart, and a new call packed against
+    one of them restores exactly too."""
+    rows = _format_1_rows()
+    assert {row["packed"][0] for row in rows} == {1}  # the prefix's first byte: the format
+    restored: dict[int, Unpacked] = {}
+    rebuilt: dict[int, Base] = {}
+    for row in rows:
+        named = base_of(row["packed"])
+        base = None if named is None else restored[named]
+        out = unpack(row["seq"], row["skeleton"], row["packed"], base)
+        assert orjson.dumps(out.data) == orjson.dumps(row["data"])
+        restored[row["seq"]] = out
+        arrays = read_arrays(row["packed"], None if named is None else rebuilt[named].text)
+        rebuilt[row["seq"]] = base_after(
+            row["seq"], arrays, None if named is None else rebuilt[named]
+        )
+        assert np.array_equal(rebuilt[row["seq"]].tokens, out.base.tokens)
+    following = _turns(5)[4]
+    packed = pack(following, list(rebuilt.values()))
+    assert packed is not None and packed.blob[0] == 2 and base_of(packed.blob) == 4
+    skeleton = orjson.loads(orjson.dumps(packed.skeleton))
+    out = unpack(5, skeleton, packed.blob, restored[4])
+    assert orjson.dumps(out.data) == orjson.dumps(following)
+
+
+def test_a_blob_of_an_unknown_format_is_refused_with_the_fix() -> None:
+    packed = pack(_turns(1)[0])
+    assert packed is not None
+    newer = bytes([9]) + packed.blob[1:]
+    with pytest.raises(ValueError, match=r"format 9 is newer than this reins reads.*upgrade reins"):
+        base_of(newer)

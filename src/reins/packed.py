@@ -10,11 +10,18 @@ against a *base*, an earlier packed call of the same attempt:
 - the request, key by key: a value equal to the base's is named only; a list that starts with
   the base's list keeps that prefix's length and its own tail; anything else is kept whole;
 - token IDs as int32, logprobs as float32 when each one survives the round trip (else float64),
-  both byte plane by byte plane, in one zlib stream (all the trainer's read needs, readable
-  without any other blob);
-- the rest (the request's delta, the answer as the harness got it) as JSON in a second zlib
-  stream, whose preset dictionary is the base's answer: the next request usually carries that
-  answer again as its assistant message.
+  both byte plane by byte plane, in one zlib stream with a block (its own Huffman table) per
+  plane (all the trainer's read needs, readable without any other blob);
+- the rest (the request's delta, the answer as the harness got it, the event's other fields but
+  `COLUMN_FIELDS`) as JSON in a second zlib stream, whose preset dictionary is the base's own
+  text: the next request usually carries the base's answer again as its assistant message, and
+  the fields and keys mostly repeat.
+
+Both streams favour Huffman coding over short matches (`Z_FILTERED`): in text that does not
+repeat, a 3-5 byte match costs more than the literals it replaces (5.0 against 4.55 bits a
+character on random words), while the long repeats (the answer again) are still found.
+Format 1 (before 2026-12-02) kept every field but the packed ones in the JSON column and used
+the base's answer alone as the text's dictionary; it is still read.
 
 Every field is restored exactly (JSON values, key order, int versus float); a document this form
 cannot carry exactly (token IDs that are not int32, logprobs that are not all floats, an integer
@@ -40,7 +47,8 @@ from numpy.typing import NDArray
 
 from reins.schemas import Event, PackedEvent
 
-FORMAT = 1
+FORMAT = 2
+_READABLE = (1, 2)
 PACKED_FIELDS = (
     "prompt_token_ids",
     "response_token_ids",
@@ -48,7 +56,10 @@ PACKED_FIELDS = (
     "request",
     "response",
 )
-"""The fields of a `model_request` the packed blob holds; the others stay in the JSON column."""
+"""The fields of a `model_request` the packed blob holds as arrays or deltas."""
+COLUMN_FIELDS = ("model_version", "status", "abandoned")
+"""The fields that stay in the JSON column, where queries and the trainer's read find them
+without opening the blob; the blob's text holds every other field."""
 _INT32_MAX = 2**31 - 1
 _ZDICT_BYTES = 32 * 1024  # zlib's window
 _LEVEL = 6
@@ -56,8 +67,8 @@ _HEADER = struct.Struct("<I")
 _PREFIX = struct.Struct("<BqIIIBI")
 """A blob's uncompressed start: format, base seq (-1: none), keep, tail and response lengths,
 logprob kind, the token stream's size. Then two zlib streams: the tokens and logprobs (all the
-trainer's read needs), and the text (the JSON header with the request's delta, and the answer),
-whose preset dictionary is the base's answer."""
+trainer's read needs), and the text (the JSON header with the request's delta and the other
+fields, then the answer), whose preset dictionary is the base's text."""
 _LOGPROB_KINDS = ("absent", "null", "f4", "f8")
 
 Digest = bytes
@@ -99,8 +110,13 @@ class Base:
     tokens: NDArray[np.int32]
     """Its prompt + response."""
     request: RequestShape | None
-    answer: bytes
-    """The JSON text of its `response` field: the preset dictionary of the next call."""
+    text: bytes
+    """Its blob's text stream, uncompressed: the preset dictionary of the next call."""
+
+    @property
+    def answer(self) -> bytes:
+        """The JSON text of its `response` field (a format-1 call's preset dictionary)."""
+        return _answer_of(self.text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +129,10 @@ class Packed:
     response_tokens: int
     tokens: NDArray[np.int32]
     request: RequestShape | None
-    answer: bytes
+    text: bytes
 
     def as_base(self, seq: int) -> Base:
-        return Base(seq, self.tokens, self.request, self.answer)
+        return Base(seq, self.tokens, self.request, self.text)
 
 
 def token_array(value: Any) -> NDArray[np.int32] | None:
@@ -231,19 +247,24 @@ def pack(data: Any, bases: Sequence[Base] = (), *, level: int = _LEVEL) -> Packe
         "order": list(data),
         "resp_key": "response_token_ids" in data,
         "req": _request_delta(request, shape, None if base is None else base.request),
+        "fields": {
+            key: value
+            for key, value in data.items()
+            if key not in PACKED_FIELDS and key not in COLUMN_FIELDS
+        },
     }
     try:
         header_json = orjson.dumps(header)
         answer = orjson.dumps(data["response"]) if "response" in data else b""
     except (TypeError, orjson.JSONEncodeError):
         return None  # an integer beyond 64 bits: stored whole
-    numbers = [_planes(np.concatenate([prompt[keep:], response]))]
+    planes = _planes(np.concatenate([prompt[keep:], response]))
     if logprobs is not None:
-        numbers.append(_planes(logprobs[1]))
-    token_stream = zlib.compress(b"".join(numbers), level)
-    zdict = base.answer[-_ZDICT_BYTES:] if base is not None and base.answer else None
-    compressor = zlib.compressobj(level, zdict=zdict) if zdict else zlib.compressobj(level)
+        planes.extend(_planes(logprobs[1]))
+    token_stream = _compress_blocks(planes, level)
     text = b"".join([_HEADER.pack(len(header_json)), header_json, answer])
+    zdict = base.text[-_ZDICT_BYTES:] if base is not None else b""
+    compressor = _compressor(level, zdict)
     prefix = _PREFIX.pack(
         FORMAT,
         -1 if base is None else base.seq,
@@ -254,7 +275,7 @@ def pack(data: Any, bases: Sequence[Base] = (), *, level: int = _LEVEL) -> Packe
         len(token_stream),
     )
     blob = b"".join([prefix, token_stream, compressor.compress(text), compressor.flush()])
-    skeleton = {key: value for key, value in data.items() if key not in PACKED_FIELDS}
+    skeleton = {key: value for key, value in data.items() if key in COLUMN_FIELDS}
     return Packed(
         skeleton=skeleton,
         blob=blob,
@@ -263,8 +284,28 @@ def pack(data: Any, bases: Sequence[Base] = (), *, level: int = _LEVEL) -> Packe
         response_tokens=int(response.size),
         tokens=np.concatenate([prompt, response]),
         request=shape,
-        answer=answer,
+        text=text,
     )
+
+
+def _compressor(level: int, zdict: bytes) -> Any:
+    """A zlib stream that favours Huffman codes over short matches (see the module's doc)."""
+    if zdict:
+        return zlib.compressobj(level, zlib.DEFLATED, 15, 9, zlib.Z_FILTERED, zdict)
+    return zlib.compressobj(level, zlib.DEFLATED, 15, 9, zlib.Z_FILTERED)
+
+
+def _compress_blocks(parts: Sequence[bytes], level: int) -> bytes:
+    """One zlib stream, a deflate block per part: each byte plane gets its own Huffman table
+    (a token ID's low bytes are near uniform, its high bytes nearly constant)."""
+    compressor = _compressor(level, b"")
+    out = [compressor.compress(part) + compressor.flush(zlib.Z_BLOCK) for part in parts]
+    return b"".join([*out, compressor.flush()])
+
+
+def _answer_of(text: bytes) -> bytes:
+    (size,) = _HEADER.unpack_from(text, 0)
+    return text[4 + size :]
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +313,8 @@ class Arrays:
     """A packed call's own parts, read without its base's request (the trainer's batch read)."""
 
     header: dict[str, Any]
+    text: bytes
+    """The text stream, uncompressed (`Base.text`)."""
     answer: bytes
     tail: NDArray[np.int32]
     response: NDArray[np.int32]
@@ -288,13 +331,14 @@ class Arrays:
         return keep
 
 
-def _planes(values: NDArray[Any]) -> bytes:
+def _planes(values: NDArray[Any]) -> list[bytes]:
     """The values' bytes, plane by plane (every first byte, then every second...): the high
     bytes of token IDs and the sign and exponent bytes of logprobs vary little, and zlib finds
     that only when they sit together."""
     width = values.dtype.itemsize
     little = values.astype(values.dtype.newbyteorder("<"), copy=False)
-    return np.ascontiguousarray(little.view(np.uint8).reshape(-1, width).T).tobytes()
+    planes = np.ascontiguousarray(little.view(np.uint8).reshape(-1, width).T)
+    return [plane.tobytes() for plane in planes]
 
 
 def _unplane(raw: bytes, offset: int, count: int, dtype: np.dtype[Any]) -> NDArray[Any]:
@@ -302,11 +346,18 @@ def _unplane(raw: bytes, offset: int, count: int, dtype: np.dtype[Any]) -> NDArr
     return np.ascontiguousarray(planes.reshape(dtype.itemsize, count).T).view(dtype).reshape(-1)
 
 
+def _check_format(version: int) -> None:
+    if version not in _READABLE:
+        raise ValueError(
+            f"packed event format {version} is newer than this reins reads ({FORMAT}): "
+            "upgrade reins"
+        )
+
+
 def base_of(blob: bytes) -> int | None:
     """The seq of the event a blob is packed against, None for none."""
     version, seq, *_ = _PREFIX.unpack_from(blob, 0)
-    if version != FORMAT:
-        raise ValueError(f"packed event format {version} is not {FORMAT}: upgrade reins")
+    _check_format(version)
     return None if seq < 0 else int(seq)
 
 
@@ -315,6 +366,7 @@ class Numbers:
     """A packed call's token IDs and logprobs, read without its text (the trainer's read needs
     nothing else, and no earlier blob to read them)."""
 
+    version: int
     base_seq: int | None
     keep: int
     tail: NDArray[np.int32]
@@ -329,6 +381,7 @@ class Numbers:
 class Prefix:
     """A blob's uncompressed start, and where its token stream lies in it."""
 
+    version: int
     base_seq: int | None
     keep: int
     tail: int
@@ -339,10 +392,10 @@ class Prefix:
 
 def read_prefix(blob: bytes) -> Prefix:
     version, seq, keep, tail, resp, kind, size = _PREFIX.unpack_from(blob, 0)
-    if version != FORMAT:
-        raise ValueError(f"packed event format {version} is not {FORMAT}: upgrade reins")
+    _check_format(version)
     stream = slice(_PREFIX.size, _PREFIX.size + size)
-    return Prefix(None if seq < 0 else int(seq), keep, tail, resp, _LOGPROB_KINDS[kind], stream)
+    base = None if seq < 0 else int(seq)
+    return Prefix(version, base, keep, tail, resp, _LOGPROB_KINDS[kind], stream)
 
 
 def decode_stream(
@@ -366,6 +419,7 @@ def read_numbers(blob: bytes) -> Numbers:
         stream, prefix.tail, prefix.response, prefix.logprob_kind
     )
     return Numbers(
+        prefix.version,
         prefix.base_seq,
         prefix.keep,
         tail,
@@ -376,11 +430,14 @@ def read_numbers(blob: bytes) -> Numbers:
     )
 
 
-def read_arrays(blob: bytes, base_answer: bytes | None) -> Arrays:
-    """The header and arrays of a blob; `base_answer` is its base's `Arrays.answer` (None when
-    it has no base, see `base_of`)."""
+def read_arrays(blob: bytes, base_text: bytes | None) -> Arrays:
+    """The header and arrays of a blob; `base_text` is its base's `Arrays.text` (None when it
+    has no base, see `base_of`)."""
     numbers = read_numbers(blob)
-    zdict = base_answer[-_ZDICT_BYTES:] if base_answer else None
+    zdict = b""
+    if base_text:
+        zdict = _answer_of(base_text) if numbers.version == 1 else base_text
+    zdict = zdict[-_ZDICT_BYTES:]
     inflater = zlib.decompressobj(zdict=zdict) if zdict else zlib.decompressobj()
     raw = inflater.decompress(memoryview(blob)[numbers.text_at :]) + inflater.flush()
     (size,) = _HEADER.unpack_from(raw, 0)
@@ -393,7 +450,7 @@ def read_arrays(blob: bytes, base_answer: bytes | None) -> Arrays:
         lp=numbers.logprob_kind,
     )
     answer = raw[4 + size :]
-    return Arrays(header, answer, numbers.tail, numbers.response, numbers.logprobs)
+    return Arrays(header, raw, answer, numbers.tail, numbers.response, numbers.logprobs)
 
 
 def shape_after(delta: dict[str, Any], base: RequestShape | None) -> RequestShape | None:
@@ -431,7 +488,7 @@ def base_after(seq: int, arrays: Arrays, base: Base | None) -> Base:
         prompt = np.concatenate([base.tokens[: arrays.keep], arrays.tail])
     tokens = np.concatenate([prompt, arrays.response])
     shape = shape_after(arrays.header["req"], None if base is None else base.request)
-    return Base(seq, tokens, shape, arrays.answer)
+    return Base(seq, tokens, shape, arrays.text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -448,7 +505,7 @@ def unpack(seq: int, skeleton: dict[str, Any], blob: bytes, base: Unpacked | Non
     named = base_of(blob)
     if named != (None if base is None else base.base.seq):
         raise ValueError(f"event {seq} is packed against event {named}: pass that one")
-    arrays = read_arrays(blob, base.base.answer if base is not None else None)
+    arrays = read_arrays(blob, base.base.text if base is not None else None)
     header = arrays.header
     prompt = arrays.tail
     if base is not None:
@@ -479,10 +536,11 @@ def unpack(seq: int, skeleton: dict[str, Any], blob: bytes, base: Unpacked | Non
         packed["request"] = request
     if "response" in order:
         packed["response"] = orjson.loads(arrays.answer)
-    data = {key: packed[key] if key in PACKED_FIELDS else skeleton[key] for key in order}
+    fields = {**skeleton, **header.get("fields", {})}  # format 1 kept them all in the column
+    data = {key: packed[key] if key in PACKED_FIELDS else fields[key] for key in order}
     tokens = np.concatenate([prompt, arrays.response])
     shape = shape_after(delta, None if base is None else base.base.request)
-    return Unpacked(data, Base(seq, tokens, shape, arrays.answer))
+    return Unpacked(data, Base(seq, tokens, shape, arrays.text))
 
 
 def unpack_events(events: Sequence[PackedEvent]) -> list[Event]:

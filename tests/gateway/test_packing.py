@@ -3,7 +3,10 @@ grow with a call's new tokens only, every read exact, replays, restarts, and old
 
 from __future__ import annotations
 
+import base64
+import sqlite3
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,8 +14,9 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
+from reins import recordbatch
 from reins.gateway.store import Conflict
-from reins.gateway.store.sql import SqlStore
+from reins.gateway.store.sql import SQLITE_PAGE_SIZE, SqlStore
 from reins.gateway.store.tables import events
 from reins.packed import base_of
 from reins.schemas import AttemptCreate, EventIn, RolloutSpec
@@ -198,3 +202,75 @@ async def test_a_database_from_before_packing_is_migrated_and_its_rows_read_whol
         assert stats.prompt_tokens == sum(len(c["prompt_token_ids"]) for c in calls)
     finally:
         await store.close()
+
+
+async def test_rows_of_packed_format_1_are_read_and_new_calls_packed_against_them(
+    store: SqlStore,
+) -> None:
+    """A database written by reins before packed format 2 (rows from
+    tests/fixtures/packed_format1.json, written by reins at b1cd759): its calls read back
+    exactly, the record read decodes them, and the next call is packed against the last one."""
+    fixture = Path(__file__).parents[1] / "fixtures" / "packed_format1.json"
+    rows = orjson.loads(fixture.read_bytes())["rows"]
+    await _open(store, "r")
+    async with store.engine.begin() as conn:
+        for row in rows:
+            blob = base64.b64decode(row["packed"])
+            await conn.execute(
+                sa.insert(events).values(
+                    seq=row["seq"],
+                    rollout_id="r",
+                    attempt_id=1,
+                    type="model_request",
+                    data=row["skeleton"],
+                    idempotency_key=f"call-{row['seq'] - 1}",
+                    created_at=0.0,
+                    packed=blob,
+                    prompt_tokens=len(row["data"]["prompt_token_ids"]),
+                    response_tokens=len(row["data"]["response_token_ids"]),
+                )
+            )
+        if conn.dialect.name == "postgresql":  # explicit seqs do not move the sequence
+            await conn.execute(sa.text("SELECT setval(pg_get_serial_sequence('events', 'seq'), 4)"))
+    following = conversation_of_fixture(rows)
+    await _post(store, "r", [following], first=len(rows))
+    stored = await _rows(store, "r")
+    assert [row.packed[0] for row in stored] == [1, 1, 1, 1, 2]  # each blob's format
+    assert base_of(stored[4].packed) == stored[3].seq
+    restored = await store.get_events("r")
+    expected = [row["data"] for row in rows] + [following]
+    assert all(_same(e.data, c) for e, c in zip(restored, expected, strict=True))
+    (parts,) = await store.record_parts(["r"])
+    (decoded,) = recordbatch.decode(recordbatch.encode([parts]))
+    assert [c.prompt.tolist() for c in decoded.calls] == [c["prompt_token_ids"] for c in expected]
+
+
+def conversation_of_fixture(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The call after the fixture's last: its prompt + response + an observation."""
+    last = rows[-1]["data"]
+    prompt = last["prompt_token_ids"] + last["response_token_ids"] + [5, 6, 7]
+    return {**last, "prompt_token_ids": prompt, "response_token_ids": [8, 9]} | {
+        "response_logprobs": [-0.5, -0.25]
+    }
+
+
+async def test_a_new_sqlite_database_has_64_kb_pages_and_an_older_one_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    """Packed calls of ~3 KB fill 64 KB pages; 4 KB ones held one each (docs/benchmarks.md)."""
+    older = tmp_path / "older.db"
+    with sqlite3.connect(older) as conn:  # as SQLite's default made it
+        conn.execute("PRAGMA page_size=4096")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE unrelated (x)")
+    for path, pages in ((tmp_path / "new.db", SQLITE_PAGE_SIZE), (older, 4096)):
+        store = SqlStore(f"sqlite+aiosqlite:///{path}")
+        await store.init()
+        try:
+            await _open(store, "r")
+            await _post(store, "r", conversation(3))
+            assert len(await store.get_events("r")) == 3
+        finally:
+            await store.close()
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("PRAGMA page_size").fetchone()[0] == pages

@@ -121,7 +121,7 @@ class Packer:
             base = None if base_seq is None else built.get(base_seq)
             if base_seq is not None and base is None:
                 raise RuntimeError(f"event {seq} is packed against {base_seq}, which is missing")
-            arrays = read_arrays(blob, None if base is None else base.answer)
+            arrays = read_arrays(blob, None if base is None else base.text)
             built[seq] = base_after(seq, arrays, base)
         found = list(built.values())[-CANDIDATES:]
         with self._lock:  # kept even when empty: an attempt whose calls cannot be packed is not

@@ -90,12 +90,19 @@ Written = tuple[
 """A group commit's outcome: (seq, rollout, attempt, key) of each inserted event, the stored
 events of replayed keys, why each closed attempt refused its harness, the packed rows by index."""
 _MAX_EVENTS_PER_COMMIT = 2000
+SQLITE_PAGE_SIZE = 65536
+"""The page size of a new SQLite database (SQLite's largest; an existing one keeps its own). A
+row lives whole on one page unless it overflows, so a page holds a whole number of rows and
+the rest of it stays empty: packed calls of ~3.4 KB left 16 % of 4, 8 and 16 KB pages empty,
+under 3 % of 64 KB ones (docs/benchmarks.md, "Records at scale"). Appends measured the same."""
 
 
 def _install_sqlite_pragmas(engine: sa.Engine, synchronous: str) -> None:
     @sa.event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
+        # Before WAL mode, which fixes the page size of a new file; a no-op on an existing one.
+        cursor.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA busy_timeout=10000")
