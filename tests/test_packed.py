@@ -4,6 +4,7 @@ holds, and the documents left whole."""
 from __future__ import annotations
 
 import base64
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reins.packed import Base, Unpacked, base_after, base_of, pack, read_arrays, unpack
+from reins.packed import (
+    Base,
+    Unpacked,
+    base_after,
+    base_of,
+    pack,
+    read_arrays,
+    read_prefix,
+    unpack,
+)
 
 json_scalars = (
     st.none()
@@ -307,3 +317,21 @@ def test_a_blob_of_an_unknown_format_is_refused_with_the_fix() -> None:
     newer = bytes([9]) + packed.blob[1:]
     with pytest.raises(ValueError, match=r"format 9 is newer than this reins reads.*upgrade reins"):
         base_of(newer)
+
+
+def test_a_long_call_gets_a_block_per_byte_plane() -> None:
+    """Each byte plane of a long call's tokens and logprobs gets its own Huffman table: the
+    stream is smaller than the same bytes as one block (6 % on random token IDs), and exact."""
+    rng = np.random.default_rng(3)
+    response = rng.integers(0, 151_000, 500).tolist()
+    data = {
+        "prompt_token_ids": rng.integers(0, 151_000, 3000).tolist(),
+        "response_token_ids": response,
+        "response_logprobs": [float(x) for x in (-rng.exponential(0.3, 500)).astype(np.float32)],
+    }
+    packed = pack(data)
+    assert packed is not None
+    assert orjson.dumps(unpack(1, packed.skeleton, packed.blob, None).data) == orjson.dumps(data)
+    stream = packed.blob[read_prefix(packed.blob).stream]
+    one_block = zlib.compress(zlib.decompress(stream), 6)
+    assert len(stream) < 0.97 * len(one_block)

@@ -63,6 +63,7 @@ without opening the blob; the blob's text holds every other field."""
 _INT32_MAX = 2**31 - 1
 _ZDICT_BYTES = 32 * 1024  # zlib's window
 _LEVEL = 6
+_BLOCKS_FROM = 2048
 _HEADER = struct.Struct("<I")
 _PREFIX = struct.Struct("<BqIIIBI")
 """A blob's uncompressed start: format, base seq (-1: none), keep, tail and response lengths,
@@ -288,7 +289,7 @@ def pack(data: Any, bases: Sequence[Base] = (), *, level: int = _LEVEL) -> Packe
     )
 
 
-def _compressor(level: int, zdict: bytes) -> Any:
+def _compressor(level: int, zdict: bytes) -> zlib._Compress:
     """A zlib stream that favours Huffman codes over short matches (see the module's doc)."""
     if zdict:
         return zlib.compressobj(level, zlib.DEFLATED, 15, 9, zlib.Z_FILTERED, zdict)
@@ -297,8 +298,12 @@ def _compressor(level: int, zdict: bytes) -> Any:
 
 def _compress_blocks(parts: Sequence[bytes], level: int) -> bytes:
     """One zlib stream, a deflate block per part: each byte plane gets its own Huffman table
-    (a token ID's low bytes are near uniform, its high bytes nearly constant)."""
+    (a token ID's low bytes are near uniform, its high bytes nearly constant). Under
+    `_BLOCKS_FROM` bytes in all, one block: the tables would cost more than they save, and
+    each block's are built on the event's write path (~10 us a block)."""
     compressor = _compressor(level, b"")
+    if sum(map(len, parts)) < _BLOCKS_FROM:
+        return compressor.compress(b"".join(parts)) + compressor.flush()
     out = [compressor.compress(part) + compressor.flush(zlib.Z_BLOCK) for part in parts]
     return b"".join([*out, compressor.flush()])
 
