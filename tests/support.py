@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import pwd
 import shlex
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -213,3 +216,26 @@ def running_gateway(database_url: str, api_key: str = "test-admin-key") -> Itera
         yield gateway
     finally:
         gateway.stop()
+
+
+def stored_calls(db_path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Every `model_request` of a stopped gateway's SQLite file, as (rollout id, whole event
+    data), in seq order: packed rows restored (`reins.packed`), since their JSON column keeps
+    only the fields queries use."""
+    from reins.packed import Unpacked, base_of, unpack
+
+    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
+        rows = db.execute(
+            "SELECT seq, rollout_id, data, packed FROM events "
+            "WHERE type = 'model_request' ORDER BY seq"
+        ).fetchall()
+    restored: dict[int, Unpacked] = {}
+    out: list[tuple[str, dict[str, Any]]] = []
+    for seq, rollout_id, text, blob in rows:
+        data = json.loads(text)
+        if blob is not None:
+            named = base_of(blob)
+            restored[seq] = unpack(seq, data, blob, None if named is None else restored[named])
+            data = restored[seq].data
+        out.append((rollout_id, data))
+    return out

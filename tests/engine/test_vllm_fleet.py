@@ -27,6 +27,7 @@ from reins.trainer.backend import BackendConfig, TorchBackend
 from reins.trainer.fleet import FleetError, VllmEngine, connect
 from reins.trainer.publish import ReloadPublisher
 from reins.trainer.runtime import train
+from tests.support import stored_calls
 from tests.trainer.batches import make_batch
 from tests.trainer.test_loop import config
 from tests.vllm_support import VllmServer
@@ -138,12 +139,12 @@ def test_a_run_on_a_mixed_fleet_records_each_step_at_its_version(
     records = asyncio.run(train(run))
     assert [r["weight_version"] for r in records] == [1, 2, 3]
     with sqlite3.connect(f"file:{run.run_dir / 'gateway.db'}?mode=ro", uri=True) as db:
-        rows = db.execute(
-            "SELECT r.metadata, json_extract(e.data, '$.endpoint'), "
-            "json_extract(e.data, '$.model_version') FROM events e JOIN rollouts r "
-            "ON r.rollout_id = e.rollout_id WHERE e.type = 'model_request'"
-        ).fetchall()
+        rollout_metadata = dict(db.execute("SELECT rollout_id, metadata FROM rollouts"))
         registered = db.execute("SELECT endpoint, engine, weight_version FROM models").fetchall()
+    rows = [
+        (rollout_metadata[rollout_id], data["endpoint"], data["model_version"])
+        for rollout_id, data in stored_calls(run.run_dir / "gateway.db")
+    ]
     assert len(rows) == 3 * 2 * 4 * 2  # steps x tasks x rollouts x calls
     # Step k's rollouts ran on the weights of version k, on every engine: vLLM reports no
     # version, so its calls carry the one the trainer registered before calls resumed.

@@ -39,11 +39,12 @@ def _as_root(args: list[str]) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs mounted at a temp dir; unmounted after the test."""
+    """A 16 MiB tmpfs mounted at a temp dir; unmounted after the test. (A new gateway database
+    takes ~1.6 MB in 64 KB pages and its WAL up to ~4 MB between checkpoints.)"""
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
     try:
-        mounted = _as_root(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)])
+        mounted = _as_root(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount_point)])
     except FileNotFoundError as error:  # no sudo at all
         missing(f"cannot mount a small tmpfs for the disk-full test: {error}")
     if mounted.returncode != 0:

@@ -270,6 +270,9 @@ async def test_a_new_sqlite_database_has_64_kb_pages_and_an_older_one_keeps_its_
             await _open(store, "r")
             await _post(store, "r", conversation(3))
             assert len(await store.get_events("r")) == 3
+            async with store.engine.connect() as conn:  # the WAL stays ~4 MB between checkpoints
+                frames = (await conn.execute(sa.text("PRAGMA wal_autocheckpoint"))).scalar()
+            assert frames == 4 * 2**20 // pages
         finally:
             await store.close()
         with sqlite3.connect(path) as conn:

@@ -20,6 +20,7 @@ import pytest
 from reins.swe.prepare import PrepareConfig, prepare
 from tests.examples.support import recorded
 from tests.required import missing, module
+from tests.support import stored_calls
 from tests.swe.conftest import DATA, ROOT, needs_sandbox
 
 pytestmark = pytest.mark.slow
@@ -116,9 +117,7 @@ def test_a_training_step_with_claude_code_as_the_harness(
         assert reward["value"] in (0.0, 1.0)
         assert "agent ended: " in reward["reason"]
     assert len(tools) == sum(r["metrics"]["commands"] for r in rewards)
-    with sqlite3.connect(run.run_dir / "gateway.db") as db:
-        calls = db.execute("SELECT data FROM events WHERE type = 'model_request'").fetchall()
+    calls = stored_calls(run.run_dir / "gateway.db")
     assert len(calls) >= 2
-    for (data,) in calls:  # Claude Code's own requests, through the door: streamed Messages
-        request = json.loads(data)
+    for _, request in calls:  # Claude Code's own requests, through the door: streamed Messages
         assert (request["kind"], request["stream"], request["status"]) == ("messages", True, 200)

@@ -24,6 +24,7 @@ from reins.serving import BackgroundServer
 from reins.trainer.backend import BackendConfig, TorchBackend
 from reins.trainer.publish import ReloadPublisher
 from reins.trainer.runtime import train
+from tests.support import stored_calls
 from tests.trainer.batches import make_batch
 from tests.trainer.test_loop import config
 
@@ -96,11 +97,11 @@ def test_a_run_on_a_fleet_serves_each_step_from_every_engine_at_its_version(
     assert [r["weight_version"] for r in records] == [1, 2, 3]
     assert [engine.weight_version for engine, _ in fleet] == [3, 3]
     with sqlite3.connect(f"file:{run.run_dir / 'gateway.db'}?mode=ro", uri=True) as db:
-        rows = db.execute(
-            "SELECT r.metadata, json_extract(e.data, '$.endpoint'), "
-            "json_extract(e.data, '$.model_version') FROM events e JOIN rollouts r "
-            "ON r.rollout_id = e.rollout_id WHERE e.type = 'model_request'"
-        ).fetchall()
+        rollout_metadata = dict(db.execute("SELECT rollout_id, metadata FROM rollouts"))
+    rows = [
+        (rollout_metadata[rollout_id], data["endpoint"], data["model_version"])
+        for rollout_id, data in stored_calls(run.run_dir / "gateway.db")
+    ]
     assert len(rows) == 3 * 2 * 4 * 2  # steps x tasks x rollouts x calls
     # Step k's rollouts ran on the weights of version k, whichever engine served them.
     served = {(json.loads(metadata)["step"], version) for metadata, _, version in rows}
