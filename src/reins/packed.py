@@ -112,12 +112,8 @@ class Base:
     """Its prompt + response."""
     request: RequestShape | None
     text: bytes
-    """Its blob's text stream, uncompressed: the preset dictionary of the next call."""
-
-    @property
-    def answer(self) -> bytes:
-        """The JSON text of its `response` field (a format-1 call's preset dictionary)."""
-        return _answer_of(self.text)
+    """Its blob's text stream, uncompressed: the preset dictionary of the next call (of a
+    format-1 call: the answer at its end)."""
 
 
 @dataclass(frozen=True, slots=True)
