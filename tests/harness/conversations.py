@@ -34,15 +34,16 @@ def ask(
 
 
 def weather_conversation(
-    sdk: openai.OpenAI, model: str, *, stream: bool, turns: int = 4
+    sdk: openai.OpenAI, model: str, *, stream: bool, turns: int = 4, **fields: Any
 ) -> list[dict[str, Any]]:
     """`turns` calls with the weather tool offered; a tool call gets `Sunny, 21 C` back, a text
-    answer the next follow-up question. Returns the assistant messages received."""
+    answer the next follow-up question. Returns the assistant messages received. `fields` go
+    into every call (a `seed`, say)."""
     messages: list[dict[str, Any]] = [dict(m) for m in FEW_SHOT_TOOL_USE]
     follow_ups = iter(FOLLOW_UPS * turns)
     received = []
     for _ in range(turns):
-        message = ask(sdk, model, messages, stream=stream, tools=[WEATHER_TOOL])
+        message = ask(sdk, model, messages, stream=stream, tools=[WEATHER_TOOL], **fields)
         received.append(message)
         messages.append(message)
         for call in message.get("tool_calls") or ():
