@@ -5,16 +5,19 @@ objects, as `reins train examples/recall/config.yaml` builds them (the default 1
 fp32, the torch backend, the embedded engine sharing its weights), that runs three steps: the
 engine samples 16 choices of 64 tokens from a 600-token prompt (a step's rollouts), then the
 backend updates on a fixed batch shaped like a recall step's (16 sequences of 99 tokens, 27 of
-them response tokens), in a worker thread as the trainer's loop runs it. Weights, gradients and
-AdamW's two moments are 4 x 540 MB in fp32; activations, logits and the engine's KV come on top.
+them response tokens), called from a worker thread as the trainer's loop does. Weights,
+gradients and AdamW's two moments are 4 x 540 MB in fp32; activations, logits and the engine's
+KV come on top.
 
 - `before`: the trainer until 2026-12-01: no activation checkpointing, gradients kept between
   steps (the engine's prefix cache is emptied before the update in both rows: that change is
   the engine's, not a setting; docs/benchmarks.md has its own before and after).
 - `after`: today's defaults (`gradient_checkpointing: true`, gradients freed after each step).
-  Both rows include the engine's `malloc_trim` as it enters an update (it is the engine's, not
-  a setting; docs/benchmarks.md has its before and after).
-- `--long` adds each change on its own, glibc's allocator capped (`MALLOC_ARENA_MAX=2
+  Both rows include the engine's `malloc_trim` as it enters an update and run the update on the
+  engine's own thread (`EmbeddedEngine.update_weights`, as the trainer does); both are the
+  engine's, not settings: docs/benchmarks.md has their before and after.
+- `--long` adds each change on its own, the update in a worker thread instead of the engine's
+  (the trainer until 2026-12-02), glibc's allocator capped (`MALLOC_ARENA_MAX=2
   MALLOC_TRIM_THRESHOLD_=0`) and a second `malloc_trim` after each update (both tried and not
   adopted: see docs/benchmarks.md), and the real main job: `reins train` on examples/recall for 2
   steps, its `memory/peak_rss_mb` metric.
@@ -52,10 +55,13 @@ EACH_CHANGE: dict[str, tuple[dict[str, str], list[str]]] = {
     "grads freed only": ({}, ["--no-checkpointing"]),
     "after + glibc capped": ({"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "0"}, []),
     "after + trim after update": ({}, ["--trim-after-update"]),
+    "update on another thread": ({}, ["--update-off-engine-thread"]),
 }
 
 
-def child(checkpointing: bool, keep_grads: bool, trim_after: bool = False) -> dict[str, Any]:
+def child(
+    checkpointing: bool, keep_grads: bool, trim_after: bool = False, engine_thread: bool = True
+) -> dict[str, Any]:
     """Three steps in this process: its peak RSS in MB, and the time of each half."""
     import numpy as np
     import torch
@@ -110,8 +116,11 @@ def child(checkpointing: bool, keep_grads: bool, trim_after: bool = False) -> di
         return tokens
 
     def update() -> None:
-        with engine.updating_weights():  # which hands generation's freed memory back first
-            backend.train_step(batch)
+        if engine_thread:  # as the trainer does (InProcessPublisher)
+            engine.update_weights(lambda: backend.train_step(batch))
+        else:  # the trainer until 2026-12-02: in the worker thread, engine paused
+            with engine.updating_weights():
+                backend.train_step(batch)
         if trim_after:  # the gradients' freed memory too (tried, not adopted)
             import ctypes
 
@@ -171,9 +180,15 @@ def main() -> None:
     parser.add_argument("--no-checkpointing", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--keep-grads", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--trim-after-update", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--update-off-engine-thread", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        result = child(not args.no_checkpointing, args.keep_grads, args.trim_after_update)
+        result = child(
+            not args.no_checkpointing,
+            args.keep_grads,
+            args.trim_after_update,
+            not args.update_off_engine_thread,
+        )
         print(json.dumps(result))
         return
 

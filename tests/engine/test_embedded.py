@@ -508,6 +508,51 @@ def test_updating_weights_in_place_bumps_the_version_and_changes_outputs(
 
 
 @pytest.mark.slow
+def test_update_weights_runs_the_update_on_the_engines_thread_with_generation_paused(
+    own_engine: ServedEngine,
+) -> None:
+    """The trainer's update runs where generation runs (so each reuses the memory the other
+    freed: docs/benchmarks.md, "Trainer memory"), between two steps, as `updating_weights`."""
+    engine = own_engine.engine
+    version, before = greedy_answer(own_engine)
+    norm = engine.model.model.norm.weight
+    seen: list[tuple[str, bool, bool]] = []
+
+    def negate() -> str:
+        # Gradients on: the engine's own steps run under inference mode, an update must not.
+        seen.append(
+            (
+                threading.current_thread().name,
+                engine._weights_lock.locked(),
+                torch.is_grad_enabled(),
+            )
+        )
+        with torch.no_grad():
+            norm.mul_(-1)
+        return "applied"
+
+    caller = threading.current_thread().name
+    assert engine.update_weights(negate) == "applied"
+    assert seen == [("reins-engine", True, True)] and caller != "reins-engine"
+    assert greedy_answer(own_engine)[0] == version + 1
+    assert greedy_answer(own_engine)[1] != before
+
+    def fail() -> None:
+        with torch.no_grad():
+            norm.mul_(-1)
+        raise ValueError("the step failed")
+
+    with pytest.raises(ValueError, match="the step failed"):
+        engine.update_weights(fail)
+    # A failed update is no new version (its weights are the caller's to mend), and the engine
+    # still serves.
+    assert greedy_answer(own_engine) == (version + 1, before)
+    engine.close()
+    with pytest.raises(RuntimeError, match="stopped"):
+        engine.update_weights(lambda: None)
+
+
+@pytest.mark.slow
 def test_load_weights_from_a_folder_bumps_the_version_and_changes_outputs(
     own_engine: ServedEngine, tmp_path: Path
 ) -> None:

@@ -21,7 +21,7 @@ import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -31,6 +31,7 @@ from reins.engine.scheduler import BatchScheduler, Sequence
 from reins.engine.weights import load_into, read_folder
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DEFAULT_PREFIX_CACHE_GB = 2.0
@@ -155,6 +156,17 @@ class EmbeddedEngine:
             yield
             self._weight_version = target
         log.info("engine %s now serves weight version %d", self.name, self._weight_version)
+
+    def update_weights(self, apply: Callable[[], T], version: int | None = None) -> T:
+        """Runs `apply`, which changes the weights in place (a training step), inside
+        `updating_weights` on the engine's own thread, so that the update and generation reuse
+        each other's freed memory (`BatchScheduler.run_between_steps`); returns its result."""
+
+        def job() -> T:
+            with self.updating_weights(version):
+                return apply()
+
+        return self.scheduler.run_between_steps(job)
 
     def load_weights(self, path: str | Path, version: int | None = None) -> int:
         """Loads a saved model folder's weights in place, served as `version` (default: the

@@ -30,8 +30,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -45,6 +46,8 @@ from reins.engine.prefix_cache import Match, PrefixCache, as_tokens, common_pref
 from reins.engine.sampling import TOOL_TURN_TOKENS, SamplingParams, sample_next
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _GPU_ATTENTION = [
     SDPBackend.FLASH_ATTENTION,
@@ -108,6 +111,13 @@ class Sequence:
         return self._tokens
 
 
+def _run_job(job: Callable[[], Any], done: Future[Any]) -> None:
+    try:
+        done.set_result(job())
+    except BaseException as error:  # the caller's to handle, in the caller's thread
+        done.set_exception(error)
+
+
 class BatchScheduler:
     """Runs sequences through `model` in one background thread, batched."""
 
@@ -146,6 +156,7 @@ class BatchScheduler:
         self._wake = threading.Condition()
         self._stopped = False
         self._holding = 0
+        self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._thread = threading.Thread(target=self._run, name="reins-engine", daemon=True)
         self._thread.start()
 
@@ -179,6 +190,24 @@ class BatchScheduler:
                 self._holding -= 1
                 self._wake.notify()
 
+    def run_between_steps(self, job: Callable[[], T]) -> T:
+        """Runs `job` on the engine's own thread between two steps and returns its result (or
+        raises its error); the batch waits meanwhile.
+
+        Why its thread: glibc keeps what a thread frees in that thread's arena, for that thread
+        to reuse. A weight update run in another thread leaves its gradients' and activations'
+        pages in that thread's arena, where generation never reuses them, so each process
+        holds both at once (docs/benchmarks.md, "Trainer memory")."""
+        if threading.current_thread() is self._thread:
+            return job()
+        done: Future[T] = Future()
+        with self._wake:
+            if self._stopped:
+                raise RuntimeError("the engine is stopped")
+            self._jobs.append((job, done))
+            self._wake.notify()
+        return done.result()
+
     def load(self) -> tuple[int, int]:
         """(running, waiting) sequence counts."""
         return len(self._active), len(self._waiting)
@@ -193,12 +222,19 @@ class BatchScheduler:
         while True:
             with self._wake:
                 while (
-                    not self._stopped and not self._active and (not self._waiting or self._holding)
+                    not self._stopped
+                    and not self._jobs
+                    and not self._active
+                    and (not self._waiting or self._holding)
                 ):
                     self._wake.wait()
                 if self._stopped:
                     break
-                joining = [] if self._holding else self._take_joining()
+                job = self._jobs.popleft() if self._jobs else None
+                joining = [] if self._holding or job else self._take_joining()
+            if job is not None:
+                _run_job(*job)
+                continue
             try:
                 with self.weights_lock, torch.inference_mode(), self._attention_kernels():
                     if joining:
@@ -216,6 +252,10 @@ class BatchScheduler:
             self._log_stats()
         for sequence in [*self._waiting, *self._active]:
             sequence.on_finish(None, "the engine stopped")
+        with self._wake:
+            for _, done in self._jobs:
+                done.set_exception(RuntimeError("the engine stopped"))
+            self._jobs.clear()
 
     def _attention_kernels(self) -> contextlib.AbstractContextManager[None]:
         """On CUDA, SDPA without its cuDNN kernel: cuDNN plans a graph for every new shape, and the

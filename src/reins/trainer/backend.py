@@ -27,6 +27,10 @@ from reins.trainer.correction import CorrectionStats, correction_weights
 
 log = logging.getLogger(__name__)
 
+ENTROPY_ROWS = 64
+"""Response tokens whose entropy is computed at once (its temporaries are this many rows of the
+vocabulary, not all of them)."""
+
 
 class BackendConfig(BaseModel):
     """What the backend needs of the run's config (see `TrainConfig` for each field's meaning)."""
@@ -393,12 +397,18 @@ class TorchBackend:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logprobs of the response tokens (and the policy's entropy there), flat [N]."""
         logits = forward(tensors.input_ids, tensors.attention_mask, tensors.response_positions)
-        all_logprobs = torch.log_softmax(logits.float() / self.config.temperature, dim=-1)
+        # [response tokens x vocabulary] floats are the step's largest tensors: the temperature
+        # divides in place (the LM head's backward needs its input, not its output), and only
+        # the log-softmax, which its backward needs, outlives this line.
+        all_logprobs = torch.log_softmax(logits.float().div_(self.config.temperature), dim=-1)
+        del logits
         logprobs = all_logprobs.gather(-1, tensors.targets[:, None]).squeeze(-1)
         if not with_entropy:
             return logprobs, logprobs
         with torch.no_grad():
-            entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
+            entropy = torch.cat(
+                [-(rows.exp() * rows).sum(-1) for rows in torch.split(all_logprobs, ENTROPY_ROWS)]
+            )
         return logprobs, entropy
 
     def _recomputed_old_logprobs(self, batch: Batch) -> list[np.ndarray[Any, Any]]:

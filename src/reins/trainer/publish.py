@@ -1,7 +1,8 @@
 """Publishing new weights to the inference engine, behind one interface.
 
 - `InProcessPublisher`: the embedded engine shares the trainer's `nn.Module`; the update runs
-  inside `engine.updating_weights()`, so generation waits between two decode steps and the
+  on the engine's thread inside `engine.updating_weights()` (`engine.update_weights`), so
+  generation waits between two decode steps, the two reuse each other's freed memory, and the
   version goes up when the update ends. Nothing is copied.
 - `ReloadPublisher`: engines in other processes (`reins engine`, vLLM), one or a fleet under
   one model name: the weights are saved once as a Hugging Face folder and every engine is asked
@@ -43,10 +44,15 @@ class InProcessPublisher:
         return self.engine.weight_version
 
     def update(self, apply: Callable[[], T]) -> tuple[T, float]:
-        with self.engine.updating_weights():
+        applied: list[float] = []
+
+        def timed() -> T:
             result = apply()
-            started = time.perf_counter()
-        return result, time.perf_counter() - started
+            applied.append(time.perf_counter())
+            return result
+
+        result = self.engine.update_weights(timed)
+        return result, time.perf_counter() - applied[0]
 
 
 class ReloadPublisher:
