@@ -10,14 +10,18 @@ gradients and AdamW's two moments are 4 x 540 MB in fp32; activations, logits an
 KV come on top.
 
 - `before`: the trainer until 2026-12-01: no activation checkpointing, gradients kept between
-  steps (the engine's prefix cache is emptied before the update in both rows: that change is
-  the engine's, not a setting; docs/benchmarks.md has its own before and after).
-- `after`: today's defaults (`gradient_checkpointing: true`, gradients freed after each step).
+  steps, glibc's dynamic mmap threshold (the engine's prefix cache is emptied before the
+  update in both rows: that change is the engine's, not a setting; docs/benchmarks.md has its
+  own before and after).
+- `after`: today's defaults (`gradient_checkpointing: true`, gradients freed after each step,
+  `malloc_mmap_threshold_mb: 1`: blocks of 1 MB or more mapped on their own, handed back when
+  freed).
   Both rows include the engine's `malloc_trim` as it enters an update and run the update on the
   engine's own thread (`EmbeddedEngine.update_weights`, as the trainer does); both are the
   engine's, not settings: docs/benchmarks.md has their before and after.
 - `--long` adds each change on its own, the update in a worker thread instead of the engine's
-  (the trainer until 2026-12-02), glibc's allocator capped (`MALLOC_ARENA_MAX=2
+  (the trainer until 2026-12-02), glibc's dynamic mmap threshold (until 2026-12-03), glibc's
+  allocator capped (`MALLOC_ARENA_MAX=2
   MALLOC_TRIM_THRESHOLD_=0`) and a second `malloc_trim` after each update (both tried and not
   adopted: see docs/benchmarks.md), and the real main job: `reins train` on examples/recall for 2
   steps, its `memory/peak_rss_mb` metric.
@@ -47,7 +51,10 @@ ROWS, LENGTH, RESPONSE = 16, 99, 27
 
 SETTINGS: dict[str, tuple[dict[str, str], list[str]]] = {
     # name: (environment, child options)
-    "before": ({}, ["--no-checkpointing", "--keep-grads"]),
+    "before": (
+        {},
+        ["--no-checkpointing", "--keep-grads", "--set", "malloc_mmap_threshold_mb=null"],
+    ),
     "after": ({}, []),
 }
 EACH_CHANGE: dict[str, tuple[dict[str, str], list[str]]] = {
@@ -56,11 +63,16 @@ EACH_CHANGE: dict[str, tuple[dict[str, str], list[str]]] = {
     "after + glibc capped": ({"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "0"}, []),
     "after + trim after update": ({}, ["--trim-after-update"]),
     "update on another thread": ({}, ["--update-off-engine-thread"]),
+    "dynamic mmap threshold": ({}, ["--set", "malloc_mmap_threshold_mb=null"]),
 }
 
 
 def child(
-    checkpointing: bool, keep_grads: bool, trim_after: bool = False, engine_thread: bool = True
+    checkpointing: bool,
+    keep_grads: bool,
+    trim_after: bool = False,
+    engine_thread: bool = True,
+    overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     """Three steps in this process: its peak RSS in MB, and the time of each half."""
     import numpy as np
@@ -80,8 +92,9 @@ def child(
         )
     config = load_config(
         ROOT / "examples" / "recall" / "config.yaml",
-        [f"gradient_checkpointing={str(checkpointing).lower()}"],
+        [f"gradient_checkpointing={str(checkpointing).lower()}", *(overrides or [])],
     )
+    runtime.configure_allocator(config)  # as `reins train` does first
     torch.manual_seed(0)
     model, tokenizer, _ = runtime.load_policy(config)
     backend = TorchBackend(
@@ -181,6 +194,7 @@ def main() -> None:
     parser.add_argument("--keep-grads", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--trim-after-update", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--update-off-engine-thread", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         result = child(
@@ -188,6 +202,7 @@ def main() -> None:
             args.keep_grads,
             args.trim_after_update,
             not args.update_off_engine_thread,
+            args.set,
         )
         print(json.dumps(result))
         return

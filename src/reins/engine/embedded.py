@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import functools
 import logging
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
@@ -25,6 +23,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from reins.allocator import return_freed_memory
 from reins.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from reins.engine.sampling import SamplingParams
 from reins.engine.scheduler import BatchScheduler, Sequence
@@ -152,7 +151,7 @@ class EmbeddedEngine:
             )
         with self._weights_lock:
             self.prefix_cache.invalidate(target)
-            _return_freed_memory()
+            return_freed_memory()
             yield
             self._weight_version = target
         log.info("engine %s now serves weight version %d", self.name, self._weight_version)
@@ -237,20 +236,3 @@ def _eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
         elif isinstance(value, list):
             ids.update(v for v in value if isinstance(v, int))
     return ids
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's `malloc_trim`, or None (another C library, another system)."""
-    try:
-        trim: Callable[[int], int] = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-    return trim
-
-
-def _return_freed_memory() -> None:
-    """Hands the memory the allocator holds free, in every arena, back to the system."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)

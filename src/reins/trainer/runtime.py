@@ -25,6 +25,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from reins import allocator
 from reins.client import GatewayClient
 from reins.engine.weights import load_into
 from reins.schemas import ModelEndpointIn
@@ -199,7 +200,7 @@ async def train(
 ) -> list[dict[str, Any]]:
     """Runs the configured training; returns the metrics records of the steps it made (none on
     a rank other than 0 of a sharded run: that rank only follows rank 0's updates)."""
-
+    configure_allocator(config)
     if config.backend == "torch":
         return await _train(config, resume=resume, reporter=reporter, leader=None)
     from reins.trainer import ranks
@@ -216,6 +217,12 @@ async def train(
             leader.release()
     finally:
         dist.destroy_process_group()
+
+
+def configure_allocator(config: TrainConfig) -> None:
+    """This process's C allocator as the config asks (`malloc_mmap_threshold_mb`)."""
+    if config.malloc_mmap_threshold_mb is not None:
+        allocator.map_large_blocks(config.malloc_mmap_threshold_mb)
 
 
 def _backend_config(config: TrainConfig) -> BackendConfig:
