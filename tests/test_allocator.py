@@ -111,3 +111,25 @@ def test_the_trainer_sets_the_configured_threshold(
 def test_the_default_threshold_is_one_mb() -> None:
     config = TrainConfig.model_validate({"tasks": "tasks.jsonl", "agent": "true"})
     assert config.malloc_mmap_threshold_mb == 1.0
+
+
+def test_the_train_command_sets_the_allocator_before_training(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`reins train` owns its process: it applies the setting, then trains; `runtime.train()`
+    itself (a library call, as here in pytest) leaves the caller's allocator alone."""
+    from reins import cli
+
+    order: list[str] = []
+    monkeypatch.setattr(allocator, "map_large_blocks", lambda mb: order.append(f"set {mb}"))
+
+    async def train(config: TrainConfig, **_: Any) -> list[dict[str, Any]]:
+        order.append("train")
+        return []
+
+    monkeypatch.setattr(runtime, "train", train)
+    config = TrainConfig.model_validate(
+        {"tasks": "tasks.jsonl", "agent": "true", "runs_dir": str(tmp_path)}
+    )
+    cli._run_training(config, resume=False)
+    assert order == ["set 1.0", "train"]

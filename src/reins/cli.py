@@ -261,10 +261,11 @@ def _run_training(config: object, *, resume: bool) -> None:
     import logging
 
     from reins.trainer.config import TrainConfig
-    from reins.trainer.runtime import ConsoleReporter, train
+    from reins.trainer.runtime import ConsoleReporter, configure_allocator, train
 
     assert isinstance(config, TrainConfig)
     logging.basicConfig(level=logging.WARNING)
+    configure_allocator(config)
     console.print(
         f"run [bold]{config.run_name}[/bold]: {config.steps} steps, {config.mode} mode, "
         f"{config.tasks_per_step} tasks x {config.group_size} rollouts per step; "

@@ -118,11 +118,13 @@ class TrainConfig(BaseModel):
     part of the trainer's peak memory (docs/benchmarks.md, "Trainer memory"); off, the backward
     runs no second forward (faster updates where memory is plentiful)."""
     malloc_mmap_threshold_mb: float | None = Field(default=1.0, gt=0, le=32)
-    """The trainer process's blocks of at least this many MB get their own memory map, handed
-    back to the system when freed (glibc's M_MMAP_THRESHOLD, fixed): the main job peaks at
-    ~2.9 GB RSS instead of ~3.6 (docs/benchmarks.md, "Trainer memory"). None: glibc's dynamic
-    threshold, which keeps freed tensors resident. An exported `MALLOC_MMAP_THRESHOLD_`,
-    `MALLOC_TRIM_THRESHOLD_` or `MALLOC_TOP_PAD_` wins over it; elsewhere than glibc, unused."""
+    """`reins train`'s process: blocks of at least this many MB get their own memory map,
+    handed back to the system when freed (glibc's M_MMAP_THRESHOLD, fixed): the main job peaks
+    at ~2.95 GB RSS instead of ~3.8, for ~20-25 % slower updates (docs/benchmarks.md, "Trainer
+    memory"). None: glibc's dynamic threshold, which keeps freed tensors resident. An exported
+    `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_` or `MALLOC_TOP_PAD_` wins over it;
+    elsewhere than glibc, unused. `runtime.train()` called from another program leaves that
+    program's allocator alone (`runtime.configure_allocator` applies the setting)."""
     lr: float = Field(default=1e-5, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0)

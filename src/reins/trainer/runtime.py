@@ -199,8 +199,9 @@ async def train(
     config: TrainConfig, *, resume: bool = False, reporter: Reporter | None = None
 ) -> list[dict[str, Any]]:
     """Runs the configured training; returns the metrics records of the steps it made (none on
-    a rank other than 0 of a sharded run: that rank only follows rank 0's updates)."""
-    configure_allocator(config)
+    a rank other than 0 of a sharded run: that rank only follows rank 0's updates).
+    The process's allocator is left as it is: `reins train` sets it (`configure_allocator`)."""
+
     if config.backend == "torch":
         return await _train(config, resume=resume, reporter=reporter, leader=None)
     from reins.trainer import ranks
@@ -220,7 +221,9 @@ async def train(
 
 
 def configure_allocator(config: TrainConfig) -> None:
-    """This process's C allocator as the config asks (`malloc_mmap_threshold_mb`)."""
+    """This process's C allocator as the config asks (`malloc_mmap_threshold_mb`): for the
+    process's owner to call (the `reins train` command), since it changes every allocation of
+    the process, not only the trainer's."""
     if config.malloc_mmap_threshold_mb is not None:
         allocator.map_large_blocks(config.malloc_mmap_threshold_mb)
 
