@@ -674,10 +674,14 @@ def main() -> None:
     print(
         f"reins: model_request events stored {sum(stored)}, 2xx answers {sum(answered)}: {verdict}"
     )
+    # One loopback HTTP hop is the direct call, measured in the same run: absolute times differ
+    # several-fold between machines, so the aim (issue #17) is this ratio.
+    hops = added50 / direct.p50
     print(
-        f"reins added latency (c=1) vs direct: p50 {added50:.3f} ms, p99 {added99:.3f} ms "
-        f"(target p50 <= 1 ms: {'met' if added50 <= 1.0 else 'MISSED'}); vs direct+ids, the "
-        f"proxy's own work: p50 {reins.p50 - by_name['direct+ids'].p50:.3f} ms"
+        f"reins added latency (c=1) vs direct: p50 {added50:.3f} ms, p99 {added99:.3f} ms; "
+        f"p50 = {hops:.2f} hops of {direct.p50:.2f} ms (the direct call; aim <= 1.5 hops: "
+        f"{'met' if hops <= 1.5 else 'MISSED'}); vs direct+ids, the proxy's own work: p50 "
+        f"{reins.p50 - by_name['direct+ids'].p50:.3f} ms"
     )
     print(
         f"reins CPU per call: {reins.c1.per_call_ms(reins.c1.proxy_cpu_s):.2f} ms at c=1, "

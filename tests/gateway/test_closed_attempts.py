@@ -4,8 +4,14 @@ stored. The admin key may still annotate any attempt (docs/gateway.md, "Attempts
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from typing import Any
+
 import pytest
 
+from reins.gateway.store import Conflict
+from reins.gateway.store.sql import SqlStore
+from reins.schemas import AttemptCreate, EventIn, RolloutSpec, RolloutUpdate
 from tests.conftest import Gateway
 
 EVENTS = "/api/rollouts/r/attempt/1/events"
@@ -90,3 +96,58 @@ def test_an_unknown_attempt_is_still_404(gateway: Gateway) -> None:
     _start(gateway)
     response = gateway.http.post("/api/rollouts/r/attempt/5/events", json={"type": "x"})
     assert response.status_code == 404
+
+
+# -- the open check's cost on SQLite -----------------------------------------------------------
+
+
+@pytest.fixture
+async def sqlite_store(tmp_path: Any) -> AsyncIterator[SqlStore]:
+    store = SqlStore(f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}")
+    await store.init()
+    yield store
+    await store.close()
+
+
+async def test_on_sqlite_an_attempt_seen_open_is_checked_without_a_query_until_it_closes(
+    sqlite_store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy checks the attempt before every call. On SQLite (one gateway process writes
+    it) an attempt that an event commit saw open is known open until a close, which drops it:
+    the check then reads the database again and refuses."""
+    store = sqlite_store
+    reads: list[dict[str, Any]] = []
+    read = store._attempt_state
+
+    def counted(ids: dict[str, Any]) -> Any:
+        reads.append(ids)
+        return read(ids)
+
+    monkeypatch.setattr(store, "_attempt_state", counted)
+    await store.create_rollouts([RolloutSpec(rollout_id="r")])
+    await store.open_attempt("r", AttemptCreate())
+    await store.check_open("r", 1)
+    assert len(reads) == 1  # not seen open by a commit yet: read
+    await store.append_events("r", 1, [EventIn(type="log", data={})], from_harness=True)
+    for _ in range(3):
+        await store.check_open("r", 1)
+    assert len(reads) == 1
+    await store.update_rollout(
+        "r", RolloutUpdate.model_validate({"status": {"state": "succeeded"}})
+    )
+    with pytest.raises(Conflict, match="rollout r is succeeded"):
+        await store.check_open("r", 1)
+    assert len(reads) == 2
+
+
+async def test_on_sqlite_a_retry_makes_the_old_attempt_checked_again(
+    sqlite_store: SqlStore,
+) -> None:
+    store = sqlite_store
+    await store.create_rollouts([RolloutSpec(rollout_id="r")])
+    await store.open_attempt("r", AttemptCreate())
+    await store.append_events("r", 1, [EventIn(type="log", data={})], from_harness=True)
+    await store.open_attempt("r", AttemptCreate(reason="agent timed out"))
+    with pytest.raises(Conflict, match="superseded by attempt 2"):
+        await store.check_open("r", 1)
+    await store.check_open("r", 2)

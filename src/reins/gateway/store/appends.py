@@ -11,6 +11,7 @@ closed. The admin key's posts are not checked.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,10 +19,12 @@ import sqlalchemy as sa
 
 from reins.gateway.store.tables import (
     ATTEMPT_STATE,
+    PACKING_COLUMNS,
     attempt_states,
     attempts,
     closed_reason_of,
     events,
+    serialize,
 )
 from reins.schemas import Event
 
@@ -65,26 +68,7 @@ def insert_events(
             if (row["rollout_id"], row["attempt_id"]) not in closed
             or (row["rollout_id"], row["attempt_id"], row["idempotency_key"]) not in harness_keys
         ]
-    inserted = (
-        [
-            (row.seq, row.rollout_id, row.attempt_id, row.idempotency_key)
-            for row in conn.execute(
-                insert(events)
-                .on_conflict_do_nothing(
-                    index_elements=["rollout_id", "attempt_id", "idempotency_key"]
-                )
-                .returning(
-                    events.c.seq,
-                    events.c.rollout_id,
-                    events.c.attempt_id,
-                    events.c.idempotency_key,
-                ),
-                fresh,
-            )
-        ]
-        if fresh
-        else []
-    )
+    inserted = _insert_fresh(conn, insert, fresh) if fresh else []
     done = {(r, a, k) for _, r, a, k in inserted}
     by_attempt: dict[tuple[str, int], list[str]] = {}
     for row in rows:
@@ -105,6 +89,49 @@ def insert_events(
                 )
             )
     return inserted, replayed, closed
+
+
+_COLUMNS = ("rollout_id", "attempt_id", "type", "data", "idempotency_key", "created_at")
+_SQLITE_INSERT = (
+    f"INSERT INTO events ({', '.join(_COLUMNS + PACKING_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(_COLUMNS + PACKING_COLUMNS))}) "
+    "ON CONFLICT (rollout_id, attempt_id, idempotency_key) DO NOTHING RETURNING seq"
+)
+
+
+def _insert_fresh(
+    conn: sa.Connection, insert: Any, rows: list[dict[str, Any]]
+) -> list[tuple[int, str, int, str]]:
+    """INSERT ... ON CONFLICT DO NOTHING RETURNING: (seq, rollout, attempt, key) of each row
+    inserted (a key already stored inserts nothing)."""
+    driver = conn.connection.driver_connection
+    if isinstance(driver, sqlite3.Connection):
+        # The gateway's hot path on SQLite: one cached statement of the driver per row, in
+        # the same transaction. Through SQLAlchemy the same INSERT of one event cost ~1 ms of
+        # CPU in the running gateway (building the statement, its cache key, the
+        # many-values rewrite), a third of a proxied call's durable write.
+        cursor = driver.cursor()
+        out = []
+        for row in rows:
+            values = [row[name] for name in _COLUMNS]
+            values[3] = serialize(values[3])
+            found = cursor.execute(
+                _SQLITE_INSERT, (*values, *(row.get(name) for name in PACKING_COLUMNS))
+            ).fetchone()
+            if found is not None:
+                out.append((found[0], row["rollout_id"], row["attempt_id"], row["idempotency_key"]))
+        return out
+    return [
+        (row.seq, row.rollout_id, row.attempt_id, row.idempotency_key)
+        for row in conn.execute(
+            insert(events)
+            .on_conflict_do_nothing(index_elements=["rollout_id", "attempt_id", "idempotency_key"])
+            .returning(
+                events.c.seq, events.c.rollout_id, events.c.attempt_id, events.c.idempotency_key
+            ),
+            rows,
+        )
+    ]
 
 
 @dataclass

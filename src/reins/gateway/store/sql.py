@@ -499,6 +499,11 @@ class SqlStore(DashboardReads):
         return found is not None
 
     async def check_open(self, rollout_id: str, attempt_id: int) -> None:
+        if self._write_lock is not None and self._open_attempt.get(rollout_id) == attempt_id:
+            # SQLite: an event commit saw it open and nothing closed it since (a close drops
+            # it first), so the proxy's check before each call costs no query. Only a commit
+            # under the write lock may add to `_open_attempt`: a read here could race a close.
+            return
         ids = {"rollout_id": rollout_id, "attempt_id": attempt_id}
         state: Any
         if self._read_engine is not None:
