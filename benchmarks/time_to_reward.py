@@ -27,10 +27,15 @@ held-out words, sampled at temperature 1: the reward the policy gets in expectat
 sleep.
 
 `--job recall` is the main job itself (`examples/recall/config.yaml`, SmolLM2-135M, 25 steps,
-validation every 5): about 13 minutes per run, so 26 minutes per repeat.
+validation every 5): about 13 minutes per run, so 26 minutes per repeat. `--job search` is the
+search example (`examples/search/config.yaml`: 8 questions x 4 rollouts a step, up to 4 calls
+each, BM25 searches, exact-match reward; 18 steps with validation every 9 by default, about an
+hour per run on 2 cores; `--search-steps 8 --search-val-every 4` for about half that).
 
     .venv/bin/python benchmarks/time_to_reward.py                       # tiny, 3 repeats
     .venv/bin/python benchmarks/time_to_reward.py --job recall --repeats 2
+    .venv/bin/python benchmarks/time_to_reward.py --job search --repeats 1 --search-steps 8 \
+        --search-val-every 4
     .venv/bin/python benchmarks/time_to_reward.py --stale-groups correct --tis-cap 2
 
 The last line is the headline: `time_to_reward_async_over_sync: VALUE ratio` (median over the
@@ -189,6 +194,31 @@ def recall_config(folder: Path, repeat: int, mode: str, args: argparse.Namespace
     return load_config(ROOT / "examples" / "recall" / "config.yaml", overrides)
 
 
+def search_config(folder: Path, repeat: int, mode: str, args: argparse.Namespace) -> Any:
+    from reins.trainer.config import load_config
+
+    overrides = [
+        f"run_name=search-{mode}-{repeat}",
+        f"runs_dir={folder / 'runs'}",
+        f"seed={repeat}",
+        f"mode={mode}",
+        f"steps={args.search_steps}",
+        f"val_every={args.search_val_every}",
+        f"max_staleness={args.max_staleness}",
+        f"stale_groups={args.stale_groups}",
+        # search's 8 tasks x 4 rollouts a step, as many ahead for async (validation's 64
+        # questions queue behind them; they run alone in sync).
+        f"max_parallel={8 * 4 * (args.max_staleness + 1)}",
+        "checkpoint_every=0",
+        "tensorboard=false",
+    ]
+    if args.tis_cap is not None:
+        overrides.append(f"tis_cap={args.tis_cap}")
+    if args.mask_ratio is not None:
+        overrides.append(f"rollout_mask_ratio={args.mask_ratio}")
+    return load_config(ROOT / "examples" / "search" / "config.yaml", overrides)
+
+
 def train_once(config: Any) -> Run:
     from reins.trainer.runtime import train
 
@@ -217,12 +247,17 @@ def spread(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--job", choices=["tiny", "recall"], default="tiny")
+    parser.add_argument("--job", choices=["tiny", "recall", "search"], default="tiny")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--first-repeat", type=int, default=0, help="seed of the first repeat (to add repeats)"
+    )
     parser.add_argument("--steps", type=int, default=16, help="tiny job: updates per run")
     parser.add_argument("--val-every", type=int, default=2, help="tiny job")
     parser.add_argument("--group-size", type=int, default=8, help="tiny job")
     parser.add_argument("--lr", type=float, default=3e-2, help="tiny job")
+    parser.add_argument("--search-steps", type=int, default=18, help="search job")
+    parser.add_argument("--search-val-every", type=int, default=9, help="search job")
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--stale-groups", choices=["drop", "correct"], default="drop")
     parser.add_argument("--tis-cap", type=float, default=None)
@@ -232,13 +267,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    os.chdir(ROOT)  # agents import `benchmarks.time_to_reward` or `examples.recall` from here
-    make_config = tiny_config if args.job == "tiny" else recall_config
+    os.chdir(ROOT)  # agents import `benchmarks.time_to_reward` or `examples.*` from here
+    make_config = {"tiny": tiny_config, "recall": recall_config, "search": search_config}[args.job]
 
     rows: list[tuple[int, Run, Run]] = []
     with tempfile.TemporaryDirectory(prefix="reins-time-to-reward-") as tmp:
         folder = args.keep or Path(tmp)
-        for repeat in range(args.repeats):
+        for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
             runs = [train_once(make_config(folder, repeat, m, args)) for m in ("sync", "async")]
             rows.append((repeat, runs[0], runs[1]))
             print(f"repeat {repeat}: " + "; ".join(

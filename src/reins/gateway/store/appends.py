@@ -1,7 +1,9 @@
 """Event appends, the hot path: what one group commit writes, in one transaction.
 
-A commit is one `INSERT ... ON CONFLICT DO NOTHING RETURNING` of every fresh event of the posts
-queued since the last one (a replayed idempotency key is answered with the stored event). Posts
+A commit is one transaction of `INSERT ... ON CONFLICT DO NOTHING RETURNING` for every fresh
+event of the posts queued since the last one (one multi-row statement on PostgreSQL, the
+driver's cached statement per event on SQLite); a replayed idempotency key is answered with the
+stored event. Posts
 from a harness (its attempt's scoped token) are first checked against their attempt in the same
 transaction: PostgreSQL takes `FOR SHARE` on the attempt row, which closing it (a retry, a
 terminal state) must update, and SQLite has one writer; so none is stored after its attempt
@@ -11,6 +13,7 @@ closed. The admin key's posts are not checked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,16 +113,17 @@ def _insert_fresh(
         # the same transaction. Through SQLAlchemy the same INSERT of one event cost ~1 ms of
         # CPU in the running gateway (building the statement, its cache key, the
         # many-values rewrite), a third of a proxied call's durable write.
-        cursor = driver.cursor()
         out = []
-        for row in rows:
-            values = [row[name] for name in _COLUMNS]
-            values[3] = serialize(values[3])
-            found = cursor.execute(
-                _SQLITE_INSERT, (*values, *(row.get(name) for name in PACKING_COLUMNS))
-            ).fetchone()
-            if found is not None:
-                out.append((found[0], row["rollout_id"], row["attempt_id"], row["idempotency_key"]))
+        with contextlib.closing(driver.cursor()) as cursor:
+            for row in rows:
+                values = [row[name] for name in _COLUMNS]
+                values[3] = serialize(values[3])
+                found = cursor.execute(
+                    _SQLITE_INSERT, (*values, *(row.get(name) for name in PACKING_COLUMNS))
+                ).fetchone()
+                if found is not None:
+                    key = (row["rollout_id"], row["attempt_id"], row["idempotency_key"])
+                    out.append((found[0], *key))
         return out
     return [
         (row.seq, row.rollout_id, row.attempt_id, row.idempotency_key)
