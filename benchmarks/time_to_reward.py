@@ -172,51 +172,50 @@ def tiny_config(folder: Path, repeat: int, mode: str, args: argparse.Namespace) 
     )
 
 
-def recall_config(folder: Path, repeat: int, mode: str, args: argparse.Namespace) -> Any:
+def example_config(
+    example: str, folder: Path, repeat: int, mode: str, args: argparse.Namespace, *extra: str
+) -> Any:
+    """`examples/<example>/config.yaml` in `mode`, seeded by the repeat, with `extra` overrides."""
     from reins.trainer.config import load_config
 
     overrides = [
-        f"run_name=recall-{mode}-{repeat}",
+        f"run_name={example}-{mode}-{repeat}",
         f"runs_dir={folder / 'runs'}",
         f"seed={repeat}",
         f"mode={mode}",
         f"max_staleness={args.max_staleness}",
         f"stale_groups={args.stale_groups}",
-        # recall's 2 tasks x 8 rollouts a step, as many ahead for async, 32 validation tasks.
-        f"max_parallel={2 * 8 * (args.max_staleness + 1) + 32}",
         "checkpoint_every=0",
         "tensorboard=false",
+        *extra,
     ]
     if args.tis_cap is not None:
         overrides.append(f"tis_cap={args.tis_cap}")
     if args.mask_ratio is not None:
         overrides.append(f"rollout_mask_ratio={args.mask_ratio}")
-    return load_config(ROOT / "examples" / "recall" / "config.yaml", overrides)
+    return load_config(ROOT / "examples" / example / "config.yaml", overrides)
+
+
+def recall_config(folder: Path, repeat: int, mode: str, args: argparse.Namespace) -> Any:
+    # recall's 2 tasks x 8 rollouts a step, as many ahead for async, 32 validation tasks.
+    parallel = 2 * 8 * (args.max_staleness + 1) + 32
+    return example_config("recall", folder, repeat, mode, args, f"max_parallel={parallel}")
 
 
 def search_config(folder: Path, repeat: int, mode: str, args: argparse.Namespace) -> Any:
-    from reins.trainer.config import load_config
-
-    overrides = [
-        f"run_name=search-{mode}-{repeat}",
-        f"runs_dir={folder / 'runs'}",
-        f"seed={repeat}",
-        f"mode={mode}",
+    # search's 8 tasks x 4 rollouts a step, as many ahead for async (validation's 64 questions
+    # queue behind them; in sync they run alone).
+    parallel = 8 * 4 * (args.max_staleness + 1)
+    return example_config(
+        "search",
+        folder,
+        repeat,
+        mode,
+        args,
+        f"max_parallel={parallel}",
         f"steps={args.search_steps}",
         f"val_every={args.search_val_every}",
-        f"max_staleness={args.max_staleness}",
-        f"stale_groups={args.stale_groups}",
-        # search's 8 tasks x 4 rollouts a step, as many ahead for async (validation's 64
-        # questions queue behind them; they run alone in sync).
-        f"max_parallel={8 * 4 * (args.max_staleness + 1)}",
-        "checkpoint_every=0",
-        "tensorboard=false",
-    ]
-    if args.tis_cap is not None:
-        overrides.append(f"tis_cap={args.tis_cap}")
-    if args.mask_ratio is not None:
-        overrides.append(f"rollout_mask_ratio={args.mask_ratio}")
-    return load_config(ROOT / "examples" / "search" / "config.yaml", overrides)
+    )
 
 
 def train_once(config: Any) -> Run:
