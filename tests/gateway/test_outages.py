@@ -74,3 +74,33 @@ def test_another_database_error_is_still_a_500(
     monkeypatch.setattr(SqlStore, "create_rollouts", _failing(broken))
     response = _post(gateway)
     assert response.status_code == 500
+
+
+def test_a_driver_error_in_an_sqlite_event_insert_reaches_the_handlers_as_sqlalchemys(
+    tmp_path: Any,
+) -> None:
+    """On SQLite the event INSERT runs on the driver itself (`appends._insert_fresh`); what the
+    driver raises there must still be SQLAlchemy's error, which the answers above are built on
+    (tests/faults/test_disk_full.py fills a real disk)."""
+    import sqlite3
+
+    import sqlalchemy as sa
+
+    from reins.gateway.store.appends import _insert_fresh
+    from reins.gateway.store.tables import metadata
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'events.db'}")
+    metadata.create_all(engine)
+    row = {
+        "rollout_id": "r",
+        "attempt_id": 1,
+        "type": None,  # NOT NULL: the driver refuses the row
+        "data": {},
+        "idempotency_key": "k",
+        "created_at": 0.0,
+    }
+    with engine.begin() as conn, pytest.raises(sqlalchemy.exc.IntegrityError) as raised:
+        _insert_fresh(conn, None, [row])
+    assert isinstance(raised.value.orig, sqlite3.IntegrityError)
+    assert "NOT NULL" in str(raised.value.orig)
+    engine.dispose()

@@ -114,16 +114,23 @@ def _insert_fresh(
         # CPU in the running gateway (building the statement, its cache key, the
         # many-values rewrite), a third of a proxied call's durable write.
         out = []
-        with contextlib.closing(driver.cursor()) as cursor:
-            for row in rows:
-                values = [row[name] for name in _COLUMNS]
-                values[3] = serialize(values[3])
-                found = cursor.execute(
-                    _SQLITE_INSERT, (*values, *(row.get(name) for name in PACKING_COLUMNS))
-                ).fetchone()
-                if found is not None:
-                    key = (row["rollout_id"], row["attempt_id"], row["idempotency_key"])
-                    out.append((found[0], *key))
+        try:
+            with contextlib.closing(driver.cursor()) as cursor:
+                for row in rows:
+                    values = [row[name] for name in _COLUMNS]
+                    values[3] = serialize(values[3])
+                    found = cursor.execute(
+                        _SQLITE_INSERT, (*values, *(row.get(name) for name in PACKING_COLUMNS))
+                    ).fetchone()
+                    if found is not None:
+                        key = (row["rollout_id"], row["attempt_id"], row["idempotency_key"])
+                        out.append((found[0], *key))
+        except sqlite3.Error as error:
+            # As SQLAlchemy raises it, so the gateway's answers stay (a full disk is 507, a
+            # locked or vanished database 503).
+            raise sa.exc.DBAPIError.instance(
+                _SQLITE_INSERT, None, error, sqlite3.Error, dialect=conn.dialect
+            ) from error
         return out
     return [
         (row.seq, row.rollout_id, row.attempt_id, row.idempotency_key)
