@@ -19,6 +19,8 @@ from reins.packed import (
     Unpacked,
     base_after,
     base_of,
+    decode_stream,
+    decode_stream_into,
     pack,
     read_arrays,
     read_prefix,
@@ -335,3 +337,47 @@ def test_a_long_call_gets_a_block_per_byte_plane() -> None:
     stream = packed.blob[read_prefix(packed.blob).stream]
     one_block = zlib.compress(zlib.decompress(stream), 6)
     assert len(stream) < 0.97 * len(one_block)
+
+
+@pytest.mark.parametrize("tokens", [40, 3000])  # one deflate block; a block per byte plane
+@pytest.mark.parametrize("logprobs", ["f4", "f8", "null"])
+def test_a_stream_decoded_into_arrays_equals_the_stream_decoded(tokens: int, logprobs: str) -> None:
+    """The trainer's read writes each call's byte planes straight into its rollout's arrays
+    (`decode_stream_into`): the same numbers as `decode_stream`, at a slice of larger arrays."""
+    rng = np.random.default_rng(tokens)
+    response = rng.integers(0, 151_000, tokens // 4)
+    values = -rng.exponential(0.3, response.size)
+    data: dict[str, Any] = {
+        "prompt_token_ids": rng.integers(0, 151_000, tokens).tolist(),
+        "response_token_ids": response.tolist(),
+        "response_logprobs": None,
+    }
+    if logprobs == "f4":
+        data["response_logprobs"] = [float(x) for x in values.astype(np.float32)]
+    elif logprobs == "f8":
+        data["response_logprobs"] = [float(x) for x in values]
+    packed = pack(data)
+    assert packed is not None
+    prefix = read_prefix(packed.blob)
+    assert prefix.logprob_kind == logprobs
+    stream = packed.blob[prefix.stream]
+    tail, answer, expected = decode_stream(stream, prefix.tail, prefix.response, logprobs)
+    into = np.full(prefix.tail + prefix.response + 7, -1, dtype=np.int32)
+    lp = np.full(prefix.response + 3, 9.0, dtype=np.float32)
+    got = lp[2 : 2 + prefix.response] if logprobs != "null" else None
+    decode_stream_into(stream, into[5 : 5 + prefix.tail + prefix.response], got, logprobs)
+    assert (
+        into[5:-2].tolist()
+        == [*tail.tolist(), *answer.tolist()]
+        == data["prompt_token_ids"] + data["response_token_ids"]
+    )
+    assert into[:5].tolist() == [-1] * 5 and into[-2:].tolist() == [-1, -1]
+    if expected is None:
+        assert lp.tolist() == [9.0] * lp.size
+    else:
+        assert got is not None
+        assert got.tolist() == expected.astype(np.float32).tolist()
+        assert got.tolist() == np.asarray(data["response_logprobs"], np.float32).tolist()
+        assert lp[:2].tolist() == [9.0, 9.0] and lp[-1] == 9.0
+    with pytest.raises(ValueError, match="contiguous 4-byte values"):
+        decode_stream_into(stream, into[5 : 5 + prefix.tail + prefix.response : 2], None, "none")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import struct
+import sys
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -411,6 +412,42 @@ def decode_stream(
         dtype = np.dtype("<f4") if logprob_kind == "f4" else np.dtype("<f8")
         logprobs = _unplane(raw, 4 * (tail + response), response, dtype)
     return tokens[:tail], tokens[tail:], logprobs
+
+
+def decode_stream_into(
+    stream: bytes | memoryview,
+    tokens: NDArray[np.int32],
+    logprobs: NDArray[np.float32] | None,
+    logprob_kind: str,
+) -> None:
+    """`decode_stream` written straight into the caller's arrays (`tokens`: the new prompt
+    tokens then the response; `logprobs`: one per response token, or None to drop them): the
+    byte planes go to their bytes in place, with no intermediate array per plane (the trainer's
+    read decodes tens of thousands of calls a step)."""
+    raw = zlib.decompress(stream)
+    count = tokens.size
+    _unplane_into(raw, 0, count, tokens)
+    if logprobs is None or logprob_kind not in ("f4", "f8"):
+        return
+    if logprob_kind == "f4":
+        _unplane_into(raw, 4 * count, logprobs.size, logprobs)
+    else:
+        logprobs[:] = _unplane(raw, 4 * count, logprobs.size, np.dtype("<f8"))
+
+
+def _unplane_into(raw: bytes, offset: int, count: int, out: NDArray[Any]) -> None:
+    """Byte plane j of `raw` (every value's j-th little-endian byte) into byte j of each of
+    `out`'s 4-byte values."""
+    if out.size != count or out.dtype.itemsize != 4 or not out.flags.c_contiguous:
+        raise ValueError(f"expected {count} contiguous 4-byte values, got {out.size} {out.dtype}")
+    planes = np.frombuffer(raw, dtype=np.uint8, count=4 * count, offset=offset).reshape(4, count)
+    values = out.view(np.uint8).reshape(count, 4)
+    if _BIG_ENDIAN_HOST:
+        values = values[:, ::-1]
+    values[...] = planes.T
+
+
+_BIG_ENDIAN_HOST = sys.byteorder == "big"
 
 
 def read_numbers(blob: bytes) -> Numbers:

@@ -28,7 +28,7 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
-from reins.packed import decode_stream
+from reins.packed import decode_stream_into
 from reins.samples.records import Call, MissingRewardError, RolloutRecord, numeric_metrics
 from reins.schemas import Reward
 
@@ -159,11 +159,13 @@ def decode(body: bytes) -> list[DecodedRollout]:
             regions.append((start, keep + tail + resp))
             end = start + keep + tail + resp
         buffer = np.empty(end, dtype=np.int32)
+        # Every call's logprobs, one slice per call (those without any get none).
+        answers = np.empty(sum(row[4] for row in rows), dtype=np.float32)
+        answered = 0
         calls: list[Call] = []
         skipped = abandoned = 0
         for index, row in enumerate(rows):
             seq, base, keep, tail, resp, lp, status, gave_up, version, usable, stream = row
-            new, response, logprobs, at = _numbers(view, at, tail, resp, kinds[lp], stream)
             start, length = regions[index]
             prefix_at = start + keep
             if base >= 0 and keep and start != regions[base][0]:
@@ -171,8 +173,10 @@ def decode(body: bytes) -> list[DecodedRollout]:
                 buffer[start:prefix_at] = buffer[b_start : b_start + keep]
             elif base < 0 and keep:
                 raise ValueError(f"call seq {seq} keeps {keep} tokens of no base")
-            buffer[prefix_at : prefix_at + tail] = new
-            buffer[prefix_at + tail : start + length] = response
+            kind = kinds[lp]
+            logprobs = None if kind == "none" else answers[answered : answered + resp]
+            answered += resp
+            at = _fill(view, at, stream, kind, buffer[prefix_at : start + length], logprobs)
             if gave_up is True:
                 abandoned += 1
             if gave_up is True or status != 200 or not usable or not resp or not keep + tail:
@@ -182,7 +186,7 @@ def decode(body: bytes) -> list[DecodedRollout]:
                 Call(
                     prompt=buffer[start : prefix_at + tail],
                     response=buffer[prefix_at + tail : start + length],
-                    logprobs=None if logprobs is None else logprobs.astype(np.float32, copy=False),
+                    logprobs=logprobs,
                     seq=seq,
                     model_version=version if type(version) is int else None,
                 )
@@ -200,20 +204,25 @@ def decode(body: bytes) -> list[DecodedRollout]:
     return out
 
 
-def _numbers(
-    view: memoryview, at: int, tail: int, resp: int, kind: str, stream: int
-) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[Any] | None, int]:
-    """A call's new prompt tokens, response and logprobs at `at`, and where the next call's
-    data starts."""
+def _fill(
+    view: memoryview,
+    at: int,
+    stream: int,
+    kind: str,
+    tokens: NDArray[np.int32],
+    logprobs: NDArray[np.float32] | None,
+) -> int:
+    """A call's new prompt tokens and response (`tokens`) and logprobs from its data at `at`;
+    where the next call's data starts."""
     if stream >= 0:
-        return (*decode_stream(view[at : at + stream], tail, resp, kind), at + stream)
-    tokens = np.frombuffer(view, dtype="<i4", count=tail + resp, offset=at)
-    at += 4 * (tail + resp)
-    logprobs = None
-    if kind == "f4":
-        logprobs = np.frombuffer(view, dtype="<f4", count=resp, offset=at)
-        at += 4 * resp
-    return tokens[:tail], tokens[tail:], logprobs, at
+        decode_stream_into(view[at : at + stream], tokens, logprobs, kind)
+        return at + stream
+    tokens[:] = np.frombuffer(view, dtype="<i4", count=tokens.size, offset=at)
+    at += 4 * tokens.size
+    if logprobs is not None:
+        logprobs[:] = np.frombuffer(view, dtype="<f4", count=logprobs.size, offset=at)
+        at += 4 * logprobs.size
+    return at
 
 
 def record_of(

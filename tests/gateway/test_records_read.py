@@ -27,10 +27,13 @@ def _calls() -> dict[str, list[dict[str, Any]]]:
     gave_up = {**main[3], "abandoned": True}
     whole = {**main[4], "response_logprobs": [-1] * 30}  # ints: not packable, stored whole
     no_lp = {**main[5], "response_logprobs": None, "model_version": 4}
+    answer = len(main[1]["response_token_ids"])
     return {
         "chain": main,
         "mixed": [main[0], main[1], side, main[2], failed, main[3], gave_up, whole, no_lp],
         "first-only": main[:1],
+        # Logprobs float32 cannot hold are stored as float64: read back as float32 all the same.
+        "f8-logprobs": [main[0], {**main[1], "response_logprobs": [-1e-300] * answer}],
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from samples_factory import call, continuing
 
-from reins.samples import dedup_calls, merge_calls
+from reins.samples import Call, dedup_calls, merge_calls
 
 
 def test_dedup_keeps_the_last_of_identical_prompts() -> None:
@@ -93,3 +93,32 @@ def test_sequences_keep_event_seqs_and_weight_versions_of_their_calls() -> None:
     c3 = call([50], [51], seq=15, version=4)
     seqs, _ = merge_calls([c1, c2, c3])
     assert [(s.call_seqs, s.model_versions) for s in seqs] == [((10, 12), (3, 4)), ((15,), (4,))]
+
+
+def test_calls_that_are_views_of_one_buffer_merge_only_where_their_tokens_continue() -> None:
+    """The trainer's binary read lays a rollout's calls out in one buffer; the merge takes a
+    view of the same memory as equal without comparing it, and compares everything else: a
+    view that overlaps but starts elsewhere, or one not aligned to its values, is compared."""
+    buffer = np.array([1, 2, 3, 4, 5, 6, 7, 8, 8, 9], dtype=np.int32)
+    first = Call(prompt=buffer[0:3], response=buffer[3:5], seq=1)
+    second = Call(prompt=buffer[0:7], response=buffer[7:8], seq=2)
+    (merged,), splits = merge_calls([first, second])
+    assert splits == [] and merged.token_ids.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    # Same memory one token on: [2, 3, 4] is not [1, 2, 3].
+    shifted = Call(prompt=buffer[1:8], response=buffer[8:9], seq=2)
+    assert len(merge_calls([first, shifted])[0]) == 2
+    # Overlapping views holding equal tokens ([8] at 7 and at 8) still merge: values decide.
+    repeat = Call(prompt=buffer[7:8], response=buffer[9:10], seq=1)
+    after = Call(prompt=buffer[8:10], response=buffer[9:10], seq=2)
+    assert len(merge_calls([repeat, after])[0]) == 1
+    # int32 values one byte off their alignment share their first bytes with the aligned view
+    # of the same memory, not their values.
+    raw = np.zeros(32, dtype=np.uint8)
+    raw[4:24] = np.array([1, 2, 3, 4, 5], dtype="<i4").view(np.uint8)
+    aligned, unaligned = raw[4:24].view(np.int32), raw[5:29].view(np.int32)
+    assert aligned.flags.aligned and not unaligned.flags.aligned
+    assert np.shares_memory(unaligned[:1], aligned[:1]) and unaligned[0] != aligned[0]
+    first = Call(prompt=aligned[:3], response=aligned[3:5], seq=1)
+    off = Call(prompt=unaligned, response=buffer[5:6], seq=2)
+    assert np.shares_memory(off.prompt, raw)
+    assert len(merge_calls([first, off])[0]) == 2

@@ -99,10 +99,21 @@ def _continues(prev: Call, prompt: TokenArray) -> bool:
 def _equal(a: TokenArray, b: TokenArray) -> bool:
     """Token equality; views of the same memory (the trainer's binary read lays a rollout's calls
     out in one buffer, `reins.recordbatch`) are equal without comparing them."""
-    same = a.size == b.size and a.strides == b.strides and a.dtype == b.dtype
-    if same and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]:
+    if a.size != b.size:
+        return False
+    # Same memory: same layout, and the first elements overlap, which for aligned values of one
+    # type means they start at the same address. (`__array_interface__` says so directly but
+    # costs ~6 us an array, more than comparing a few thousand tokens.)
+    if (
+        a.size
+        and a.strides == b.strides
+        and a.dtype == b.dtype
+        and a.flags.aligned
+        and b.flags.aligned
+        and np.may_share_memory(a[:1], b[:1])
+    ):
         return True
-    return np.array_equal(a, b)
+    return bool((a == b).all())
 
 
 def _build(chunks: list[tuple[Call, int]]) -> MergedSequence:
