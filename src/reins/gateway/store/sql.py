@@ -98,6 +98,22 @@ under 3 % of 64 KB ones (docs/benchmarks.md, "Records at scale"). The cost: an e
 takes ~1.6 MB (a page per table and index), and a commit writes 64 KB WAL frames (one client's
 appends took ~0.6 ms more CPU each; 16 clients', the same)."""
 _WAL_CHECKPOINT_BYTES = 4 * 2**20
+_INLINE_MAX_ROWS = 4
+_INLINE_MAX_CHARS = 64 * 1024
+
+
+def _writes_inline(rows: list[dict[str, Any]], pending: deque[PendingAppend]) -> bool:
+    """Whether a group commit runs on the event loop's thread instead of the writer thread.
+
+    A lone small commit (one call at a time, the proxy's c=1) pays more for the hand-over to
+    the writer thread and back (a thread wake and a loop wake) than for the write itself
+    (~0.5 ms; a WAL checkpoint every ~30 commits adds about as much again). Anything bigger, or
+    with posts waiting behind it, goes to the writer thread, where SQLite's GIL-free parts
+    overlap the loop's HTTP work. The loop waits for SQLite's lock only if another process
+    writes the file, which a SQLite gateway does not share (docs/gateway.md)."""
+    if pending or len(rows) > _INLINE_MAX_ROWS:
+        return False
+    return sum(len(row["data"].text) for row in rows) <= _INLINE_MAX_CHARS
 
 
 def _install_sqlite_pragmas(engine: sa.Engine, synchronous: str) -> None:
@@ -115,6 +131,17 @@ def _install_sqlite_pragmas(engine: sa.Engine, synchronous: str) -> None:
         cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA busy_timeout=10000")
         cursor.close()
+
+
+def _keep_statement_journals_in_memory(engine: sa.Engine) -> None:
+    """An event INSERT inside the group commit's transaction keeps a statement journal (the
+    pages it changes, to undo that one statement); SQLite puts it in a temp file by default:
+    per commit a file created, unlinked, two 64 KB pages written and closed, ~9 system calls.
+    The event connection's statements change a few pages, so its journals stay in memory."""
+
+    @sa.event.listens_for(engine, "connect")
+    def _temp_store(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.execute("PRAGMA temp_store=MEMORY")
 
 
 def _add_packing_columns(conn: sa.Connection) -> None:
@@ -163,6 +190,7 @@ class SqlStore(DashboardReads):
             )
             for engine in (self.engine.sync_engine, self._event_engine, self._read_engine):
                 _install_sqlite_pragmas(engine, sqlite_synchronous)
+            _keep_statement_journals_in_memory(self._event_engine)
         else:
             self.engine = create_async_engine(
                 url, pool_size=10, max_overflow=10, json_serializer=serialize
@@ -621,9 +649,11 @@ class SqlStore(DashboardReads):
             check = {key[:2] for key in harness_keys}
             if self._write_lock is not None:  # SQLite: attempts seen open since their last close
                 check = {(r, a) for r, a in check if self._open_attempt.get(r) != a}
-            if self._event_engine is not None:
+            if self._event_engine is not None and _writes_inline(rows, self._pending):
+                written = self._write_events(rows, harness_keys, check)
+            elif self._event_engine is not None:
                 written = await asyncio.get_running_loop().run_in_executor(
-                    self._event_thread, self._insert_events_in_thread, rows, harness_keys, check
+                    self._event_thread, self._write_events, rows, harness_keys, check
                 )
             else:
                 async with self.engine.begin() as conn:
@@ -651,9 +681,10 @@ class SqlStore(DashboardReads):
             refusal = closed.get((append.rollout_id, append.attempt_id))
             self._resolve(append, stored, refusal if append.from_harness else None)
 
-    def _insert_events_in_thread(
+    def _write_events(
         self, rows: list[dict[str, Any]], harness_keys: set[Key], check: set[tuple[str, int]]
     ) -> Written:
+        """One group commit on the event connection (in the writer thread, or inline)."""
         assert self._event_engine is not None
         with self._event_engine.begin() as conn:
             return self._pack_and_insert(conn, rows, harness_keys, check)

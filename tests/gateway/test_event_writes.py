@@ -1,0 +1,87 @@
+"""Where SQLite's group commits run: a lone small commit on the event loop's thread (no hand-over
+to the writer thread and back), commits with posts queued behind them in the writer thread.
+Either way every event is stored once and its post answered with its own seq."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from reins.gateway.store.sql import SqlStore
+from reins.schemas import AttemptCreate, EventIn, RolloutSpec
+
+
+@pytest.fixture
+async def store(tmp_path: Any) -> AsyncIterator[SqlStore]:
+    sql_store = SqlStore(f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}")
+    await sql_store.init()
+    await sql_store.create_rollouts([RolloutSpec(rollout_id="r")])
+    await sql_store.open_attempt("r", AttemptCreate())
+    yield sql_store
+    await sql_store.close()
+
+
+def _threads_of_commits(store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    names: list[str] = []
+    write = store._write_events
+
+    def spied(*args: Any) -> Any:
+        names.append(threading.current_thread().name)
+        return write(*args)
+
+    monkeypatch.setattr(store, "_write_events", spied)
+    return names
+
+
+async def test_a_lone_post_commits_on_the_event_loop_thread(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads = _threads_of_commits(store, monkeypatch)
+    for index in range(3):
+        await store.append_events("r", 1, [EventIn(type="log", data={"i": index})])
+    assert threads == [threading.current_thread().name] * 3
+    stored = await store.get_events("r", attempt_id=1)
+    assert [event.data for event in stored] == [{"i": 0}, {"i": 1}, {"i": 2}]
+
+
+async def test_posts_queued_together_commit_in_the_writer_thread(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads = _threads_of_commits(store, monkeypatch)
+    posts = [
+        store.append_events("r", 1, [EventIn(type="log", data={"i": i}, idempotency_key=f"k{i}")])
+        for i in range(40)
+    ]
+    acks = await asyncio.gather(*posts)
+    # All 40 were queued before the first commit: one group commit, off the loop's thread.
+    assert len(threads) == 1
+    assert threads[0].startswith("reins-events")
+    assert sorted(ack[0].seq for ack in acks) == sorted({ack[0].seq for ack in acks})
+    stored = await store.get_events("r", attempt_id=1)
+    assert sorted(event.data["i"] for event in stored) == list(range(40))
+    assert {ack[0].idempotency_key: ack[0].seq for ack in acks} == {
+        event.idempotency_key: event.seq for event in stored
+    }
+
+
+async def test_a_large_lone_post_commits_in_the_writer_thread(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads = _threads_of_commits(store, monkeypatch)
+    await store.append_events("r", 1, [EventIn(type="log", data={"text": "x" * 100_000})])
+    await store.append_events("r", 1, [EventIn(type="log", data={}) for _ in range(5)])
+    assert len(threads) == 2
+    assert all(name.startswith("reins-events") for name in threads)
+
+
+async def test_the_event_connection_keeps_statement_journals_in_memory(store: SqlStore) -> None:
+    """SQLite's default puts each commit's statement journal in a temp file (created, written,
+    unlinked: ~9 system calls a commit); the event connection keeps it in memory (2)."""
+    assert store._event_engine is not None
+    with store._event_engine.connect() as conn:
+        (temp_store,) = conn.exec_driver_sql("PRAGMA temp_store").one()
+    assert temp_store == 2
