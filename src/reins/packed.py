@@ -237,6 +237,10 @@ def pack(data: Any, bases: Sequence[Base] = (), *, level: int = _LEVEL) -> Packe
     base: Base | None = None
     keep = -1
     for candidate in reversed(bases):
+        if keep == prompt.size:
+            break  # no earlier one can share more
+        if min(prompt.size, candidate.tokens.size) <= keep:
+            continue
         shared = _common_prefix(prompt, candidate.tokens)
         if shared > keep:
             base, keep = candidate, shared

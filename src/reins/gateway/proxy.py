@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+import orjson
 from fastapi import Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -231,7 +232,7 @@ class LLMProxy:
                 return openai_error(payload.status, payload.message, payload.kind)
             shown, records = answer_and_records(facts, payload)
             await self._record(rollout_id, attempt_id, records)
-            return JSONResponse(shown)
+            return Response(orjson.dumps(shown), media_type="application/json")
         finally:
             # A stream keeps its admission slot until the response is over (see _ReleasingStream).
             if not streaming:
@@ -307,7 +308,7 @@ class LLMProxy:
             for record in records:
                 record.response = answer
             await self._record(rollout_id, attempt_id, records)
-            return JSONResponse(answer)
+            return Response(orjson.dumps(answer), media_type="application/json")
         finally:
             if not streaming:
                 self.gate.exit()
@@ -491,7 +492,7 @@ class LLMProxy:
             endpoint = target.endpoints[attempt % len(target.endpoints)]
             name = await self._served_name(endpoint, target.model.model)
             if name not in payloads:
-                payloads[name] = json.dumps({**sent, "model": name}).encode()
+                payloads[name] = orjson.dumps({**sent, "model": name})
             try:
                 response = await self.http.post(
                     endpoint.rstrip("/") + _PATHS[kind],

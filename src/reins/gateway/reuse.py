@@ -39,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 PREFIX_FIELD = "reins_prefix_token_ids"
 """The chat request's extension field the engine reads (`reins.engine.api.ChatRequest`)."""
 REUSE_HEADER = "x-reins-token-reuse"
@@ -51,8 +53,11 @@ AttemptKey = tuple[str, int]
 
 def digest(message: Any) -> bytes:
     """A message's fingerprint: its JSON with sorted keys, hashed."""
-    text = json.dumps(message, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+    try:
+        text = orjson.dumps(message, option=orjson.OPT_SORT_KEYS, default=str)
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits
+        text = json.dumps(message, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.blake2b(text, digest_size=16).digest()
 
 
 def request_view(chat: dict[str, Any]) -> tuple[list[bytes], bytes] | None:

@@ -19,7 +19,7 @@ and the rollout counts are read when Prometheus scrapes, not kept up to date.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -104,17 +104,34 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.registry.register(_GateCollector(gate))
+        self._by_labels: dict[tuple[str, str, int], tuple[Any, Any, Any, Any]] = {}
 
     def observe_call(self, record: ModelRequest) -> None:
         """One recorded call (one per choice when n > 1: only the first choice counts a call)."""
         mode = str(getattr(record, "mode", "") or "")
+        kind = str(getattr(record, "kind", "") or "")
+        calls, latency, prompt_tokens, response_tokens = self._children(kind, mode, record.status)
         if getattr(record, "choice_index", 0) == 0:
-            kind = str(getattr(record, "kind", "") or "")
-            self.calls.labels(kind, mode, str(record.status)).inc()
+            calls.inc()
             if record.latency_s is not None:
-                self.latency.labels(kind, mode).observe(record.latency_s)
-            self.prompt_tokens.labels(mode).inc(len(record.prompt_token_ids))
-        self.response_tokens.labels(mode).inc(len(record.response_token_ids))
+                latency.observe(record.latency_s)
+            prompt_tokens.inc(len(record.prompt_token_ids))
+        response_tokens.inc(len(record.response_token_ids))
+
+    def _children(self, kind: str, mode: str, status: int) -> tuple[Any, Any, Any, Any]:
+        """The labelled series of a call, looked up once per label set (`labels()` checks and
+        locks on every call: ~40 us of the proxy's ~2 ms per call on 2 cores)."""
+        key = (kind, mode, status)
+        children = self._by_labels.get(key)
+        if children is None:
+            children = (
+                self.calls.labels(kind, mode, str(status)),
+                self.latency.labels(kind, mode),
+                self.prompt_tokens.labels(mode),
+                self.response_tokens.labels(mode),
+            )
+            self._by_labels[key] = children
+        return children
 
     async def scrape(self, store: Store) -> bytes:
         """The text Prometheus reads; counts rollouts first."""
