@@ -235,6 +235,16 @@ def train_once(config: Any) -> Run:
     )
 
 
+def ratio_of(sync: Run, async_: Run) -> float | None:
+    """Async's time to sync's final validation reward over sync's; None when sync ended no
+    higher than its first validation (the untrained policy's): both runs then "reach" it at
+    their first validation and the ratio would time only that, not any learning."""
+    if sync.final <= sync.curve[0][2] + 1e-9:
+        return None
+    sync_s = sync.time_to(sync.final)
+    return async_.time_to(sync.final) / sync_s if sync_s > 0 else math.nan
+
+
 def spread(values: list[float]) -> str:
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
@@ -290,20 +300,30 @@ def main() -> None:
         f"{'repeat':>6} {'target':>7} {'sync s':>7} {'async s':>8} {'ratio':>6}"
         f" {'sync final':>11} {'async final':>12} {'wall sync/async':>16} {'async gen/trained':>18}"
     )
-    ratios, final_gaps = [], []
+    ratios, final_gaps, flat = [], [], []
     for repeat, sync, async_ in rows:
         target = sync.final
         sync_s, async_s = sync.time_to(target), async_.time_to(target)
-        ratio = async_s / sync_s if sync_s > 0 else math.nan
-        ratios.append(ratio)
+        ratio = ratio_of(sync, async_)
+        if ratio is None:
+            flat.append(repeat)
+        else:
+            ratios.append(ratio)
         final_gaps.append(async_.final - sync.final)
+        shown = "n/a" if ratio is None else f"{ratio:.2f}"
         print(
-            f"{repeat:>6} {target:7.3f} {sync_s:7.0f} {async_s:8.0f} {ratio:6.2f}"
+            f"{repeat:>6} {target:7.3f} {sync_s:7.0f} {async_s:8.0f} {shown:>6}"
             f" {sync.final:11.3f} {async_.final:12.3f}"
             f" {sync.wall_s:7.0f}/{async_.wall_s:<8.0f} {async_.generated_per_trained:18.2f}"
         )
-    median = statistics.median(ratios)
-    print(f"ratio spread over repeats: {spread(ratios)}")
+    if flat:
+        print(
+            f"repeats {', '.join(map(str, flat))}: sync ended no higher than its first "
+            "validation, so there is no time to reward to compare (left out of the ratio; "
+            "compare their final rewards and wall times)"
+        )
+    median = statistics.median(ratios) if ratios else math.nan
+    print(f"ratio spread over repeats: {spread(ratios) if ratios else 'n/a'}")
     print(f"final reward, async minus sync: median {statistics.median(final_gaps):+.3f}, "
           f"range {min(final_gaps):+.3f} to {max(final_gaps):+.3f}")  # fmt: skip
     print(f"time_to_reward_async_over_sync: {median:.2f} ratio")
