@@ -39,7 +39,8 @@ hour per run on 2 cores; `--search-steps 8 --search-val-every 4` for about half 
     .venv/bin/python benchmarks/time_to_reward.py --stale-groups correct --tis-cap 2
 
 The last line is the headline: `time_to_reward_async_over_sync: VALUE ratio` (median over the
-repeats; lower is better, aim <= 0.6).
+repeats whose sync run ended above its first validation: in the others there is no learning to
+time, and the report says so; lower is better, aim <= 0.6).
 """
 
 from __future__ import annotations
