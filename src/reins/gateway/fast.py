@@ -13,11 +13,13 @@ from typing import Annotated, Any, get_args
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import Field, TypeAdapter, ValidationError
+from starlette.background import BackgroundTask
 from starlette.routing import Route
 
 from reins.gateway import jsonrule
 from reins.gateway.routes import proxy
 from reins.gateway.routes.events import MAX_EVENTS_PER_POST, append
+from reins.gateway.store import Store
 from reins.schemas import EventAck, EventIn, Mode
 
 _EVENT_BODY: TypeAdapter[EventIn | list[EventIn]] = TypeAdapter(
@@ -83,18 +85,21 @@ def _proxy_endpoint(kind: proxy.ProxyKind) -> Any:
         caller = request.app.state.auth.attempt(request, rollout_id, attempt_id)
         if request.method == "HEAD":
             return Response(status_code=200)
-        return await proxy.forward_call(
-            kind,
-            request,
-            rollout_id,
-            attempt_id,
-            mode,
-            request.app.state.proxy,
-            request.app.state.store,
-            caller,
+        store = request.app.state.store
+        response = await proxy.forward_call(
+            kind, request, rollout_id, attempt_id, mode, request.app.state.proxy, store, caller
         )
+        if response.background is None:
+            # After the answer's last byte: the call's record, if it went to the journal, is
+            # then stored while the harness reads its answer.
+            response.background = BackgroundTask(_flush_soon, store)
+        return response
 
     return endpoint
+
+
+async def _flush_soon(store: Store) -> None:
+    store.flush_soon()
 
 
 def _proxy_route(path: str, kind: proxy.ProxyKind, methods: list[str] | None = None) -> Route:

@@ -747,7 +747,7 @@ class LLMProxy:
         # ended (or its attempt was superseded) is not appended after the trainer may have read
         # the rollout. `Conflict` reaches `unless_abandoned`, which answers 409; a stream ends
         # with an error event instead of its last events.
-        await self.store.append_events(rollout_id, attempt_id, events, from_harness=True)
+        await self.store.record_calls(rollout_id, attempt_id, events)
 
 
 def _weight_version(upstream: Upstream, registered: int) -> int:

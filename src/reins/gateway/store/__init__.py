@@ -168,6 +168,18 @@ class Store(Protocol):
         Values JSON cannot carry are refused (Invalid) whoever posts them.
         """
 
+    async def record_calls(
+        self, rollout_id: str, attempt_id: int, events: Sequence[EventIn]
+    ) -> None:
+        """Stores a proxied call's events as the harness's post (`append_events`,
+        `from_harness`); returns once they are durable. A SQLite gateway may return before
+        they are in the database (`store.journal`): every read and every close of the
+        attempt waits for them."""
+
+    def flush_soon(self) -> None:
+        """Starts storing the events `record_calls` returned early (the proxy calls it once
+        the call's answer is sent; a moment later it starts anyway)."""
+
     async def get_events(
         self,
         rollout_id: str,

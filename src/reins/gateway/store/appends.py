@@ -154,4 +154,6 @@ class PendingAppend:
     rows: list[dict[str, Any]]
     done: asyncio.Future[list[Event]]
     from_harness: bool = False
+    journaled: bool = False
+    """A proxied call already answered: its record is in the call journal (`journal`)."""
     results: dict[str, Event] = field(default_factory=dict)

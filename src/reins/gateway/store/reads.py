@@ -77,7 +77,11 @@ class DashboardReads:
     engine: AsyncEngine
     is_sqlite: bool
 
+    async def _settle(self) -> None:
+        """Waits for the events the store answered before storing them (`SqlStore`)."""
+
     async def query_rollouts(self, query: RolloutQuery) -> tuple[list[Rollout], int]:
+        await self._settle()  # sorted by reward: read from the events
         where = rollout_filters(
             query.states,
             query.mode,
@@ -169,6 +173,7 @@ class DashboardReads:
         ids = list(dict.fromkeys(rollout_ids))
         if not ids:
             return {}
+        await self._settle()
         latest = events.join(
             rollouts,
             sa.and_(

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,6 +42,7 @@ from reins.gateway import jsonrule
 from reins.gateway.store import Conflict, NotFound
 from reins.gateway.store.appends import Key, PendingAppend, insert_events
 from reins.gateway.store.board import ReplicaBoard
+from reins.gateway.store.journal import CLEAR_FROM_BYTES, CallJournal, JournaledPost
 from reins.gateway.store.packing import Packer, expand_rows, packed_event_of, record_parts
 from reins.gateway.store.reads import DashboardReads, rollout_filters
 from reins.gateway.store.tables import (
@@ -83,6 +85,8 @@ from reins.schemas import (
     RolloutUpdate,
 )
 
+logger = logging.getLogger(__name__)
+
 _ROLLOUT_CHANGE = "rollout_change"
 Written = tuple[
     list[tuple[int, str, int, str]], list[Event], dict[tuple[str, int], str], dict[int, Packed]
@@ -100,9 +104,17 @@ appends took ~0.6 ms more CPU each; 16 clients', the same)."""
 _WAL_CHECKPOINT_BYTES = 4 * 2**20
 _INLINE_MAX_ROWS = 4
 _INLINE_MAX_CHARS = 64 * 1024
+_JOURNALED_SYNCHRONOUS = ("OFF", "NORMAL")
+"""The `synchronous` settings under which a journal `write` is as durable as a commit."""
+_SETTLE_TIMEOUT_S = 30.0
+_FLUSH_AFTER_S = 0.005
+"""When nothing asks sooner (`flush_soon`), a journaled call's commit starts this much later."""
+_RETRY_MAX_S = 5.0
 
 
-def _writes_inline(rows: list[dict[str, Any]], pending: deque[PendingAppend]) -> bool:
+def _writes_inline(
+    rows: list[dict[str, Any]], pending: deque[PendingAppend], batch: list[PendingAppend]
+) -> bool:
     """Whether a group commit runs on the event loop's thread instead of the writer thread.
 
     A lone small commit (one call at a time, the proxy's c=1) pays more for the hand-over to
@@ -110,8 +122,9 @@ def _writes_inline(rows: list[dict[str, Any]], pending: deque[PendingAppend]) ->
     (~0.5 ms; a WAL checkpoint every ~30 commits adds about as much again). Anything bigger, or
     with posts waiting behind it, goes to the writer thread, where SQLite's GIL-free parts
     overlap the loop's HTTP work. The loop waits for SQLite's lock only if another process
-    writes the file, which a SQLite gateway does not share (docs/gateway.md)."""
-    if pending or len(rows) > _INLINE_MAX_ROWS:
+    writes the file, which a SQLite gateway does not share (docs/gateway.md). Journaled calls
+    were answered already: their commit stays off the loop, which serves the next call."""
+    if pending or len(rows) > _INLINE_MAX_ROWS or any(a.journaled for a in batch):
         return False
     return sum(len(row["data"].text) for row in rows) <= _INLINE_MAX_CHARS
 
@@ -156,14 +169,24 @@ def _add_packing_columns(conn: sa.Connection) -> None:
             conn.execute(sa.text(f"ALTER TABLE events ADD COLUMN {guard}{name} {kind}"))
 
 
+def _log_unstored(done: asyncio.Future[list[Event]]) -> None:
+    """A journaled call refused by its commit: only a second writer of the SQLite file could
+    have closed its attempt, since closes wait for journaled calls."""
+    if not done.cancelled() and done.exception() is not None:
+        logger.error("a call answered from the journal was not stored: %s", done.exception())
+
+
 class SqlStore(DashboardReads):
     """The `Store` on SQLite or PostgreSQL, chosen by the URL."""
 
     def __init__(self, url: str, *, sqlite_synchronous: str = "NORMAL") -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
+        self._journal: CallJournal | None = None
         if self.is_sqlite:
             path = url.split(":///", 1)[1]
+            if path and path != ":memory:" and sqlite_synchronous.upper() in _JOURNALED_SYNCHRONOUS:
+                self._journal = CallJournal(Path(path + "-calls"))
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
             self.engine: AsyncEngine = create_async_engine(url, json_serializer=serialize)
@@ -209,7 +232,13 @@ class SqlStore(DashboardReads):
         # by an event commit. A close drops it under the write lock, so a harness's append skips
         # the attempt query while nothing closed it. PostgreSQL checks in every commit.
         self._open_attempt: dict[str, int] = {}
+        # Rollouts whose update or new attempt (either may close an attempt) waits for the
+        # journaled calls: their calls wait for their commit meanwhile.
+        self._closing: Counter[str] = Counter()
+        self._last_journaled: asyncio.Future[list[Event]] | None = None
+        self._journal_error: Exception | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._flush_timer: asyncio.TimerHandle | None = None
         self._packer = Packer()
         self.board = ReplicaBoard(self.engine, self._insert, self._write)
         """What the gateway processes sharing this database tell each other."""
@@ -235,11 +264,57 @@ class SqlStore(DashboardReads):
                 .on_conflict_do_nothing(index_elements=["key"])
             )
             await self.board.init(conn)
+        if self._journal is not None:
+            if self._journal.open():
+                await self._replay_journal(self._journal)
+            else:
+                logger.warning(
+                    "%s is held by another gateway process: this one answers a proxied call "
+                    "only after its commit",
+                    self._journal.path,
+                )
+
+    async def _replay_journal(self, journal: CallJournal) -> None:
+        """Stores the calls a stopped gateway answered but did not store, then empties the
+        journal. Their attempts were open when they were answered, and no close ran before
+        they were stored, so they are stored as the admin's posts (unchecked)."""
+        posts = journal.read()
+        if posts:
+            appends = [
+                PendingAppend(
+                    post.rollout_id,
+                    post.attempt_id,
+                    post.rows,
+                    asyncio.get_running_loop().create_future(),
+                )
+                for post in posts
+            ]
+            for append in appends:
+                self._enqueue(append)
+            outcomes = await asyncio.gather(*(a.done for a in appends), return_exceptions=True)
+            failed = [o for o in outcomes if isinstance(o, BaseException)]
+            for error in failed:
+                if not isinstance(error, NotFound):
+                    raise error  # the database cannot store them now: start later
+                logger.warning("a journaled call was not stored: %s", error)
+            logger.info(
+                "replayed %d calls a stopped gateway had answered from its journal (%s)",
+                len(posts) - len(failed),
+                journal.path,
+            )
+        journal.clear()
 
     async def close(self) -> None:
+        self.flush_soon()
         if self._flusher is not None:
             with contextlib.suppress(Exception):
-                await self._flusher
+                # A journaled call that cannot be stored keeps its commit retrying: after this
+                # long its record stays in the journal, for the next start.
+                await asyncio.wait_for(self._flusher, _SETTLE_TIMEOUT_S)
+        if self._journal is not None and self._journal.is_open:
+            if not self._pending and self._journal_error is None:
+                self._journal.clear()
+            self._journal.close()
         await self.engine.dispose()
         if self._event_engine is not None and self._event_thread is not None:
             self._event_thread.shutdown(wait=True)
@@ -399,7 +474,42 @@ class SqlStore(DashboardReads):
             raise NotFound(f"rollout {rollout_id} does not exist")
         return row
 
+    @contextlib.asynccontextmanager
+    async def _closing_after_journal(self, rollout_id: str) -> AsyncIterator[None]:
+        """Around a change that may close an attempt of the rollout: the calls answered from
+        the journal are stored first (so none is refused by the close), and no call of the
+        rollout is answered from the journal until the change is done."""
+        self._closing[rollout_id] += 1
+        try:
+            await self._settle()
+            yield
+        finally:
+            self._closing[rollout_id] -= 1
+            if not self._closing[rollout_id]:
+                del self._closing[rollout_id]
+
+    async def _settle(self) -> None:
+        """Waits until every call answered from the journal so far is in the database: reads
+        then see every answered call, as they see every acknowledged post."""
+        last = self._last_journaled
+        if last is None or last.done():
+            return
+        self.flush_soon()
+        try:
+            await asyncio.wait_for(asyncio.shield(last), _SETTLE_TIMEOUT_S)
+        except TimeoutError:
+            raise ConnectionError(
+                f"calls answered by the proxy are not stored yet ({self._journal_error!r}); "
+                "they are kept in the journal and stored once the database accepts them"
+            ) from None
+        except Exception:
+            pass  # answered from the journal and refused by its commit: logged there
+
     async def update_rollout(self, rollout_id: str, update: RolloutUpdate) -> Rollout:
+        async with self._closing_after_journal(rollout_id):
+            return await self._update_rollout(rollout_id, update)
+
+    async def _update_rollout(self, rollout_id: str, update: RolloutUpdate) -> Rollout:
         owner = f"rollout {rollout_id}"
         if update.status is not None:
             text_value(update.status.reason, ("status", "reason"), owner)
@@ -462,6 +572,10 @@ class SqlStore(DashboardReads):
         )
 
     async def open_attempt(self, rollout_id: str, request: AttemptCreate) -> Attempt:
+        async with self._closing_after_journal(rollout_id):
+            return await self._open_attempt_now(rollout_id, request)
+
+    async def _open_attempt_now(self, rollout_id: str, request: AttemptCreate) -> Attempt:
         text_value(request.reason, ("reason",), f"rollout {rollout_id}")
         async with self._write() as conn:
             row = await self._lock_rollout(conn, rollout_id)
@@ -568,6 +682,71 @@ class SqlStore(DashboardReads):
             if from_harness:
                 await self.check_open(rollout_id, attempt_id)
             return []
+        append = PendingAppend(
+            rollout_id,
+            attempt_id,
+            self._rows_of(rollout_id, attempt_id, events_in),
+            asyncio.get_running_loop().create_future(),
+            from_harness=from_harness,
+        )
+        self._enqueue(append)
+        return await asyncio.shield(append.done)
+
+    async def record_calls(
+        self, rollout_id: str, attempt_id: int, events_in: Sequence[EventIn]
+    ) -> None:
+        journal = self._journal
+        if (
+            not events_in
+            or journal is None
+            or not journal.is_open
+            or self._open_attempt.get(rollout_id) != attempt_id
+            or rollout_id in self._closing
+        ):
+            await self.append_events(rollout_id, attempt_id, events_in, from_harness=True)
+            return
+        # A commit saw the attempt open and nothing may close it before this record is stored
+        # (`_closing_after_journal`): the journal's write is the durable one.
+        rows = self._rows_of(rollout_id, attempt_id, events_in)
+        try:
+            journal.append(JournaledPost(rollout_id, attempt_id, rows))
+        except OSError as error:
+            logger.warning("the call journal refused a record (%s): storing it directly", error)
+            await self.append_events(rollout_id, attempt_id, events_in, from_harness=True)
+            return
+        append = PendingAppend(
+            rollout_id,
+            attempt_id,
+            rows,
+            asyncio.get_running_loop().create_future(),
+            from_harness=True,
+            journaled=True,
+        )
+        append.done.add_done_callback(_log_unstored)
+        self._last_journaled = append.done
+        # Its commit waits for the answer to be sent (`flush_soon`): started at once, its
+        # first steps would run on the loop before the answer goes out.
+        self._pending.append(append)
+        if (self._flusher is None or self._flusher.done()) and self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(
+                _FLUSH_AFTER_S, self.flush_soon
+            )
+
+    def flush_soon(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        if self._pending and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.create_task(self._flush_pending())
+
+    def _enqueue(self, append: PendingAppend) -> None:
+        self._pending.append(append)
+        self.flush_soon()
+
+    @staticmethod
+    def _rows_of(
+        rollout_id: str, attempt_id: int, events_in: Sequence[EventIn]
+    ) -> list[dict[str, Any]]:
         now = time.time()
         rows = []
         for index, event in enumerate(events_in):
@@ -586,19 +765,10 @@ class SqlStore(DashboardReads):
         keys = [row["idempotency_key"] for row in rows]
         if len(set(keys)) != len(keys):
             raise Conflict("two events in one post share an idempotency key")
-        append = PendingAppend(
-            rollout_id,
-            attempt_id,
-            rows,
-            asyncio.get_running_loop().create_future(),
-            from_harness=from_harness,
-        )
-        self._pending.append(append)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_pending())
-        return await asyncio.shield(append.done)
+        return rows
 
     async def _flush_pending(self) -> None:
+        retry_s = 0.05
         while self._pending:
             batch: list[PendingAppend] = []
             size = 0
@@ -608,9 +778,29 @@ class SqlStore(DashboardReads):
             try:
                 await self._commit_appends(batch)
             except Exception as error:
+                waiting = [a for a in batch if a.journaled and not a.done.done()]
                 for append in batch:
-                    if not append.done.done():
+                    if not append.journaled and not append.done.done():
                         append.done.set_exception(error)
+                if waiting:
+                    # Answered already, and kept in the journal: retried, in their order, until
+                    # the database takes them (a full disk, a lock held elsewhere).
+                    self._journal_error = error
+                    logger.warning(
+                        "%d answered calls are not stored yet (%s); retrying in %.2f s",
+                        len(waiting),
+                        error,
+                        retry_s,
+                    )
+                    self._pending.extendleft(reversed(waiting))
+                    await asyncio.sleep(retry_s)
+                    retry_s = min(2 * retry_s, _RETRY_MAX_S)
+                continue
+            retry_s = 0.05
+            self._journal_error = None
+        journal = self._journal
+        if journal is not None and journal.is_open and journal.size >= CLEAR_FROM_BYTES:
+            journal.clear()  # everything in it is stored
 
     async def _commit_appends(self, batch: list[PendingAppend]) -> None:
         unknown = {(a.rollout_id, a.attempt_id) for a in batch} - self._known_attempts
@@ -649,7 +839,7 @@ class SqlStore(DashboardReads):
             check = {key[:2] for key in harness_keys}
             if self._write_lock is not None:  # SQLite: attempts seen open since their last close
                 check = {(r, a) for r, a in check if self._open_attempt.get(r) != a}
-            if self._event_engine is not None and _writes_inline(rows, self._pending):
+            if self._event_engine is not None and _writes_inline(rows, self._pending, batch):
                 written = self._write_events(rows, harness_keys, check)
             elif self._event_engine is not None:
                 written = await asyncio.get_running_loop().run_in_executor(
@@ -660,7 +850,9 @@ class SqlStore(DashboardReads):
                     written = await conn.run_sync(self._pack_and_insert, rows, harness_keys, check)
             inserted, replayed, closed, packed = written
             if self._write_lock is not None:
-                self._open_attempt.update((r, a) for r, a in check if (r, a) not in closed)
+                self._open_attempt.update(
+                    (r, a) for r, a in check if (r, a) not in closed and r not in self._closing
+                )
         stored = {(e.rollout_id, e.attempt_id, e.idempotency_key): e for e in replayed}
         index = {key: i for i, key in enumerate(fresh)}
         for seq, rollout_id, attempt_id, key in inserted:
@@ -736,6 +928,7 @@ class SqlStore(DashboardReads):
         after: int = 0,
         limit: int = 1000,
     ) -> list[Event]:
+        await self._settle()
         async with self.engine.connect() as conn:
             query = await self._events_query(
                 conn, rollout_id, attempt_id, all_attempts, types, after, limit
@@ -753,6 +946,7 @@ class SqlStore(DashboardReads):
         after: int = 0,
         limit: int = 1000,
     ) -> list[PackedEvent]:
+        await self._settle()
         async with self.engine.connect() as conn:
             query = await self._events_query(
                 conn, rollout_id, attempt_id, all_attempts, types, after, limit
@@ -788,6 +982,7 @@ class SqlStore(DashboardReads):
         return query.where(events.c.seq > after).order_by(events.c.seq).limit(limit)
 
     async def record_parts(self, rollout_ids: Sequence[str]) -> list[RolloutParts]:
+        await self._settle()
         ids = list(rollout_ids)
         if self._read_engine is not None:  # SQLite: decompressing stays off the event loop
             return await asyncio.get_running_loop().run_in_executor(
