@@ -80,6 +80,10 @@ def _recorded_replies(http: httpx.Client) -> list[str]:
     return [e["data"]["response"]["choices"][0]["message"]["content"] for e in answer.json()]
 
 
+def _admin(url: str) -> httpx.Client:
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30)
+
+
 def _stored_calls(db: Path) -> int:
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
         (count,) = conn.execute(
@@ -95,9 +99,7 @@ def test_a_call_answered_from_the_journal_survives_a_kill(
     gateway = GatewayProcess(database_url=database_url, api_key=ADMIN_KEY, port=free_port())
     gateway.start()
     try:
-        with httpx.Client(
-            base_url=gateway.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30
-        ) as http:
+        with _admin(gateway.url) as http:
             token = _start_rollout(http, stub)
             _call(gateway.url, token, "first")  # its commit sees the attempt open
             with write_lock_held(db):
@@ -115,9 +117,7 @@ def test_a_call_answered_from_the_journal_survives_a_kill(
     restarted = GatewayProcess(database_url=database_url, api_key=ADMIN_KEY, port=free_port())
     restarted.start()
     try:
-        with httpx.Client(
-            base_url=restarted.url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30
-        ) as http:
+        with _admin(restarted.url) as http:
             assert _recorded_replies(http) == ["first", "second"]
     finally:
         restarted.stop()
