@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from reins.gateway.store.journal import decode_posts
 from tests.trainer.test_loop import metrics, tasks_file
 
 pytestmark = pytest.mark.slow
@@ -56,13 +57,24 @@ def wait_for(
 
 
 def calls(db: Path) -> list[tuple[str, int, int]]:
-    """(rollout id, attempt id, model version) of every recorded model call."""
+    """(rollout id, attempt id, model version) of every recorded model call: those in the
+    database, and those a killed gateway answered from its call journal and had not stored yet
+    (the next start stores them: `reins.gateway.store.journal`)."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
         rows = connection.execute(
-            "SELECT rollout_id, attempt_id, json_extract(data, '$.model_version') FROM events "
-            "WHERE type = 'model_request'"
+            "SELECT rollout_id, attempt_id, idempotency_key, "
+            "json_extract(data, '$.model_version') FROM events WHERE type = 'model_request'"
         ).fetchall()
-    return [(r, a, int(v)) for r, a, v in rows if v is not None]
+    found = {(r, a, key): v for r, a, key, v in rows}
+    journal = Path(f"{db}-calls")
+    if journal.exists():
+        posts, _ = decode_posts(journal.read_bytes())
+        for post in posts:
+            for row in post.rows:
+                if row["type"] == "model_request":
+                    key = (post.rollout_id, post.attempt_id, row["idempotency_key"])
+                    found.setdefault(key, row["data"].value.get("model_version"))
+    return [(r, a, int(v)) for (r, a, _), v in found.items() if v is not None]
 
 
 def attempts(db: Path) -> dict[str, int]:
