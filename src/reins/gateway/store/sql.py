@@ -185,10 +185,10 @@ class SqlStore(DashboardReads):
         self._journal: CallJournal | None = None
         if self.is_sqlite:
             path = url.split(":///", 1)[1]
-            if path and path != ":memory:" and sqlite_synchronous.upper() in _JOURNALED_SYNCHRONOUS:
-                self._journal = CallJournal(Path(path + "-calls"))
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
+                if sqlite_synchronous.upper() in _JOURNALED_SYNCHRONOUS:
+                    self._journal = CallJournal(Path(path + "-calls"))
             self.engine: AsyncEngine = create_async_engine(url, json_serializer=serialize)
             # Event appends, the hot path, run whole in one thread on a plain sqlite3 connection:
             # one thread hop per group commit instead of one per statement through aiosqlite.
