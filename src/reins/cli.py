@@ -128,6 +128,7 @@ def gateway(
     import uvicorn
 
     from reins.gateway import GatewaySettings, create_app
+    from reins.serving import freeze_startup_objects
 
     overrides: dict[str, object] = {}
     if db is not None:
@@ -142,7 +143,9 @@ def gateway(
             f"[bold]admin key[/bold] (set REINS_API_KEY to choose one): {settings.api_key}"
         )
     console.print(f"store: {settings.database_url}")
-    uvicorn.run(create_app(settings), host=host, port=port, access_log=access_log, log_level="info")
+    gateway_app = create_app(settings)
+    freeze_startup_objects()
+    uvicorn.run(gateway_app, host=host, port=port, access_log=access_log, log_level="info")
 
 
 @app.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import threading
@@ -10,6 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+
+
+def freeze_startup_objects() -> None:
+    """For a process about to serve: every object alive now (modules, the app, its routes and
+    schemas; ~140k in a gateway) is left out of the garbage collector's full collections, which
+    otherwise walk them all, 90-100 ms during which no request moves (a gateway's proxied calls
+    at 16 concurrent: p99 ~110 ms against a p50 of ~20). Objects created later are collected as
+    before; those left out stay alive."""
+    gc.collect()
+    gc.freeze()
 
 
 class BackgroundServer:
