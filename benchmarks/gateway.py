@@ -595,7 +595,7 @@ def _backend(
 def _py_spy(args: argparse.Namespace, pid: int, label: str) -> subprocess.Popen[bytes] | None:
     if not args.py_spy:
         return None
-    exe = shutil.which("py-spy") or "py-spy"
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     out = Path(args.py_spy) / f"{label}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     duration = max(1, int(args.warmup + args.duration))
