@@ -53,7 +53,14 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def test_sync_run_updates_publishes_and_checkpoints(tmp_path: Path, tiny_model_dir: Path) -> None:
     run = config(tmp_path, tiny_model_dir, checkpoint_every=1)
-    records = asyncio.run(train(run))
+    serving: list[int] = []  # metrics lines written when the trainer says it serves
+
+    def on_serving() -> None:
+        log = run.run_dir / "metrics.jsonl"
+        serving.append(len(log.read_text().splitlines()) if log.exists() else 0)
+
+    records = asyncio.run(train(run, on_serving=on_serving))
+    assert serving == [0]
     assert [r["step"] for r in records] == [0, 1]
     lines = metrics(run.run_dir)
     assert [line["step"] for line in lines] == [0, 1, 2]  # the last line: final validation

@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -196,14 +196,22 @@ def _tell(reporter: Reporter | None, message: str) -> None:
 
 
 async def train(
-    config: TrainConfig, *, resume: bool = False, reporter: Reporter | None = None
+    config: TrainConfig,
+    *,
+    resume: bool = False,
+    reporter: Reporter | None = None,
+    on_serving: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Runs the configured training; returns the metrics records of the steps it made (none on
     a rank other than 0 of a sharded run: that rank only follows rank 0's updates).
-    The process's allocator is left as it is: `reins train` sets it (`configure_allocator`)."""
+    The process's allocator and garbage collector are left as they are: `reins train` sets the
+    first (`configure_allocator`) and freezes the objects alive once the gateway, the engine and
+    the controller run (`on_serving`: called then, before the first step)."""
 
     if config.backend == "torch":
-        return await _train(config, resume=resume, reporter=reporter, leader=None)
+        return await _train(
+            config, resume=resume, reporter=reporter, leader=None, on_serving=on_serving
+        )
     from reins.trainer import ranks
 
     ranks.start_process_group(config.distributed_timeout_s)
@@ -213,7 +221,9 @@ async def train(
             return []
         leader = ranks.Leader()
         try:
-            return await _train(config, resume=resume, reporter=reporter, leader=leader)
+            return await _train(
+                config, resume=resume, reporter=reporter, leader=leader, on_serving=on_serving
+            )
         finally:
             leader.release()
     finally:
@@ -249,7 +259,12 @@ def _follow(config: TrainConfig) -> None:
 
 
 async def _train(
-    config: TrainConfig, *, resume: bool, reporter: Reporter | None, leader: Leader | None
+    config: TrainConfig,
+    *,
+    resume: bool,
+    reporter: Reporter | None,
+    leader: Leader | None,
+    on_serving: Callable[[], None] | None,
 ) -> list[dict[str, Any]]:
     from reins.controller import Controller, LocalReconciler
 
@@ -427,6 +442,8 @@ async def _train(
             pending=pending,
             versions=versions,
         )
+        if on_serving is not None:
+            on_serving()
         started = time.monotonic()
         try:
             records = await trainer.run(start_step, final_validation=final_validation)
