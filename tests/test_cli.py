@@ -107,22 +107,24 @@ async def train(*args, on_serving, **kwargs):
     probe()
     return []
 
-uvicorn.run = probe  # `reins gateway` serves here
+uvicorn.run = probe  # `reins gateway` and `reins engine` serve here
 reins.trainer.runtime.train = train  # `reins train` trains here
 app(sys.argv[1:])
 """
 
 
-@pytest.mark.parametrize("command", ["gateway", "train"])
+@pytest.mark.parametrize("command", ["gateway", "engine", "train"])
 def test_servers_leave_their_startup_objects_out_of_full_collections(
     command: str, tmp_path: Path
 ) -> None:
     """A full collection walked every object of the process (a gateway's ~150k: 90-100 ms, no
-    request moving; the trainer's, with torch and its gateway and engine in-process: ~270 ms);
+    request moving; an engine's ~400k: 240-300 ms; a trainer's with its gateway and engine
+    in-process ~500k: 270-670 ms);
     those alive when it starts serving are frozen (`gc.freeze`), and the garbage made afterwards
     is still collected."""
     args = {
         "gateway": ["gateway", "--db", str(tmp_path / "g.db"), "--api-key", "k"],
+        "engine": ["engine"],  # the default model, from its package
         "train": ["train", "examples/recall/config.yaml", "--set", f"runs_dir={tmp_path}"],
     }[command]
     probe = subprocess.run(

@@ -81,6 +81,7 @@ def engine(
     from reins.engine.api import create_engine_app
     from reins.engine.embedded import EmbeddedEngine
     from reins.engine.prepare import ModelPreparationError
+    from reins.serving import freeze_startup_objects
 
     try:
         with console.status("loading the model..."):
@@ -98,8 +99,10 @@ def engine(
         raise typer.Exit(1) from error
     device_name = next(loaded.model.parameters()).device
     console.print(f"serving [bold]{loaded.name}[/bold] on {device_name} at http://{host}:{port}/v1")
+    engine_app = create_engine_app(loaded)
+    freeze_startup_objects()  # torch's and transformers' objects, the model's, the app's
     try:
-        uvicorn.run(create_engine_app(loaded), host=host, port=port, log_level="warning")
+        uvicorn.run(engine_app, host=host, port=port, log_level="warning")
     finally:
         loaded.close()
 
