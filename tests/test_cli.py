@@ -118,10 +118,9 @@ def test_servers_leave_their_startup_objects_out_of_full_collections(
     command: str, tmp_path: Path
 ) -> None:
     """A full collection walked every object of the process (a gateway's ~150k: 90-100 ms, no
-    request moving; an engine's ~400k: 240-300 ms; a trainer's with its gateway and engine
-    in-process ~500k: 270-670 ms);
-    those alive when it starts serving are frozen (`gc.freeze`), and the garbage made afterwards
-    is still collected."""
+    request moving; an engine's ~400k: 240-300 ms; a trainer's, its gateway and engine
+    in-process, ~500k: 270-670 ms). Those alive when it starts serving are frozen
+    (`gc.freeze`); the garbage made afterwards is still collected."""
     args = {
         "gateway": ["gateway", "--db", str(tmp_path / "g.db"), "--api-key", "k"],
         "engine": ["engine"],  # the default model, from its package

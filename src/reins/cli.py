@@ -281,7 +281,7 @@ def _run_training(config: object, *, resume: bool) -> None:
     try:
         with ConsoleReporter(console, config.steps, 0) as reporter:
             # Once the gateway, engine and controller run, their objects and torch's are left
-            # out of full collections: one walked them all (~500k: 200-290 ms with every proxied
+            # out of full collections: one walked them all (~500k: 270-670 ms with every proxied
             # call and the engine stopped), every minute or two of a run.
             serving = freeze_startup_objects
             asyncio.run(train(config, resume=resume, reporter=reporter, on_serving=serving))
