@@ -38,6 +38,11 @@ hour per run on 2 cores; `--search-steps 8 --search-val-every 4` for about half 
         --search-val-every 4
     .venv/bin/python benchmarks/time_to_reward.py --stale-groups correct --tis-cap 2
 
+Both runs set glibc's allocator as `reins train` does (`malloc_mmap_threshold_mb`). Each repeat
+also says where each run's time went: waiting for rollouts, updating (and how many updates moved
+the policy: a step whose groups all got equal rewards has no advantage, so its update is a quick
+no-op and a run stuck there looks fast), and the rest (validations, start, stop).
+
 The last line is the headline: `time_to_reward_async_over_sync: VALUE ratio` (median over the
 repeats whose sync run ended above its first validation: in the others there is no learning to
 time, and the report says so; lower is better, aim <= 0.6).
@@ -55,7 +60,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +106,7 @@ class Run:
     """(seconds since the run started when the validation finished, step, mean reward)."""
     generated_per_trained: float
     stale_groups: int
+    split: TimeSplit = field(default_factory=lambda: TimeSplit(0.0, 0.0, 0, 0))
 
     @property
     def final(self) -> float:
@@ -109,6 +115,31 @@ class Run:
     def time_to(self, reward: float) -> float:
         """Seconds until a validation first reached `reward` (inf when none did)."""
         return next((t for t, _, value in self.curve if value >= reward - 1e-9), math.inf)
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """Where a run's steps went: waiting for rollouts, updating; and how many updates moved the
+    policy (a step whose groups all got equal rewards has no advantage: its update is a no-op and
+    takes a fraction of the time, so a run stuck there looks fast)."""
+
+    rollout_s: float
+    update_s: float
+    updates: int
+    updates_moved: int
+
+    @classmethod
+    def of(cls, records: list[dict[str, Any]]) -> TimeSplit:
+        steps = [r for r in records if "time/step" in r]
+        return cls(
+            rollout_s=sum(r.get("time/rollout", 0.0) + r.get("time/wait", 0.0) for r in steps),
+            update_s=sum(
+                r.get("time/build", 0.0) + r.get("time/update", 0.0) + r.get("time/publish", 0.0)
+                for r in steps
+            ),
+            updates=len(steps),
+            updates_moved=sum(r.get("policy/optimizer_steps", 0) > 0 for r in steps),
+        )
 
 
 def validation_curve(
@@ -163,6 +194,7 @@ def tiny_config(folder: Path, repeat: int, mode: str, args: argparse.Namespace) 
         stale_groups=args.stale_groups,
         tis_cap=args.tis_cap,
         rollout_mask_ratio=args.mask_ratio,
+        old_logprobs=args.old_logprobs,
         # Every group async may keep in flight, and a validation's rollouts beside them.
         max_parallel=TASKS_PER_STEP * args.group_size * (args.max_staleness + 1) + 64,
         lr=args.lr,
@@ -186,6 +218,7 @@ def example_config(
         f"mode={mode}",
         f"max_staleness={args.max_staleness}",
         f"stale_groups={args.stale_groups}",
+        f"old_logprobs={args.old_logprobs}",
         "checkpoint_every=0",
         "tensorboard=false",
         *extra,
@@ -233,6 +266,7 @@ def train_once(config: Any) -> Run:
         curve=validation_curve(lines, started),
         generated_per_trained=records[-1].get("rollouts/generated_per_trained", math.nan),
         stale_groups=sum(r.get("rollouts/stale_groups", 0) for r in records),
+        split=TimeSplit.of(records),
     )
 
 
@@ -273,18 +307,28 @@ def main() -> None:
     parser.add_argument("--tis-cap", type=float, default=None)
     parser.add_argument("--mask-ratio", type=float, default=None)
     parser.add_argument(
+        "--old-logprobs",
+        choices=["recompute", "rollout"],
+        default="recompute",
+        help="the PPO ratio's denominator (both modes): `rollout` clips against the engine's",
+    )
+    parser.add_argument(
         "--keep", type=Path, help="a folder to keep the runs in (metrics, checkpoints) for a look"
     )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     os.chdir(ROOT)  # agents import `benchmarks.time_to_reward` or `examples.*` from here
     make_config = {"tiny": tiny_config, "recall": recall_config, "search": search_config}[args.job]
+    from reins.trainer.runtime import configure_allocator
 
     rows: list[tuple[int, Run, Run]] = []
     with tempfile.TemporaryDirectory(prefix="reins-time-to-reward-") as tmp:
         folder = args.keep or Path(tmp)
         for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
-            runs = [train_once(make_config(folder, repeat, m, args)) for m in ("sync", "async")]
+            configs = [make_config(folder, repeat, mode, args) for mode in ("sync", "async")]
+            # As `reins train` sets it (a process-wide setting: ~20 % of update time for memory).
+            configure_allocator(configs[0])
+            runs = [train_once(config) for config in configs]
             rows.append((repeat, runs[0], runs[1]))
             print(f"repeat {repeat}: " + "; ".join(
                 f"{r.mode} " + " ".join(f"{t:.0f}s:{v:.3f}" for t, _, v in r.curve) for r in runs
@@ -295,6 +339,8 @@ def main() -> None:
         settings += f", tis cap {args.tis_cap}"
     if args.mask_ratio is not None:
         settings += f", mask ratio {args.mask_ratio}"
+    if args.old_logprobs != "recompute":
+        settings += f", old logprobs {args.old_logprobs}"
     load = os.getloadavg()[0]
     print(f"job {args.job}, {args.repeats} repeats; async: {settings}; load {load:.1f}")
     print(
@@ -323,6 +369,14 @@ def main() -> None:
             "validation, so there is no time to reward to compare (left out of the ratio; "
             "compare their final rewards and wall times)"
         )
+    print("where the time went (rollouts: waiting for them; the rest: validations, start, stop):")
+    for repeat, sync, async_ in rows:
+        print(f"  repeat {repeat}: " + "; ".join(
+            f"{r.mode} {r.split.rollout_s:.0f}s rollouts + {r.split.update_s:.0f}s updates"
+            f" ({r.split.updates_moved}/{r.split.updates} moved the policy)"
+            f" + {r.wall_s - r.split.rollout_s - r.split.update_s:.0f}s rest"
+            for r in (sync, async_)
+        ))  # fmt: skip
     median = statistics.median(ratios) if ratios else math.nan
     print(f"ratio spread over repeats: {spread(ratios) if ratios else 'n/a'}")
     print(f"final reward, async minus sync: median {statistics.median(final_gaps):+.3f}, "

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.time_to_reward import Run, ratio_of
+import pytest
+
+from benchmarks.time_to_reward import Run, TimeSplit, ratio_of
 
 
 def _run(curve: list[tuple[float, float]]) -> Run:
@@ -35,3 +37,16 @@ def test_no_ratio_when_sync_ends_no_higher_than_it_started() -> None:
     flat = _run([(100, 0.125), (500, 0.141), (1000, 0.125)])
     assert ratio_of(flat, learned) is None
     assert ratio_of(learned, collapsed) == math.inf
+
+
+def test_the_time_split_counts_the_updates_that_moved_the_policy() -> None:
+    """A step whose groups all got equal rewards updates nothing (no advantage) and is quick: the
+    split says how many of a run's updates did anything, so a stuck run is not read as fast."""
+    moved = {"time/step": 21.0, "time/rollout": 8.0, "time/wait": 0.5, "time/build": 0.1,
+             "time/update": 12.0, "time/publish": 0.4, "policy/optimizer_steps": 1.0}  # fmt: skip
+    idle = {"time/step": 1.2, "time/rollout": 0.0, "time/update": 1.1,
+            "policy/optimizer_steps": 0.0}  # fmt: skip
+    final_validation = {"val/reward_mean": 0.44}
+    split = TimeSplit.of([moved, idle, final_validation])
+    assert (split.rollout_s, split.update_s) == pytest.approx((8.5, 13.6))
+    assert (split.updates, split.updates_moved) == (2, 1)
