@@ -41,7 +41,9 @@ hour per run on 2 cores; `--search-steps 8 --search-val-every 4` for about half 
 Both runs set glibc's allocator as `reins train` does (`malloc_mmap_threshold_mb`). Each repeat
 also says where each run's time went: waiting for rollouts, updating (and how many updates moved
 the policy: a step whose groups all got equal rewards has no advantage, so its update is a quick
-no-op and a run stuck there looks fast), and the rest (validations, start, stop).
+no-op and a run stuck there looks fast), and the rest (validations, start, stop); and how long
+sync's steps waited from their median rollout finishing to their last (`time/rollout_tail`),
+about what collocated async can save, since the update stops generation in both.
 
 The last line is the headline: `time_to_reward_async_over_sync: VALUE ratio` (median over the
 repeats whose sync run ended above its first validation: in the others there is no learning to
@@ -127,6 +129,9 @@ class TimeSplit:
     update_s: float
     updates: int
     updates_moved: int
+    tail_s: float = 0.0
+    """Steps' waits from their median rollout finishing to their last (`time/rollout_tail`): in
+    sync, about what collocated async can save."""
 
     @classmethod
     def of(cls, records: list[dict[str, Any]]) -> TimeSplit:
@@ -139,6 +144,7 @@ class TimeSplit:
             ),
             updates=len(steps),
             updates_moved=sum(r.get("policy/optimizer_steps", 0) > 0 for r in steps),
+            tail_s=sum(r.get("time/rollout_tail", 0.0) for r in steps),
         )
 
 
@@ -377,6 +383,9 @@ def main() -> None:
             f" + {r.wall_s - r.split.rollout_s - r.split.update_s:.0f}s rest"
             for r in (sync, async_)
         ))  # fmt: skip
+        tail = sync.split.tail_s
+        print(f"    sync waited {tail:.0f}s ({tail / sync.wall_s:.1%} of its wall time) from its "
+              "steps' median rollout to their last: about what async can save")  # fmt: skip
     median = statistics.median(ratios) if ratios else math.nan
     print(f"ratio spread over repeats: {spread(ratios) if ratios else 'n/a'}")
     print(f"final reward, async minus sync: median {statistics.median(final_gaps):+.3f}, "

@@ -1,8 +1,9 @@
-"""An agent for the crash tests: three chat calls with a pause between them (a harness that
-thinks), so rollouts are still in flight when the trainer updates or is killed."""
+"""Agents for the crash and timing tests: three chat calls with a pause between them (a harness
+that thinks), so rollouts are still in flight when the trainer updates or is killed."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -23,3 +24,10 @@ def paced(task: dict[str, Any]) -> float:
         ]
         time.sleep(float(task.get("pause_s", 0.5)))
     return float(len(text) % 3) / 2
+
+
+def one_slow(task: dict[str, Any]) -> float:
+    """`paced`, but each group's rollout 1 pauses `slow_pause_s`: a straggler in every group."""
+    if os.environ["REINS_ROLLOUT_ID"].endswith(".1"):
+        task = {**task, "pause_s": task["slow_pause_s"]}
+    return paced(task)

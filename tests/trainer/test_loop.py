@@ -107,6 +107,30 @@ def test_a_group_with_a_crashing_rollout_is_dropped_and_counted(
     assert record["rollouts/trained"] == 2
 
 
+def test_a_sync_step_reports_how_long_it_waited_on_its_slowest_rollouts(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Rollout 1 of each group pauses 1.5 s after each of its three calls, rollout 0 0.1 s: the
+    last two of the step's four rollouts finish ~4 s after the first two, so from the median
+    (between the 2nd and the 3rd) to the last is ~2 s; with every rollout alike it would be ~0."""
+    tasks = tmp_path / "paced.jsonl"
+    words = ["ant", "bee", "cat", "dog"]
+    lines = [{"id": w, "input": {"word": w, "pause_s": 0.1, "slow_pause_s": 1.5}} for w in words]
+    tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = config(
+        tmp_path,
+        tiny_model_dir,
+        tasks=tasks,
+        agent="tests.trainer.paced_agents:one_slow",
+        steps=1,
+        val_every=0,
+    )
+    (record,) = asyncio.run(train(run))
+    # ~2.3 s measured (the step's rollouts: ~6 s); the first to the last would be ~4.5 s.
+    assert 1.0 < record["time/rollout_tail"] < 3.5
+    assert record["time/rollout_tail"] < record["time/rollout"]
+
+
 def test_async_run_drains_updates_and_resumes_the_gateway(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

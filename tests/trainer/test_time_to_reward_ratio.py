@@ -43,10 +43,11 @@ def test_the_time_split_counts_the_updates_that_moved_the_policy() -> None:
     """A step whose groups all got equal rewards updates nothing (no advantage) and is quick: the
     split says how many of a run's updates did anything, so a stuck run is not read as fast."""
     moved = {"time/step": 21.0, "time/rollout": 8.0, "time/wait": 0.5, "time/build": 0.1,
-             "time/update": 12.0, "time/publish": 0.4, "policy/optimizer_steps": 1.0}  # fmt: skip
+             "time/update": 12.0, "time/publish": 0.4, "policy/optimizer_steps": 1.0,
+             "time/rollout_tail": 0.75}  # fmt: skip
     idle = {"time/step": 1.2, "time/rollout": 0.0, "time/update": 1.1,
-            "policy/optimizer_steps": 0.0}  # fmt: skip
+            "policy/optimizer_steps": 0.0, "time/rollout_tail": 0.5}  # fmt: skip
     final_validation = {"val/reward_mean": 0.44}
     split = TimeSplit.of([moved, idle, final_validation])
-    assert (split.rollout_s, split.update_s) == pytest.approx((8.5, 13.6))
+    assert (split.rollout_s, split.update_s, split.tail_s) == pytest.approx((8.5, 13.6, 1.25))
     assert (split.updates, split.updates_moved) == (2, 1)

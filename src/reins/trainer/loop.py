@@ -79,6 +79,9 @@ class CompletionWatch:
         self.poll_s = poll_s
         self.finished: dict[str, Rollout] = {}
         self.order: list[str] = []
+        self.seen_at: dict[str, float] = {}
+        """When (monotonic) each rollout was first seen finished: its finishing time, to the
+        cursor's polling (a page follows another at once; an empty one waits `poll_s`)."""
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -100,9 +103,11 @@ class CompletionWatch:
                 log.warning("cannot follow rollouts (%s); retrying", error)
                 await asyncio.sleep(1.0)
                 continue
+            now = time.monotonic()
             for rollout in page.items:
                 if rollout.rollout_id not in self.finished:
                     self.order.append(rollout.rollout_id)
+                    self.seen_at[rollout.rollout_id] = now
                 self.finished[rollout.rollout_id] = rollout
             cursor = page.next_cursor
             if page.items:
@@ -115,6 +120,15 @@ class CompletionWatch:
         self._changed.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout_s)
+
+
+def rollout_tail(finished_at: Sequence[float]) -> float:
+    """Seconds from the median rollout finishing to the last: what a sync step waits on its
+    slowest rollouts while the engine has less and less to do, about what collocated async
+    (which updates once enough groups are done) can save a step."""
+    if len(finished_at) < 2:
+        return 0.0
+    return float(max(finished_at) - np.median(finished_at))
 
 
 @dataclass
@@ -469,6 +483,8 @@ class Trainer:
         update_s = time.monotonic() - updated_at - publish_s
         if self.on_update is not None:
             self.on_update()
+        seen_at = self.watch.seen_at
+        seen = [seen_at[r] for g in groups for r in g.rollout_ids if r in seen_at]
         record: dict[str, Any] = {
             "weight_version": self.publisher.version,
             "rollouts/trained": len(records),
@@ -485,6 +501,7 @@ class Trainer:
             "time/build": build_s,
             "time/update": update_s,
             "time/publish": publish_s,
+            "time/rollout_tail": rollout_tail(seen),
             **timings,
             **self._waste(groups, len(records)),
             "memory/peak_rss_mb": peak_rss_mb(),
