@@ -37,6 +37,7 @@ hour per run on 2 cores; `--search-steps 8 --search-val-every 4` for about half 
     .venv/bin/python benchmarks/time_to_reward.py --job search --repeats 1 --search-steps 8 \
         --search-val-every 4
     .venv/bin/python benchmarks/time_to_reward.py --stale-groups correct --tis-cap 2
+    .venv/bin/python benchmarks/time_to_reward.py --job recall --entropy-coef 0.01
 
 Both runs set glibc's allocator as `reins train` does (`malloc_mmap_threshold_mb`). Each repeat
 also says where each run's time went: waiting for rollouts, updating (and how many updates moved
@@ -201,6 +202,7 @@ def tiny_config(folder: Path, repeat: int, mode: str, args: argparse.Namespace) 
         tis_cap=args.tis_cap,
         rollout_mask_ratio=args.mask_ratio,
         old_logprobs=args.old_logprobs,
+        entropy_coef=args.entropy_coef,
         # Every group async may keep in flight, and a validation's rollouts beside them.
         max_parallel=TASKS_PER_STEP * args.group_size * (args.max_staleness + 1) + 64,
         lr=args.lr,
@@ -225,6 +227,7 @@ def example_config(
         f"max_staleness={args.max_staleness}",
         f"stale_groups={args.stale_groups}",
         f"old_logprobs={args.old_logprobs}",
+        f"entropy_coef={args.entropy_coef}",
         "checkpoint_every=0",
         "tensorboard=false",
         *extra,
@@ -319,6 +322,9 @@ def main() -> None:
         help="the PPO ratio's denominator (both modes): `rollout` clips against the engine's",
     )
     parser.add_argument(
+        "--entropy-coef", type=float, default=0.0, help="the entropy bonus (both modes)"
+    )
+    parser.add_argument(
         "--keep", type=Path, help="a folder to keep the runs in (metrics, checkpoints) for a look"
     )
     args = parser.parse_args()
@@ -347,6 +353,8 @@ def main() -> None:
         settings += f", mask ratio {args.mask_ratio}"
     if args.old_logprobs != "recompute":
         settings += f", old logprobs {args.old_logprobs}"
+    if args.entropy_coef:
+        settings += f", entropy coef {args.entropy_coef} (both modes)"
     load = os.getloadavg()[0]
     print(f"job {args.job}, {args.repeats} repeats; async: {settings}; load {load:.1f}")
     print(

@@ -24,12 +24,9 @@ from pydantic import BaseModel, ConfigDict
 
 from reins.samples.batch import Batch, TrainingSequence
 from reins.trainer.correction import CorrectionStats, correction_weights
+from reins.trainer.entropy import entropy as entropy_of
 
 log = logging.getLogger(__name__)
-
-ENTROPY_ROWS = 64
-"""Response tokens whose entropy is computed at once (its temporaries are this many rows of the
-vocabulary, not all of them)."""
 
 
 class BackendConfig(BaseModel):
@@ -48,6 +45,7 @@ class BackendConfig(BaseModel):
     rollout_mask_ratio: float | None = None
     kl_to_initial: bool = False
     kl_coef: float = 0.0
+    entropy_coef: float = 0.0
     gradient_checkpointing: bool = True
     temperature: float = 1.0
     """The sampling temperature of `train` calls: the policy is softmax(logits / temperature), as
@@ -69,7 +67,8 @@ class StepStats:
     trained_tokens: int = 0
     optimizer_steps: int = 0
     skipped_sequences: int = 0
-    """Sequences with advantage 0 (and no KL penalty): no gradient, so no forward or backward."""
+    """Sequences with advantage 0 (and no KL penalty or entropy bonus): no gradient, so no
+    forward or backward."""
     correction: CorrectionStats | None = None
     """The importance correction's figures, when one is on."""
 
@@ -303,10 +302,10 @@ class TorchBackend:
 
     def _contributes(self, sequence: TrainingSequence) -> bool:
         """Whether the sequence has a gradient: PPO's token loss is 0 for advantage 0, so only
-        a KL penalty would give one. Skipping the others changes no weight: the optimizer steps
-        on the same (summed) gradient, or not at all when no sequence of the mini-batch has one;
-        a group whose rollouts all got the same reward costs nothing."""
-        return sequence.advantage != 0 or self.config.kl_coef > 0
+        a KL penalty or an entropy bonus would give one. Skipping the others changes no weight:
+        the optimizer steps on the same (summed) gradient, or not at all when no sequence of the
+        mini-batch has one; a group whose rollouts all got the same reward costs nothing."""
+        return sequence.advantage != 0 or self.config.kl_coef > 0 or self.config.entropy_coef > 0
 
     def _needs_recompute(self, batch: Batch) -> bool:
         # With one mini-batch, the weights have not moved when each micro-batch runs its forward:
@@ -375,6 +374,8 @@ class TorchBackend:
             kl = torch.exp(delta) - delta - 1  # k3: unbiased, non-negative
             if self.config.kl_coef > 0:
                 loss = loss + self.config.kl_coef * (weight * kl).sum()
+        if self.config.entropy_coef > 0:
+            loss = loss - self.config.entropy_coef * (weight * entropy).sum()
         loss.backward()  # type: ignore[no-untyped-call]
 
         with torch.no_grad():
@@ -405,11 +406,7 @@ class TorchBackend:
         logprobs = all_logprobs.gather(-1, tensors.targets[:, None]).squeeze(-1)
         if not with_entropy:
             return logprobs, logprobs
-        with torch.no_grad():
-            entropy = torch.cat(
-                [-(rows.exp() * rows).sum(-1) for rows in torch.split(all_logprobs, ENTROPY_ROWS)]
-            )
-        return logprobs, entropy
+        return logprobs, entropy_of(all_logprobs, with_gradient=self.config.entropy_coef > 0)
 
     def _recomputed_old_logprobs(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
         """Per sequence, the current policy's logprob of each token (aligned with token_ids)."""

@@ -154,6 +154,11 @@ class TrainConfig(BaseModel):
     """Log the KL to the initial policy (k3 estimator; one more forward pass per micro-batch)."""
     kl_coef: float = Field(default=0.0, ge=0)
     """Add `kl_coef * KL(initial)` to the loss (needs `kl_to_initial`)."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Entropy bonus: subtract `entropy_coef * entropy` (the policy's entropy at each response
+    token, weighted as the loss) from the loss, keeping the policy from settling on one answer.
+    With it every sequence has a gradient, a group of equal rewards too: none is skipped, and
+    an update with no advantage anywhere still steps. 0: off (docs/trainer.md)."""
     max_tokens_per_microbatch: int | None = Field(default=4096, ge=1)
     """Micro-batch bound for gradient accumulation (None: one micro-batch)."""
     num_minibatches: int = Field(default=1, ge=1)
