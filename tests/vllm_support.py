@@ -163,7 +163,7 @@ class VllmServer:
         try:
             server._wait_ready(timeout_s)
         except BaseException:
-            server.stop()
+            server.stop(keep_log=True)  # the error names it
             raise
         return server
 
@@ -261,8 +261,9 @@ class VllmServer:
                     total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
         return total
 
-    def stop(self, grace_s: float = 20) -> None:
-        """SIGTERM the process group, then SIGKILL whatever is left of it after `grace_s`."""
+    def stop(self, grace_s: float = 20, *, keep_log: bool = False) -> None:
+        """SIGTERM the process group, then SIGKILL whatever is left of it after `grace_s`; its
+        folder goes too (a CI run started a dozen servers), but for the log with `keep_log`."""
         if self.process is None:
             return
         pgid = self.process.pid
@@ -278,7 +279,7 @@ class VllmServer:
             os.killpg(pgid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
-        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        shutil.rmtree(self.tmp_dir if keep_log else self.workdir, ignore_errors=True)
 
     def __enter__(self) -> VllmServer:
         return self
