@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from reins.trainer.backend import _pack
+from reins.samples.batch import TrainingSequence
+from reins.trainer.backend import TorchBackend, _pack
 from reins.trainer.entropy import ROWS, entropy
 from tests.trainer.batches import make_batch
 from tests.trainer.test_backend import load
@@ -55,14 +56,10 @@ def test_without_a_gradient_the_entropy_is_detached() -> None:
     torch.testing.assert_close(values, naive(logits).detach())
 
 
-def policy_entropy(backend: object, sequences: list[object]) -> float:
-    tensors = _pack(sequences, backend.device)  # type: ignore[arg-type, attr-defined]
+def policy_entropy(backend: TorchBackend, sequences: list[TrainingSequence]) -> float:
+    tensors = _pack(sequences, backend.device)
     with torch.no_grad():
-        _, values = backend._response_logprobs(  # type: ignore[attr-defined]
-            backend.policy,  # type: ignore[attr-defined]
-            tensors,
-            with_entropy=True,
-        )
+        _, values = backend._response_logprobs(backend.policy, tensors, with_entropy=True)
     return float(values.mean())
 
 
