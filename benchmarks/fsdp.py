@@ -84,7 +84,13 @@ def run_row(backend: str, ranks: int, args: argparse.Namespace, out: Path) -> fl
         "--worker", backend, "--rows", str(args.rows), "--length", str(args.length),
         "--steps", str(args.steps), "--out", str(out),
     ]  # fmt: skip
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(ROOT / "src")}
+    # TMPDIR: torchrun's log folder (`torchelastic_*`) goes with the run's folder.
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "PYTHONPATH": str(ROOT / "src"),
+        "TMPDIR": str(out.parent),
+    }
     if backend == "fsdp":
         env["OMP_NUM_THREADS"] = "1"
         command = [

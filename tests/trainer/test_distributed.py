@@ -29,7 +29,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_two_ranks_sum_to_the_reference_gradient(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "ranks2.pt"
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    # TMPDIR: torchrun's log folder (`torchelastic_*`) goes with the test's folder.
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(tmp_path),
+    }
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
         "--master-addr=127.0.0.1", f"--master-port={free_port()}",

@@ -33,8 +33,15 @@ from tests.trainer.test_gradient import TOLERANCE
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _torchrun(ranks: int, *args: str | Path) -> None:
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+def _torchrun(ranks: int, mode: str, model_dir: Path, out: Path, checkpoint: Path) -> None:
+    args = (mode, model_dir, out, checkpoint)
+    # TMPDIR: torchrun's log folder (`torchelastic_*`) goes with the test's folder.
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(out.parent),
+    }
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={ranks}",
         "--master-addr=127.0.0.1", f"--master-port={free_port()}",

@@ -24,7 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _reins_train(config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    # TMPDIR: torchrun's log folder (`torchelastic_*`) goes with the run's folder.
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(config.parent),
+    }
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
         "--master-addr=127.0.0.1", f"--master-port={free_port()}",
