@@ -87,6 +87,26 @@ def test_truncated_ratios_and_a_rollout_masked_whole() -> None:
     assert metrics["correction/logprob_gap_lag2"] == pytest.approx(3.0)
 
 
+def test_the_masked_fraction_counts_the_rollouts_the_update_runs_and_a_nan_ratio_is_masked() -> (
+    None
+):
+    """`masked_fraction` is of the rollouts with a ratio known: one with no gradient (the
+    update does not run it) is not among them. A NaN trainer logprob (a broken forward) gives
+    a ratio nothing can trust: its rollout is masked, not trained at a NaN weight."""
+    run = sequence("r1", [0, 0, -4.0], ((2, 3),), (1,))
+    idle = sequence("r2", [0, 0, -1.0], ((2, 3),), (1,))
+    broken = sequence("r3", [0, 0, -1.0], ((2, 3),), (1,))
+    multipliers, stats = correction_weights(
+        [run, idle, broken],
+        [np.array([0, 0, -1.0]), None, np.array([0, 0, NAN])],
+        tis_cap=None,
+        mask_ratio=2.0,
+    )
+    assert (stats.rollouts, stats.masked_rollouts) == (2, 2)  # r1: +3.0 > log 2; r3: NaN
+    assert stats.as_metrics()["correction/masked_fraction"] == 1.0
+    assert [m.tolist() for m in multipliers] == [[0, 0, 0], [1, 1, 1], [0, 0, 0]]
+
+
 def test_the_cap_and_the_mask_apply_only_when_set() -> None:
     a = sequence("r1", [0, 0, -4.0], ((2, 3),), (1,))
     multipliers, stats = correction_weights(

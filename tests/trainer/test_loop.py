@@ -166,13 +166,34 @@ def test_async_run_with_importance_correction_reports_gaps_by_version_lag(
             assert 0 < record["correction/ratio_min"] <= record["correction/ratio_max"]
 
 
-def test_async_stale_groups_trained_with_the_correction_waste_nothing(
+def test_rollouts_the_correction_masks_whole_are_not_counted_as_trained(
     tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A mask bound of 1 + 1e-9 leaves out every rollout whose tokens the engine served at
+    other weights than the trained ones (async: some at the previous version): those are not
+    trained, and `rollouts/trained` and the waste figure say so."""
+    run = config(
+        tmp_path, tiny_model_dir, mode="async", steps=3, val_every=0, max_staleness=1,
+        rollout_mask_ratio=1 + 1e-9,
+    )  # fmt: skip
+    records = asyncio.run(train(run))
+    masked = [r.get("correction/masked_rollouts", 0) for r in records]
+    assert sum(masked) > 0, records
+    trained = [4 - 2 * r["rollouts/stale_groups"] - m for r, m in zip(records, masked, strict=True)]
+    assert [r["rollouts/trained"] for r in records] == trained
+    waste = records[-1].get("rollouts/generated_per_trained")
+    assert waste == (pytest.approx(12 / sum(trained)) if sum(trained) else None)
+
+
+@pytest.mark.parametrize("spanning", ["keep", "drop"])
+def test_async_stale_groups_trained_with_the_correction_waste_nothing(
+    tmp_path: Path, tiny_model_dir: Path, spanning: str
 ) -> None:
     """`stale_groups: correct`: the slow task's rollouts make a call, then wait until three
     updates have trained the other tasks, then make another: that group is 3 versions stale when
     it finishes (`max_staleness` 1). It is trained, with the correction, not dropped: every
-    rollout generated is trained."""
+    rollout generated is trained. Its two rollouts spanned updates: with `spanning_rollouts:
+    drop` the group is dropped for that (counted as spanning, not as corrected)."""
     release = tmp_path / "release"
     tasks = tmp_path / "slow.jsonl"
     lines = [{"id": "slow", "input": {"word": "slow", "wait_for": str(release)}}]
@@ -186,6 +207,7 @@ def test_async_stale_groups_trained_with_the_correction_waste_nothing(
     run = config(
         tmp_path, tiny_model_dir, mode="async", steps=4, val_every=0, tasks=tasks, seed=seed,
         tasks_per_step=1, max_staleness=1, stale_groups="correct", tis_cap=2.0,
+        spanning_rollouts=spanning,
     )  # fmt: skip
     stop = threading.Event()
 
@@ -205,6 +227,16 @@ def test_async_stale_groups_trained_with_the_correction_waste_nothing(
         stop.set()
         watcher.join()
     assert [r["rollouts/stale_groups"] for r in records] == [0, 0, 0, 0]
+    # The slow group's two rollouts spanned updates (another rollout may too, when an update
+    # came between its two calls).
+    assert records[3]["rollouts/spanning"] >= 2
+    if spanning == "drop":
+        assert records[3]["rollouts/spanning_groups_dropped"] >= 1
+        assert [r["rollouts/stale_groups_corrected"] for r in records] == [0, 0, 0, 0]
+        trained = [r["rollouts/trained"] for r in records]
+        assert trained == [2 * len(r["rollouts/groups"]) for r in records]
+        assert records[3]["rollouts/generated_per_trained"] == pytest.approx(8 / sum(trained))
+        return
     assert [r["rollouts/stale_groups_corrected"] for r in records] == [0, 0, 0, 1]
     assert records[3]["rollouts/staleness_max"] >= 2  # 3: first call by v0, trained at v3
     assert [r["rollouts/generated_per_trained"] for r in records] == [1.0] * 4

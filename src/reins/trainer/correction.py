@@ -40,6 +40,7 @@ class CorrectionStats:
     clipped_fraction: float = 0.0
     """Tokens whose ratio was above `tis_cap` (0 when the cap is off)."""
     rollouts: int = 0
+    """Rollouts with a ratio known for at least one token (those the mask may leave out)."""
     masked_rollouts: int = 0
     gap_by_lag: Mapping[int, float] = field(default_factory=dict)
     """Mean |trainer - engine| logprob per token, by the serving version's lag behind the
@@ -106,20 +107,20 @@ def correction_weights(
     if mask_ratio is not None:
         bound = math.log(mask_ratio)
         for key, (total, count) in rollout_sums.items():
-            if count and abs(total / count) > bound:
+            if count and not abs(total / count) <= bound:  # NaN too: nothing to trust
                 masked += 1
                 for index in by_rollout[key]:
                     multipliers[index][:] = 0.0
     ratios = np.exp(np.concatenate(log_ratios)) if log_ratios else np.zeros(0)
     if not len(ratios):
-        return multipliers, CorrectionStats(rollouts=len(by_rollout), masked_rollouts=masked)
+        return multipliers, CorrectionStats(masked_rollouts=masked)
     stats = CorrectionStats(
         tokens=len(ratios),
         ratio_mean=float(ratios.mean()),
         ratio_min=float(ratios.min()),
         ratio_max=float(ratios.max()),
         clipped_fraction=float((ratios > tis_cap).mean()) if tis_cap is not None else 0.0,
-        rollouts=len(by_rollout),
+        rollouts=sum(1 for _, count in rollout_sums.values() if count),
         masked_rollouts=masked,
         gap_by_lag={lag: total / count for lag, (total, count) in gap_sums.items() if count},
     )

@@ -411,15 +411,16 @@ class Trainer:
                 stale = [rollout_staleness(v, current, self.lineage) for v in served]
                 spanning = sum(spans_update(v) for v in served)
                 # A group goes whole or not at all: its advantages are relative to each other.
-                if max(stale, default=0.0) > self.config.max_staleness:
-                    if self.config.stale_groups == "drop" or math.isinf(max(stale)):
-                        counts["stale_groups"] += 1
-                        continue
-                    counts["stale_groups_corrected"] += 1
+                too_stale = max(stale, default=0.0) > self.config.max_staleness
+                if too_stale and (self.config.stale_groups == "drop" or math.isinf(max(stale))):
+                    counts["stale_groups"] += 1
+                    continue
+                # Counted for the groups the staleness bound let through, kept or dropped here.
+                counts["spanning"] += spanning
                 if spanning and self.config.spanning_rollouts == "drop":
                     counts["spanning_groups_dropped"] += 1
                     continue
-                counts["spanning"] += spanning
+                counts["stale_groups_corrected"] += too_stale
                 staleness += stale
                 records += group_records
                 trained.append(group.group_id)
@@ -481,13 +482,18 @@ class Trainer:
             if self.publisher.version != self.lineage[-1]:
                 self.lineage.append(self.publisher.version)
         update_s = time.monotonic() - updated_at - publish_s
+        # Rollouts the update used: none without a sequence to train, less those the
+        # correction left out whole.
+        used = len(records) if batch is not None and batch.sequences else 0
+        if stats.correction is not None:
+            used -= stats.correction.masked_rollouts
         if self.on_update is not None:
             self.on_update()
         seen_at = self.watch.seen_at
         seen = [seen_at[r] for g in groups for r in g.rollout_ids if r in seen_at]
         record: dict[str, Any] = {
             "weight_version": self.publisher.version,
-            "rollouts/trained": len(records),
+            "rollouts/trained": used,
             "rollouts/failed": counts["failed"],
             "rollouts/dropped_groups": counts["dropped_groups"],
             "rollouts/stale_groups": counts["stale_groups"],
@@ -503,7 +509,7 @@ class Trainer:
             "time/publish": publish_s,
             "time/rollout_tail": rollout_tail(seen),
             **timings,
-            **self._waste(groups, len(records)),
+            **self._waste(groups, used),
             "memory/peak_rss_mb": peak_rss_mb(),
         }
         gpu_mb = peak_gpu_mb()
