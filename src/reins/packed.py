@@ -46,6 +46,7 @@ import numpy as np
 import orjson
 from numpy.typing import NDArray
 
+from reins.samples.records import token_ids
 from reins.schemas import Event, PackedEvent
 
 FORMAT = 2
@@ -61,7 +62,6 @@ PACKED_FIELDS = (
 COLUMN_FIELDS = ("model_version", "status", "abandoned")
 """The fields that stay in the JSON column, where queries and the trainer's read find them
 without opening the blob; the blob's text holds every other field."""
-_INT32_MAX = 2**31 - 1
 _ZDICT_BYTES = 32 * 1024  # zlib's window
 _LEVEL = 6
 _BLOCKS_FROM = 2048
@@ -133,23 +133,6 @@ class Packed:
         return Base(seq, self.tokens, self.request, self.text)
 
 
-def token_array(value: Any) -> NDArray[np.int32] | None:
-    """`value` as int32 token IDs, or None when it is not a list of ints in int32's range."""
-    if not isinstance(value, list):
-        return None
-    if not value:
-        return np.zeros(0, dtype=np.int32)
-    if set(map(type, value)) != {int}:  # no bool, float or string among them
-        return None
-    try:
-        wide = np.array(value, dtype=np.int64)
-    except OverflowError:
-        return None
-    if int(wide.min()) < 0 or int(wide.max()) > _INT32_MAX:
-        return None
-    return wide.astype(np.int32)
-
-
 def _logprob_array(value: Any, count: int) -> tuple[str, NDArray[Any]] | None:
     """("f4" | "f8", array), or None when the values are not exactly `count` floats."""
     if not isinstance(value, list) or len(value) != count:
@@ -214,8 +197,8 @@ def pack(data: Any, bases: Sequence[Base] = (), *, level: int = _LEVEL) -> Packe
     is then stored whole)."""
     if not isinstance(data, dict) or "prompt_token_ids" not in data:
         return None
-    prompt = token_array(data["prompt_token_ids"])
-    response = token_array(data.get("response_token_ids", []))
+    prompt = token_ids(data["prompt_token_ids"])
+    response = token_ids(data.get("response_token_ids", []))
     if prompt is None or response is None:
         return None
     logprobs: tuple[str, NDArray[Any]] | None = None

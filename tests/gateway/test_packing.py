@@ -3,6 +3,7 @@ grow with a call's new tokens only, every read exact, replays, restarts, and old
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import sqlite3
 from collections.abc import AsyncIterator
@@ -112,6 +113,48 @@ async def test_rows_grow_with_new_tokens_and_every_read_is_exact(store: SqlStore
     assert stats.response_tokens == 40 * 30
 
 
+async def test_calls_posted_together_are_packed_against_each_other(store: SqlStore) -> None:
+    """A list post (a harness uploading its trajectory) and concurrent posts to one attempt
+    land in one group commit: each call is still stored against the previous one, in the
+    order posted, with the other events of the post between them."""
+    calls = conversation(12)
+    await _open(store, "listed")
+    listed = [
+        EventIn(type="model_request", data=c, idempotency_key=f"c{n}") for n, c in enumerate(calls)
+    ]
+    listed.insert(3, EventIn(type="reward", data={"value": 0.5}, idempotency_key="mid"))
+    acks = await store.append_events("listed", 1, listed)
+    rows = await _rows(store, "listed")
+    assert [row.idempotency_key for row in rows] == [e.idempotency_key for e in listed]
+    assert [row.seq for row in rows] == [a.seq for a in acks] == sorted(a.seq for a in acks)
+    packed = [row for row in rows if row.type == "model_request"]
+    assert [base_of(row.packed) for row in packed] == [None] + [row.seq for row in packed[:-1]]
+    sizes = [len(row.packed) for row in packed]
+    assert sizes[11] < 1.3 * sizes[1]
+    stored = [e for e in await store.get_events("listed") if e.type == "model_request"]
+    assert all(_same(e.data, c) for e, c in zip(stored, calls, strict=True))
+
+    await _open(store, "concurrent")
+    await _post(store, "concurrent", calls[:1])
+    await asyncio.gather(
+        *(_post(store, "concurrent", [c], first=n) for n, c in enumerate(calls[1:], 1))
+    )
+    rows = await _rows(store, "concurrent")
+    # In whatever order the commit took them: each call after the first against an earlier
+    # call of the attempt, no longer against the first call alone.
+    bases = [base_of(row.packed) for row in rows]
+    assert bases[0] is None and all(
+        b is not None and b < row.seq for b, row in zip(bases[1:], rows[1:], strict=True)
+    )
+    assert len(set(bases[1:])) > 1
+    assert sum(len(row.packed) for row in rows) < 0.5 * sum(
+        len(orjson.dumps(c["prompt_token_ids"])) for c in calls
+    )
+    stored = await store.get_events("concurrent")
+    by_key = {e.idempotency_key: e.data for e in stored}
+    assert all(_same(by_key[f"call-{n}"], c) for n, c in enumerate(calls))
+
+
 async def test_a_replay_returns_the_stored_call_and_another_call_under_its_key_conflicts(
     store: SqlStore,
 ) -> None:
@@ -123,10 +166,30 @@ async def test_a_replay_returns_the_stored_call_and_another_call_under_its_key_c
     )
     assert _same(again[0].data, calls[2])
     other = {**calls[2], "prompt_token_ids": calls[2]["prompt_token_ids"][:-1]}
-    with pytest.raises(Conflict, match="already used"):
-        await store.append_events(
-            "r", 1, [EventIn(type="model_request", data=other, idempotency_key="call-2")]
-        )
+    # Equal in Python but another JSON document: 1.0 for 1, true for 1, -0.0 for 0.0, the keys
+    # in another order.
+    first = calls[2]["response_logprobs"][0]
+    assert first == 0.0
+    lookalikes = [
+        {**calls[2], "model_version": 1.0},
+        {**calls[2], "model_version": True},
+        {**calls[2], "response_logprobs": [-first, *calls[2]["response_logprobs"][1:]]},
+        dict(reversed(calls[2].items())),
+    ]
+    for data in [other, *lookalikes]:
+        with pytest.raises(Conflict, match="already used"):
+            await store.append_events(
+                "r", 1, [EventIn(type="model_request", data=data, idempotency_key="call-2")]
+            )
+    reward = EventIn(type="reward", data={"value": 1, "source": "judge"}, idempotency_key="rw")
+    await store.append_events("r", 1, [reward])
+    for data in ({"value": 1.0, "source": "judge"}, {"source": "judge", "value": 1}):
+        with pytest.raises(Conflict, match="already used"):
+            await store.append_events(
+                "r", 1, [EventIn(type="reward", data=data, idempotency_key="rw")]
+            )
+    (same,) = await store.append_events("r", 1, [reward])
+    assert same.data == {"value": 1, "source": "judge"}
 
 
 async def test_a_restarted_store_packs_against_the_calls_before_the_restart(

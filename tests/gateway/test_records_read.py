@@ -28,12 +28,28 @@ def _calls() -> dict[str, list[dict[str, Any]]]:
     whole = {**main[4], "response_logprobs": [-1] * 30}  # ints: not packable, stored whole
     no_lp = {**main[5], "response_logprobs": None, "model_version": 4}
     answer = len(main[1]["response_token_ids"])
+    lp5, lp6 = main[5]["response_logprobs"], main[6]["response_logprobs"]
+    # Fields a harness may post loosely typed: both readers take them by one rule
+    # (`reins.samples.records.call_of`), as `ModelRequest` reads them.
+    loose = [
+        main[0],
+        {**main[1], "abandoned": 1},  # abandoned
+        {**main[2], "model_version": 3.0},  # version 3
+        {**main[3], "status": "200"},  # 200
+        {**main[4], "status": "oops"},  # no valid status: skipped
+        {**side, "prompt_token_ids": [-1, 5]},  # not token IDs: skipped
+        {**side, "prompt_token_ids": [True, 5]},
+        {**main[5], "response_logprobs": lp5[:-1]},  # one short: kept, logprobs unknown
+        {**main[6], "response_logprobs": [None, *lp6[1:]]},
+        {**main[7], "request": ["not", "a", "dict"]},  # kept
+    ]
     return {
         "chain": main,
         "mixed": [main[0], main[1], side, main[2], failed, main[3], gave_up, whole, no_lp],
         "first-only": main[:1],
         # Logprobs float32 cannot hold are stored as float64: read back as float32 all the same.
         "f8-logprobs": [main[0], {**main[1], "response_logprobs": [-1e-300] * answer}],
+        "loose": loose,
     }
 
 
@@ -84,6 +100,14 @@ async def test_records_equal_the_events_reading(gateway: Gateway) -> None:
         mixed = record_of(read[1])
         assert (mixed.skipped_calls, mixed.abandoned_calls) == (2, 1)
         assert [c.model_version for c in mixed.calls][-1] == 4
+        loose = record_of(read[4])
+        assert (loose.skipped_calls, loose.abandoned_calls) == (4, 1)
+        assert [c.model_version for c in loose.calls] == [1, 3, 1, 1, 1, 1]
+        assert [c.logprobs is None for c in loose.calls] == [False] * 3 + [True] * 2 + [False]
+        # One result per id asked, a repeated one too.
+        twice = await client.get_records(["loose", "chain", "loose"])
+        assert [r.rollout_id for r in twice] == ["loose", "chain", "loose"]
+        _same_record(record_of(twice[2]), loose)
         with pytest.raises(GatewayError) as missing:
             await client.get_records(["chain", "nope"])
         assert missing.value.status_code == 404

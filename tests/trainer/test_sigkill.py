@@ -160,6 +160,9 @@ def test_sigkill_of_reins_train_resumes_without_training_a_rollout_twice(
     assert final[:2] == killed_lines[:2]  # committed steps are kept as they were
     groups = [g for line in final for g in line["rollouts/groups"]]
     assert len(groups) == len(set(groups)) == 4
+    # By task stream position (`<run>.t<position>.<task>[.r<incarnation>]`): each of the four
+    # tasks trained once, whichever incarnation declared it.
+    assert sorted(g.split(".")[1] for g in groups) == [f"t{p:07d}" for p in range(4)]
     assert all(line["rollouts/trained"] == 2 * len(line["rollouts/groups"]) for line in final)
 
     # Version numbers: the killed run's discarded weights (its step 2 line, its calls) are never

@@ -7,7 +7,7 @@ everything after it works on records only, so tests and benchmarks build records
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +56,81 @@ class Call:
                     f"call seq {self.seq} has {self.logprobs.size} logprobs for "
                     f"{self.response.size} response tokens; the engine must return one per token"
                 )
+
+
+_INT32_MAX = 2**31 - 1
+_STATE_FIELDS = ("status", "abandoned", "model_version")
+
+
+def token_ids(value: Any) -> TokenArray | None:
+    """`value` as int32 token IDs, or None when it is not a list of ints (no bool, float or
+    string) from 0 to 2**31 - 1."""
+    if not isinstance(value, list):
+        return None
+    if not value:
+        return np.zeros(0, dtype=np.int32)
+    if set(map(type, value)) != {int}:
+        return None
+    try:
+        wide = np.array(value, dtype=np.int64)
+    except OverflowError:
+        return None
+    if int(wide.min()) < 0 or int(wide.max()) > _INT32_MAX:
+        return None
+    return wide.astype(np.int32)
+
+
+def response_logprobs(value: Any, count: int) -> LogprobArray | None:
+    """A call's logprobs for its `count` response tokens, or None (unknown) when they are
+    absent, null, of another length, or not all numbers."""
+    if not isinstance(value, list) or len(value) != count:
+        return None
+    if value and not set(map(type, value)) <= {float, int}:
+        return None
+    return np.asarray(value, dtype=np.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class CallState:
+    status: int
+    abandoned: bool
+    model_version: int | None
+
+
+def call_state(data: Mapping[str, Any]) -> CallState | None:
+    """A `model_request`'s `status`, `abandoned` and `model_version` as `ModelRequest` reads
+    them (`abandoned: 1` is abandoned, `model_version: 3.0` is 3), or None when they do not
+    validate (the call is then skipped)."""
+    status = data.get("status", 200)
+    abandoned = data.get("abandoned", False)
+    version = data.get("model_version")
+    exact = version is None or type(version) is int
+    if exact and type(status) is int and type(abandoned) is bool:
+        return CallState(status, abandoned, version)
+    try:
+        read = ModelRequest.model_validate({k: data[k] for k in _STATE_FIELDS if k in data})
+    except ValueError:  # pydantic's ValidationError
+        return None
+    return CallState(read.status, read.abandoned, read.model_version)
+
+
+def call_of(data: Any, seq: int) -> tuple[Call | None, bool]:
+    """The call a `model_request`'s data gives the trainer (None: skipped), and whether it was
+    abandoned. The one rule of both readers: `rollout_from_events` and the gateway's binary
+    read (`reins.recordbatch`). A call is kept when its status is 200, it is not abandoned,
+    and both its prompt and response are non-empty token IDs (`token_ids`); its logprobs are
+    kept when they are one number per response token (`response_logprobs`)."""
+    if not isinstance(data, Mapping):
+        return None, False
+    state = call_state(data)
+    if state is None or state.abandoned or state.status != 200:
+        return None, state is not None and state.abandoned
+    prompt = token_ids(data.get("prompt_token_ids", []))
+    response = token_ids(data.get("response_token_ids", []))
+    if prompt is None or response is None or not prompt.size or not response.size:
+        return None, False
+    logprobs = response_logprobs(data.get("response_logprobs"), response.size)
+    return Call(prompt, response, logprobs, seq, state.model_version), False
 
 
 @dataclass(slots=True)
@@ -108,8 +183,9 @@ def rollout_from_events(
     - Only events of ``attempt_id`` are read; None reads the latest attempt present in ``events``
       (the succeeded one when the rollout succeeded: a succeeded attempt is always the last).
     - ``model_request`` events are kept when ``status == 200``, they are not ``abandoned`` and
-      both prompt and response token IDs are non-empty; the others are counted in
-      ``skipped_calls`` (and the abandoned ones in ``abandoned_calls`` too). An abandoned call
+      both prompt and response token IDs are non-empty (``call_of``, the gateway's binary read's
+      rule too); the others are counted in ``skipped_calls`` (and the abandoned ones in
+      ``abandoned_calls`` too). An abandoned call
       is never kept: dedup keeps the last of identical prompts, which would otherwise be
       whichever finished last, not the answer the harness went on with.
     - The reward is the value of the last ``reward`` event (highest seq). With none, this raises
@@ -134,30 +210,12 @@ def rollout_from_events(
         if ev.attempt_id != attempt_id:
             continue
         if ev.type == MODEL_REQUEST:
-            req = ModelRequest.model_validate(ev.data)
-            if req.abandoned:
-                abandoned += 1
-            if (
-                req.abandoned
-                or req.status != 200
-                or not req.response_token_ids
-                or not req.prompt_token_ids
-            ):
+            call, gave_up = call_of(ev.data, ev.seq)
+            abandoned += gave_up
+            if call is None:
                 skipped += 1
-                continue
-            calls.append(
-                Call(
-                    prompt=as_tokens(req.prompt_token_ids),
-                    response=as_tokens(req.response_token_ids),
-                    logprobs=(
-                        None
-                        if req.response_logprobs is None
-                        else np.asarray(req.response_logprobs, dtype=np.float32)
-                    ),
-                    seq=ev.seq,
-                    model_version=req.model_version,
-                )
-            )
+            else:
+                calls.append(call)
         elif ev.type == REWARD:
             reward = Reward.model_validate(ev.data).value
             metrics = numeric_metrics(ev.data.get("metrics"))

@@ -20,6 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from reins.gateway.store.packing import CommitPacking, Key, rounds
 from reins.gateway.store.tables import (
     ATTEMPT_STATE,
     PACKING_COLUMNS,
@@ -33,9 +34,6 @@ from reins.schemas import Event
 
 _ONE_LOCKED = ATTEMPT_STATE.with_for_update(read=True, of=attempts)
 
-Key = tuple[str, int, str]
-"""(rollout, attempt, idempotency key): one event."""
-
 
 def insert_events(
     conn: sa.Connection,
@@ -43,10 +41,12 @@ def insert_events(
     rows: list[dict[str, Any]],
     harness_keys: set[Key],
     check: set[tuple[str, int]],
+    packing: CommitPacking,
 ) -> tuple[list[tuple[int, str, int, str]], list[sa.Row[Any]], dict[tuple[str, int], str]]:
-    """One INSERT of fresh events; returns (seq, rollout, attempt, key) of those inserted, the
-    stored rows of keys that were already there (replayed posts), and why each closed attempt
-    of `check` refused its harness's events (`harness_keys`: the events a harness posted)."""
+    """The INSERTs of fresh events (`packing` packs them: one INSERT per round, usually one);
+    returns (seq, rollout, attempt, key) of those inserted, the stored rows of keys that were
+    already there (replayed posts), and why each closed attempt of `check` refused its
+    harness's events (`harness_keys`: the events a harness posted)."""
     closed: dict[tuple[str, int], str] = {}
     if check:
         # PostgreSQL: a close updates the attempt row, so it waits for this transaction, or this
@@ -71,7 +71,11 @@ def insert_events(
             if (row["rollout_id"], row["attempt_id"]) not in closed
             or (row["rollout_id"], row["attempt_id"], row["idempotency_key"]) not in harness_keys
         ]
-    inserted = _insert_fresh(conn, insert, fresh) if fresh else []
+    inserted: list[tuple[int, str, int, str]] = []
+    for part in rounds(fresh):
+        done_now = _insert_fresh(conn, insert, packing.params(part))
+        packing.inserted(done_now)
+        inserted += done_now
     done = {(r, a, k) for _, r, a, k in inserted}
     by_attempt: dict[tuple[str, int], list[str]] = {}
     for row in rows:

@@ -1,11 +1,12 @@
 """Packed `model_request` rows (`reins.packed`): the store's side.
 
-- `Packer.pack_rows` packs each fresh `model_request` of a group commit against the earlier call
+- `CommitPacking` packs each fresh `model_request` of a group commit against the earlier call
   of its attempt that shares the longest token prefix with it, among the attempt's last
-  `CANDIDATES` packed calls. Those are kept in memory after each commit (a bounded LRU of
-  attempts) and rebuilt from the attempt's rows after a restart, an eviction, or a write by
-  another gateway process sharing the database. Any earlier packed call of the attempt is a
-  correct base, so a stale memory costs bytes, never correctness.
+  `CANDIDATES` packed calls, those of the same commit included (`rounds`). Those are kept in
+  memory after each commit (a bounded LRU of attempts) and rebuilt from the attempt's rows
+  after a restart, an eviction, or a write by another gateway process sharing the database.
+  Any earlier packed call of the attempt is a correct base, so a stale memory costs bytes,
+  never correctness.
 - `expand_rows` restores full events for every read; a page that starts mid-attempt first
   reads the attempt's earlier packed rows, since each one is stored against an earlier one.
 - Rows written before packing existed (`packed` is NULL) are read as they are.
@@ -19,7 +20,6 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
 import orjson
 import sqlalchemy as sa
 
@@ -35,10 +35,10 @@ from reins.packed import (
     pack,
     read_arrays,
     read_prefix,
-    token_array,
     unpack,
 )
 from reins.recordbatch import CallParts, RolloutParts
+from reins.samples.records import call_state, response_logprobs, token_ids
 from reins.schemas import MODEL_REQUEST, REWARD, Event, PackedEvent
 
 CANDIDATES = 4
@@ -57,30 +57,9 @@ class Packer:
         self._held = 0
         self._lock = threading.Lock()  # remembered on the event loop, read in a writer thread
 
-    def pack_rows(
-        self, conn: sa.Connection, rows: list[dict[str, Any]]
-    ) -> tuple[list[dict[str, Any]], dict[int, Packed]]:
-        """The INSERT parameters of `rows` (every row gets the packing columns) and the packed
-        form of those packed, by index in `rows`."""
-        out: list[dict[str, Any]] = []
-        packed: dict[int, Packed] = {}
-        loaded: dict[Attempt, list[Base]] = {}
-        for index, row in enumerate(rows):
-            params = {**row, "packed": None, "prompt_tokens": None, "response_tokens": None}
-            if row["type"] == MODEL_REQUEST:
-                attempt = (row["rollout_id"], row["attempt_id"])
-                if attempt not in loaded:
-                    loaded[attempt] = self._bases(conn, attempt)
-                data = row["data"].value
-                result = pack(data, loaded[attempt])
-                if result is not None:
-                    packed[index] = result
-                    params["data"] = jsonrule.Encoded(result.skeleton, _text(result.skeleton))
-                    params["packed"] = result.blob
-                    params["prompt_tokens"] = result.prompt_tokens
-                    params["response_tokens"] = result.response_tokens
-            out.append(params)
-        return out, packed
+    def commit(self, conn: sa.Connection) -> CommitPacking:
+        """The packing of one group commit on `conn`."""
+        return CommitPacking(self, conn)
 
     def remember(self, attempt: Attempt, base: Base) -> None:
         """A packed call committed: a candidate for the next calls of its attempt."""
@@ -99,7 +78,8 @@ class Packer:
             for attempt in [a for a in self._candidates if a[0] == rollout_id]:
                 self._held -= sum(b.tokens.size for b in self._candidates.pop(attempt))
 
-    def _bases(self, conn: sa.Connection, attempt: Attempt) -> list[Base]:
+    def bases(self, conn: sa.Connection, attempt: Attempt) -> list[Base]:
+        """The attempt's candidates, oldest first (a copy)."""
         with self._lock:
             held = self._candidates.get(attempt)
             if held is not None:
@@ -130,6 +110,72 @@ class Packer:
                 self._candidates[attempt] = found
                 self._held += sum(b.tokens.size for b in found)
         return found
+
+
+Key = tuple[str, int, str]
+"""(rollout, attempt, idempotency key): one event."""
+
+
+class CommitPacking:
+    """One group commit's packing. Its fresh rows are inserted in `rounds`, so that a call
+    posted in the same commit as an earlier call of its attempt (a list post, or concurrent
+    posts) is packed against that call, which has its seq by then."""
+
+    def __init__(self, packer: Packer, conn: sa.Connection) -> None:
+        self._packer = packer
+        self._conn = conn
+        self._bases: dict[Attempt, list[Base]] = {}
+        self.packed: dict[Key, Packed] = {}
+        """The packed form of each packed row, by its key."""
+
+    def params(self, rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The INSERT parameters of `rows` (every row gets the packing columns)."""
+        out: list[dict[str, Any]] = []
+        for row in rows:
+            params = {**row, "packed": None, "prompt_tokens": None, "response_tokens": None}
+            if row["type"] == MODEL_REQUEST:
+                attempt = (row["rollout_id"], row["attempt_id"])
+                if attempt not in self._bases:
+                    self._bases[attempt] = self._packer.bases(self._conn, attempt)
+                result = pack(row["data"].value, self._bases[attempt])
+                if result is not None:
+                    self.packed[(*attempt, row["idempotency_key"])] = result
+                    params["data"] = jsonrule.Encoded(result.skeleton, _text(result.skeleton))
+                    params["packed"] = result.blob
+                    params["prompt_tokens"] = result.prompt_tokens
+                    params["response_tokens"] = result.response_tokens
+            out.append(params)
+        return out
+
+    def inserted(self, rows: Iterable[tuple[int, str, int, str]]) -> None:
+        """Rows inserted, (seq, rollout, attempt, key): the packed ones are bases for the calls
+        of the next rounds."""
+        for seq, rollout_id, attempt_id, key in rows:
+            result = self.packed.get((rollout_id, attempt_id, key))
+            if result is not None:
+                bases = self._bases[(rollout_id, attempt_id)]
+                bases.append(result.as_base(seq))
+                del bases[:-CANDIDATES]
+
+
+def rounds(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """`rows` split so that no round holds two `model_request`s of one attempt; an attempt's
+    rows keep their order (a later round holds only rows posted after the earlier rounds')."""
+    out: list[list[dict[str, Any]]] = []
+    at: dict[Attempt, int] = {}
+    called: set[tuple[Attempt, int]] = set()
+    for row in rows:
+        attempt = (row["rollout_id"], row["attempt_id"])
+        index = at.get(attempt, 0)
+        if row["type"] == MODEL_REQUEST:
+            if (attempt, index) in called:
+                index += 1
+                at[attempt] = index
+            called.add((attempt, index))
+        if index == len(out):
+            out.append([])
+        out[index].append(row)
+    return out
 
 
 def _text(value: Any) -> str:
@@ -228,8 +274,12 @@ def record_parts(conn: sa.Connection, rollout_ids: Sequence[str]) -> list[Rollou
             rollout.reward = decoded
             continue
         data = decoded if isinstance(decoded, dict) else {}
-        status, gave_up = data.get("status", 200), data.get("abandoned", False)
-        version = data.get("model_version")
+        # `rollout_from_events`'s rule (`reins.samples.records.call_of`): a state that does not
+        # validate makes the call skipped (status None).
+        state = call_state(data)
+        status, gave_up, version = (
+            (state.status, state.abandoned, state.model_version) if state else (None, False, None)
+        )
         if blob is not None:
             prefix = read_prefix(blob)  # the token stream goes out compressed, as stored
             base_seq = prefix.base_seq
@@ -250,24 +300,18 @@ def record_parts(conn: sa.Connection, rollout_ids: Sequence[str]) -> list[Rollou
         if call.tokens:
             index[seq] = len(rollout.calls)
         rollout.calls.append(call)
-    return [parts[rid] for rid in dict.fromkeys(rollout_ids)]
+    return [parts[rid] for rid in rollout_ids]
 
 
 def _whole_call(
     seq: int, data: dict[str, Any], status: Any, gave_up: Any, version: Any
 ) -> CallParts:
     """A call stored whole (before packing, or not packable) as the batch carries it."""
-    prompt = token_array(data.get("prompt_token_ids"))
-    response = token_array(data.get("response_token_ids", []))
+    prompt = token_ids(data.get("prompt_token_ids", []))
+    response = token_ids(data.get("response_token_ids", []))
     if prompt is None or response is None:
         return CallParts(seq, -1, 0, 0, 0, "none", status, gave_up, version, tokens=False)
-    raw = data.get("response_logprobs")
-    logprobs = None
-    if isinstance(raw, list) and len(raw) == response.size:
-        try:
-            logprobs = np.asarray(raw, dtype=np.float32)
-        except (TypeError, ValueError):
-            logprobs = None
+    logprobs = response_logprobs(data.get("response_logprobs"), response.size)
     kind = "none" if logprobs is None else "f4"
     arrays = (prompt, response, logprobs)
     return CallParts(

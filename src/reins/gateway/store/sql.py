@@ -40,10 +40,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from reins.gateway import jsonrule
 from reins.gateway.store import Conflict, NotFound
-from reins.gateway.store.appends import Key, PendingAppend, insert_events
+from reins.gateway.store.appends import PendingAppend, insert_events
 from reins.gateway.store.board import ReplicaBoard
 from reins.gateway.store.journal import CLEAR_FROM_BYTES, CallJournal, JournaledPost
-from reins.gateway.store.packing import Packer, expand_rows, packed_event_of, record_parts
+from reins.gateway.store.packing import Key, Packer, expand_rows, packed_event_of, record_parts
 from reins.gateway.store.reads import DashboardReads, rollout_filters
 from reins.gateway.store.tables import (
     ATTEMPT_STATE,
@@ -89,10 +89,10 @@ logger = logging.getLogger(__name__)
 
 _ROLLOUT_CHANGE = "rollout_change"
 Written = tuple[
-    list[tuple[int, str, int, str]], list[Event], dict[tuple[str, int], str], dict[int, Packed]
+    list[tuple[int, str, int, str]], list[Event], dict[tuple[str, int], str], dict[Key, Packed]
 ]
 """A group commit's outcome: (seq, rollout, attempt, key) of each inserted event, the stored
-events of replayed keys, why each closed attempt refused its harness, the packed rows by index."""
+events of replayed keys, why each closed attempt refused its harness, the packed rows by key."""
 _MAX_EVENTS_PER_COMMIT = 2000
 SQLITE_PAGE_SIZE = 65536
 """The page size of a new SQLite database (SQLite's largest; an existing one keeps its own). A
@@ -174,6 +174,12 @@ def _log_unstored(done: asyncio.Future[list[Event]]) -> None:
     have closed its attempt, since closes wait for journaled calls."""
     if not done.cancelled() and done.exception() is not None:
         logger.error("a call answered from the journal was not stored: %s", done.exception())
+
+
+def _same_json(stored: Any, posted: jsonrule.Encoded) -> bool:
+    """Whether a stored event's data is the posted document exactly: as JSON, where `1`,
+    `1.0` and `true` differ, and so do `0.0` and `-0.0` and the order of keys."""
+    return stored is posted.value or jsonrule.encode(stored).text == posted.text
 
 
 class SqlStore(DashboardReads):
@@ -854,10 +860,9 @@ class SqlStore(DashboardReads):
                     (r, a) for r, a in check if (r, a) not in closed and r not in self._closing
                 )
         stored = {(e.rollout_id, e.attempt_id, e.idempotency_key): e for e in replayed}
-        index = {key: i for i, key in enumerate(fresh)}
         for seq, rollout_id, attempt_id, key in inserted:
             row = fresh[(rollout_id, attempt_id, key)]
-            packing = packed.get(index[(rollout_id, attempt_id, key)])
+            packing = packed.get((rollout_id, attempt_id, key))
             if packing is not None:  # committed: a base for the attempt's next calls
                 self._packer.remember((rollout_id, attempt_id), packing.as_base(seq))
             stored[(rollout_id, attempt_id, key)] = Event.model_construct(
@@ -889,9 +894,11 @@ class SqlStore(DashboardReads):
         check: set[tuple[str, int]],
     ) -> Written:
         """One group commit's statements: the rows packed, inserted, the replays read back."""
-        params, packed = self._packer.pack_rows(conn, rows)
-        inserted, replayed, closed = insert_events(conn, self._insert, params, harness_keys, check)
-        return inserted, expand_rows(conn, replayed), closed, packed
+        packing = self._packer.commit(conn)
+        inserted, replayed, closed = insert_events(
+            conn, self._insert, rows, harness_keys, check, packing
+        )
+        return inserted, expand_rows(conn, replayed), closed, packing.packed
 
     @staticmethod
     def _resolve(
@@ -906,7 +913,7 @@ class SqlStore(DashboardReads):
                 append.done.set_exception(Conflict(refusal))
                 return
             assert event is not None
-            if event.type != row["type"] or event.data != row["data"].value:
+            if event.type != row["type"] or not _same_json(event.data, row["data"]):
                 append.done.set_exception(
                     Conflict(
                         f"idempotency key {row['idempotency_key']} of rollout "
