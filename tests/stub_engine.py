@@ -8,7 +8,8 @@ path is tested against vLLM (`tests/engine`).
 
 Controls, in the request body: `stub_status` (answer with this error status), `stub_delay_s`
 (sleep before answering), `stub_raw` (answer 200 with this text, not JSON), `stub_chunk_delay_s`
-(sleep between streamed chunks), `stub_reply` (the text to answer).
+(sleep between streamed chunks), `stub_reply` (the text to answer). `app.state.chunk_delay_s`
+slows every stream that does not say otherwise (a wire API's request carries no stub controls).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def _logprobs(tokens: list[int]) -> list[float]:
 def create_stub_app(weight_version: int | None = None) -> FastAPI:
     app = FastAPI()
     app.state.requests = []
+    app.state.chunk_delay_s = 0.0
 
     async def _common(request: Request) -> tuple[dict[str, Any], Response | None]:
         body = await request.json()
@@ -87,7 +89,9 @@ def create_stub_app(weight_version: int | None = None) -> FastAPI:
         replies = [reply if i == 0 else f"{reply} #{i}" for i in range(n)]
         if body.get("stream"):
             return StreamingResponse(
-                _chat_stream(body, prompt, replies[0]),
+                _chat_stream(
+                    {"stub_chunk_delay_s": app.state.chunk_delay_s, **body}, prompt, replies[0]
+                ),
                 media_type="text/event-stream",
                 headers=_headers(),
             )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import struct
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -194,6 +196,15 @@ def test_records_read_back_exactly_up_to_a_torn_one() -> None:
     flipped = bytearray(raw)
     flipped[first + 12] ^= 0xFF
     assert [p.rows[0]["idempotency_key"] for p in decode_posts(bytes(flipped))[0]] == ["a"]
+    # A tail of zeros (what an OS crash can leave): its empty payload matches the CRC 0. And a
+    # record whose CRC matches but which is not a record.
+    keys = ["a", "b", "c"]
+    zeros, used = decode_posts(raw + bytes(4096))
+    assert ([p.rows[0]["idempotency_key"] for p in zeros], used) == (keys, len(raw))
+    junk = b"not json"
+    framed = struct.pack("<II", len(junk), zlib.crc32(junk)) + junk
+    after_junk, used = decode_posts(raw + framed + encode_post(posts[0]))
+    assert ([p.rows[0]["idempotency_key"] for p in after_junk], used) == (keys, len(raw))
 
 
 def test_a_second_process_on_the_same_database_does_without_the_journal(tmp_path: Path) -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from tests.conftest import Gateway
@@ -92,6 +94,57 @@ def test_a_call_on_a_superseded_attempt_is_409(
     assert len(calls(gateway, 1)) == earlier_calls and calls(gateway, 2) == []
 
 
+@pytest.mark.parametrize("earlier_calls", [0, 1])
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_a_stream_whose_attempt_closes_before_its_end_ends_in_an_error_in_each_api(
+    gateway: Gateway, token: str, stub: StubEngine, api: str, earlier_calls: int
+) -> None:
+    """The attempt is superseded once the harness has its first streamed event; the answer
+    is then not recorded, and every wire API's stream must say so at its end (not close as a
+    complete answer the harness would go on with)."""
+    call_first(gateway, token, earlier_calls)
+    stub.app.state.chunk_delay_s = 0.3  # five chunks: the close lands before the last
+    base = chat_url(gateway).removesuffix("/openai/v1/chat/completions")
+    seen: list[str] = []
+
+    def close_after_first_event(kind: str) -> None:
+        seen.append(kind)
+        if len(seen) == 1:
+            gateway.http.post("/api/rollouts/r/attempts", json={"reason": "agent timed out"})
+
+    if api == "chat":
+        client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key=token, max_retries=0)
+        with pytest.raises(openai.APIError, match="this answer was not recorded"):
+            stream = client.chat.completions.create(model="policy", messages=MESSAGES, stream=True)
+            for chunk in stream:
+                close_after_first_event(chunk.object)
+    elif api == "messages":
+        messages = anthropic.Anthropic(base_url=f"{base}/anthropic", api_key=token, max_retries=0)
+        with (
+            pytest.raises(anthropic.APIError, match="this answer was not recorded"),
+            messages.messages.stream(model="policy", max_tokens=64, messages=MESSAGES) as events,
+        ):
+            for event in events:
+                close_after_first_event(event.type)
+    else:
+        client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key=token, max_retries=0)
+        failed = []
+        with (
+            pytest.raises(RuntimeError, match=r"response\.completed"),
+            client.responses.stream(model="policy", input="hi") as events,
+        ):
+            for event in events:
+                close_after_first_event(event.type)
+                if event.type == "response.failed":
+                    failed.append(event.response)
+            events.get_final_response()
+        assert seen[-1] == "response.failed" and "response.completed" not in seen
+        assert failed[0].status == "failed" and failed[0].error is not None
+        assert "this answer was not recorded" in failed[0].error.message
+    assert len(seen) > 1
+    assert len(calls(gateway, 1)) == earlier_calls and calls(gateway, 2) == []
+
+
 def test_an_open_attempt_still_calls(gateway: Gateway, token: str) -> None:
     assert post(gateway, token, {"messages": MESSAGES}).status_code == 200
     assert len(calls(gateway)) == 1
@@ -165,6 +218,34 @@ def test_an_engine_answer_json_cannot_carry_is_a_recorded_502(
     assert call["status"] == 502
     assert field in call["error"]
     assert not call["response_token_ids"] and call["response_logprobs"] in (None, [])
+    assert_still_readable(gateway)
+
+
+@pytest.mark.parametrize(
+    "ids", ['["a", 104]', "[1.5, 104]", "[null, 104]", "[-1, 104]", "[1099511627776, 104]",
+            "[true, 104]", '{"x": 1}', "[1180591620717411303424, 104]"],
+)  # fmt: skip
+def test_engine_token_ids_that_are_not_token_ids_are_recorded_untrainable(
+    gateway: Gateway, token: str, ids: str
+) -> None:
+    """The harness gets its answer (as from an engine that returned no token IDs); the record
+    says why it cannot be trained on and holds no such IDs; the next call is served and
+    reused as usual."""
+    raw = _completion("-0.1").replace('"prompt_token_ids": [1, 2, 3]', f'"prompt_token_ids": {ids}')
+    logprob_is_text = _completion("-0.1").replace('"logprob": -0.1', '"logprob": "low"')
+    response = post(gateway, token, {"messages": MESSAGES, "stub_raw": raw})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == "hi"
+    (call,) = calls(gateway)
+    assert (call["prompt_token_ids"], call["response_token_ids"]) == ([], [])
+    assert "not ints from 0 to 2**31 - 1" in call["error"]
+    # A logprob that is not a number: the tokens are kept, the logprobs are unknown.
+    assert (
+        post(gateway, token, {"messages": MESSAGES, "stub_raw": logprob_is_text}).status_code == 200
+    )
+    assert calls(gateway)[1]["response_logprobs"] is None
+    assert post(gateway, token, {"messages": MESSAGES}).status_code == 200
+    assert calls(gateway)[2]["prompt_token_ids"] and not calls(gateway)[2]["error"]
     assert_still_readable(gateway)
 
 

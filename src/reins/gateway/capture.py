@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, JsonValue
 
 from reins.disconnect import CLIENT_CLOSED_REQUEST
+from reins.samples.records import token_ids
 from reins.schemas import ModelRequest
 
 Kind = Literal["chat", "completions"]
@@ -78,12 +79,22 @@ def strip_for_harness(payload: dict[str, Any], body: dict[str, Any], kind: Kind)
 
 
 def _logprobs_of(choice: dict[str, Any], kind: Kind) -> list[float]:
+    """The choice's logprobs; none when the engine's are not numbers (the record then says
+    that their count does not match the tokens')."""
     logprobs = choice.get("logprobs")
     if not isinstance(logprobs, dict):
         return []
-    if kind == "chat":
-        return [float(item["logprob"]) for item in logprobs.get("content") or ()]
-    return [float(value) for value in logprobs.get("token_logprobs") or () if value is not None]
+    try:
+        if kind == "chat":
+            return [float(item["logprob"]) for item in logprobs.get("content") or ()]
+        return [float(value) for value in logprobs.get("token_logprobs") or () if value is not None]
+    except (TypeError, ValueError, KeyError):
+        return []
+
+
+def _sample(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass
@@ -204,7 +215,15 @@ def _record(
     stop_reason: str | int | None = None,
 ) -> ModelRequest:
     problem = None
-    if prompt and not response and finish_reason == "stop":
+    if token_ids(prompt) is None or token_ids(response) is None:
+        # Not recorded as sent (they would break token reuse and the store's packing); the
+        # harness still gets its answer, as for an engine that returned no token IDs.
+        problem = (
+            "the engine returned token IDs that are not ints from 0 to 2**31 - 1 (prompt "
+            f"{_sample(prompt)}, response {_sample(response)}); this call cannot be trained on"
+        )
+        prompt, response, logprobs = [], [], []
+    elif prompt and not response and finish_reason == "stop":
         problem = "the response is empty (it ended at once, at a stop); nothing to train on"
     elif not prompt or not response:
         problem = (

@@ -657,8 +657,8 @@ class LLMProxy:
         try:
             await self._record(rollout_id, attempt_id, records)
         except Conflict as closed:
-            refusal = {"error": {"message": f"{closed}; this answer was not recorded"}}
-            for event in translation.stream_events(refusal):
+            # The closing events (built above, to assemble the answer) are not sent.
+            for event in translation.stream_refusal(f"{closed}; this answer was not recorded"):
                 yield event
             return
         for event in closing:

@@ -71,31 +71,40 @@ def encode_post(post: JournaledPost) -> bytes:
 
 def decode_posts(raw: bytes) -> tuple[list[JournaledPost], int]:
     """The whole records at the start of `raw`, and the bytes they take: reading stops at the
-    first record that is cut short or does not match its CRC (the write a crash interrupted)."""
+    first record that is cut short, does not match its CRC or is not a record (the write a
+    crash interrupted; an OS crash can leave a tail of zeros, whose empty payload matches the
+    CRC 0)."""
     posts: list[JournaledPost] = []
     offset = 0
     while offset + _FRAME.size <= len(raw):
         size, crc = _FRAME.unpack_from(raw, offset)
         start = offset + _FRAME.size
         payload = raw[start : start + size]
-        if len(payload) < size or zlib.crc32(payload) != crc:
+        if not size or len(payload) < size or zlib.crc32(payload) != crc:
             break
-        record = json.loads(payload)  # the standard reader: integers of any size stay exact
-        rows = [
-            {
-                "rollout_id": record["rollout_id"],
-                "attempt_id": record["attempt_id"],
-                "type": row["type"],
-                "idempotency_key": row["idempotency_key"],
-                "created_at": row["created_at"],
-                # Encoded again as the store encodes a post: the same text as before.
-                "data": jsonrule.encode(row["data"], ("data",)),
-            }
-            for row in record["rows"]
-        ]
-        posts.append(JournaledPost(record["rollout_id"], record["attempt_id"], rows))
+        try:
+            posts.append(_post_of(payload))
+        except (ValueError, KeyError, TypeError, jsonrule.JsonRuleError):
+            break
         offset = start + size
     return posts, offset
+
+
+def _post_of(payload: bytes) -> JournaledPost:
+    record = json.loads(payload)  # the standard reader: integers of any size stay exact
+    rows = [
+        {
+            "rollout_id": record["rollout_id"],
+            "attempt_id": record["attempt_id"],
+            "type": row["type"],
+            "idempotency_key": row["idempotency_key"],
+            "created_at": row["created_at"],
+            # Encoded again as the store encodes a post: the same text as before.
+            "data": jsonrule.encode(row["data"], ("data",)),
+        }
+        for row in record["rows"]
+    ]
+    return JournaledPost(record["rollout_id"], record["attempt_id"], rows)
 
 
 class CallJournal:

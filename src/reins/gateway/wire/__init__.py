@@ -66,6 +66,11 @@ class Translation(Protocol):
         """After `stream_end`: the streamed answer as one non-streamed answer would be."""
         ...
 
+    def stream_refusal(self, message: str) -> list[bytes]:
+        """After `stream_end`, sent instead of its closing events: the stream ends in an error
+        (the attempt closed while the call ran, so the answer was not recorded)."""
+        ...
+
 
 class WireApi(Protocol):
     """A wire API module (`responses`, `messages`)."""

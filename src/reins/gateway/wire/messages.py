@@ -507,6 +507,9 @@ class Translation:
         events.append(sse("message_stop", {"type": "message_stop"}))
         return events
 
+    def stream_refusal(self, message: str) -> list[bytes]:
+        return [sse("error", error_body(409, message))]
+
     def assembled(self) -> dict[str, Any]:
         """The streamed answer as one Messages answer (after an engine error: the error body,
         which is what the harness got)."""

@@ -567,6 +567,15 @@ class Translation:
         self._finish()
         return self._take()
 
+    def stream_refusal(self, message: str) -> list[bytes]:
+        """`response.failed` in place of the `response.completed` that was not sent."""
+        self._final = {
+            **self._response("failed"),
+            "error": {"code": "conflict", "message": message},
+        }
+        self._emit("response.failed", response=self._final)
+        return self._take()
+
     def assembled(self) -> dict[str, Any]:
         """The whole `Response` as the harness received it (after `stream_end` or `answer`)."""
         return self._final if self._final is not None else self._response("in_progress")
