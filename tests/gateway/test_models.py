@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import httpx
+
 from tests.conftest import Gateway
+from tests.stub_engine import StubEngine
 
 A = "http://127.0.0.1:8001/v1"
 B = "http://127.0.0.1:8002/v1"
@@ -47,3 +50,21 @@ def test_an_endpoint_must_be_an_http_url(gateway: Gateway) -> None:
     response = gateway.http.post("/api/models", json={"model": "a", "endpoint": "ftp://x"})
     assert response.status_code == 422
     assert "endpoint" in response.json()["error"]
+
+
+def test_a_name_the_proxy_does_not_know_goes_to_the_first_registered_model(
+    gateway: Gateway, stub: StubEngine
+) -> None:
+    # Registered first but last by name: the default is the registration order, not the name's.
+    gateway.http.post("/api/models", json={"model": "zeta", "endpoint": stub.base_url})
+    gateway.http.post("/api/models", json={"model": "alpha", "endpoint": "http://127.0.0.1:9/v1"})
+    assert [m["model"] for m in gateway.http.get("/api/models").json()] == ["zeta", "alpha"]
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    response = httpx.post(
+        f"{gateway.url}/proxy/rollout/r/attempt/1/mode/train/openai/v1/chat/completions",
+        json={"model": "claude-sonnet", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": f"Bearer {gateway.api_key}"},
+    )
+    assert response.status_code == 200
+    (event,) = gateway.http.get("/api/rollouts/r/events").json()
+    assert (event["data"]["model"], event["data"]["endpoint"]) == ("zeta", stub.base_url)

@@ -1042,6 +1042,8 @@ class SqlStore(DashboardReads):
         grouped: dict[str, list[sa.Row[Any]]] = {}
         for row in rows:
             grouped.setdefault(row.model, []).append(row)
+        # First registered first: the proxy sends a name it does not know to the first model.
+        by_registration = sorted(grouped.items(), key=lambda item: item[1][0].created_at)
         return [
             Model(
                 model=name,
@@ -1051,7 +1053,7 @@ class SqlStore(DashboardReads):
                 weight_version=max(r.weight_version for r in group),
                 updated_at=ts(max(r.updated_at for r in group)),
             )
-            for name, group in grouped.items()
+            for name, group in by_registration
         ]
 
     async def delete_models(self, model: str | None = None) -> int:
