@@ -12,6 +12,10 @@ Field paths read (vLLM >= 0.10 and the embedded engine):
   `choices[i].logprobs.token_logprobs`.
 - streaming: the same fields on each chunk, token IDs and logprobs of that chunk's delta only;
   `prompt_token_ids` on the first chunk that carries it.
+
+A call that did not end in an answer (the engine's `error`, an answer with no choices, a stream
+that broke off or carried an error chunk) is recorded as one failed call (status 502, its error,
+no tokens), never as a trainable answer: the harness was told it failed.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, JsonValue
 
 from reins.disconnect import CLIENT_CLOSED_REQUEST
+from reins.gateway.wire import tool_call_index
 from reins.samples.records import token_ids
 from reins.schemas import ModelRequest
 
@@ -161,6 +166,22 @@ def answer_and_records(
     return shown, records
 
 
+def error_text(error: Any) -> str:
+    """The message of an engine's `error` field (OpenAI's `{"message": ...}` or a string)."""
+    message = error.get("message") if isinstance(error, dict) else error
+    return str(message or error)
+
+
+def answer_failure(payload: dict[str, Any]) -> str | None:
+    """Why an engine's 200 answer is no answer (its `error`, or no choices); None when it is."""
+    if payload.get("error") is not None:
+        return f"the engine answered an error: {error_text(payload['error'])}"
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not any(isinstance(c, dict) for c in choices):
+        return "the engine answered with no choices"
+    return None
+
+
 def error_record(facts: CallFacts, status: int, error: str) -> ModelRequest:
     """The record of a call the engine refused or could not be reached for."""
     return ModelRequest.model_construct(
@@ -276,6 +297,8 @@ class _ChoiceState:
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    last_call: int | None = None
+    """The index of the tool call the last tool-call delta added to."""
 
 
 class StreamRecorder:
@@ -287,8 +310,25 @@ class StreamRecorder:
         self.choices: dict[int, _ChoiceState] = {}
         self.head: dict[str, Any] = {}
         self.usage: Any = None
+        self.error: str | None = None
+        """Why the stream failed (an engine error chunk, a break-off), once it has."""
+
+    def fail(self, error: str) -> None:
+        """The stream failed: its call is recorded as failed (the first reason is kept)."""
+        if self.error is None:
+            self.error = error
+
+    @property
+    def failure(self) -> str | None:
+        """Why the stream so far is no answer: it failed, or it carried no choices."""
+        if self.error is None and not self.choices:
+            return "the engine's stream ended with no answer (no choices)"
+        return self.error
 
     def feed(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("error") is not None:
+            self.fail(f"the engine's stream ended in an error: {error_text(chunk['error'])}")
+            return
         if not self.head:
             self.head = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
         if chunk.get("prompt_token_ids"):
@@ -312,8 +352,9 @@ class StreamRecorder:
             state.text += delta.get("content") or ""
             state.reasoning += delta.get("reasoning_content") or delta.get("reasoning") or ""
             for call in delta.get("tool_calls") or ():
+                state.last_call = tool_call_index(call, state.last_call)
                 slot = state.tool_calls.setdefault(
-                    int(call.get("index", 0)),
+                    state.last_call,
                     {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
                 )
                 slot["id"] = call.get("id") or slot["id"]
@@ -341,6 +382,9 @@ class StreamRecorder:
         return {**self.head, "object": kind, "choices": [choice], "usage": self.usage}
 
     def records(self) -> list[ModelRequest]:
+        """One record per choice; one failed call's (502) when the stream is no answer."""
+        if self.failure is not None:
+            return [error_record(self.facts, 502, self.failure)]
         return [
             _record(
                 self.facts,

@@ -35,6 +35,7 @@ from reins.gateway.capture import (
     StreamRecorder,
     abandoned_records,
     answer_and_records,
+    answer_failure,
     error_record,
     strip_for_harness,
     upstream_body,
@@ -245,9 +246,12 @@ class LLMProxy:
         completions and back (`reins.gateway.wire`), recorded like a chat call, with the request
         and the answer as the harness saw them and `kind` naming the API."""
 
-        def failure(status: int, message: str, kind: str | None = None) -> Response:
+        def failure(
+            status: int, message: str, kind: str | None = None, param: str | None = None
+        ) -> Response:
             headers = {"Retry-After": "30"} if status == 503 else None
-            return JSONResponse(api.error_body(status, message, kind), status, headers=headers)
+            body = api.error_body(status, message, kind, param=param)
+            return JSONResponse(body, status, headers=headers)
 
         facts = CallFacts(
             kind="chat",
@@ -267,7 +271,7 @@ class LLMProxy:
             await self._record(
                 rollout_id, attempt_id, [error_record(facts, error.status, error.message)]
             )
-            return failure(error.status, error.message, error.kind)
+            return failure(error.status, error.message, error.kind, error.param)
         facts.notes = translation.notes  # the same list: notes made while answering count too
         opened = await self._open(body.get("model"), rollout_id, failure)
         if isinstance(opened, Response):
@@ -387,7 +391,10 @@ class LLMProxy:
         media = upstream.headers.get("content-type", "")
         if upstream.status < 400 and facts.stream and not media.startswith("text/event-stream"):
             # A stream request answered with anything else: a failure, recorded (issue #19).
-            text = (await _read_body(upstream)).decode(errors="replace")
+            body = await self._body(upstream, facts, started, rollout_id, attempt_id)
+            if isinstance(body, _Failed):
+                return body
+            text = body.decode(errors="replace")
             facts.latency_s = time.perf_counter() - started
             failure = (
                 f"the engine at {endpoint} answered a stream request with {media or 'no type'}, "
@@ -400,7 +407,9 @@ class LLMProxy:
                 heard = heard or upstream.headers.get(REUSE_HEADER)
                 self.reuse.answered(facts.request, endpoint, heard)
             return upstream
-        content = await _read_body(upstream)
+        content = await self._body(upstream, facts, started, rollout_id, attempt_id)
+        if isinstance(content, _Failed):
+            return content
         facts.latency_s = time.perf_counter() - started
         text = content.decode(errors="replace")
         await self._record(rollout_id, attempt_id, [error_record(facts, upstream.status, text)])
@@ -416,7 +425,10 @@ class LLMProxy:
         rollout_id: str,
         attempt_id: int,
     ) -> dict[str, Any] | _Failed:
-        content = await _read_body(upstream)
+        """The engine's 200 answer; one that is no answer is recorded and returned as failed."""
+        content = await self._body(upstream, facts, started, rollout_id, attempt_id)
+        if isinstance(content, _Failed):
+            return content
         facts.latency_s = time.perf_counter() - started
         try:
             # The gateway's JSON rule: a NaN logprob (or any value JSON cannot carry) from the
@@ -432,7 +444,29 @@ class LLMProxy:
             failure = f"the engine at {facts.endpoint} answered 200 with a body that is not JSON"
             await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
             return _Failed(502, failure, "bad_upstream_answer")
+        no_answer = answer_failure(payload)
+        if no_answer is not None:
+            await self._record(rollout_id, attempt_id, [error_record(facts, 502, no_answer)])
+            return _Failed(502, no_answer, "upstream_error")
         return payload
+
+    async def _body(
+        self,
+        upstream: Upstream,
+        facts: CallFacts,
+        started: float,
+        rollout_id: str,
+        attempt_id: int,
+    ) -> bytes | _Failed:
+        """The engine's body; one that stalls past the read timeout or breaks off after the
+        headers is a failed call, recorded (502)."""
+        try:
+            return await _read_body(upstream)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            facts.latency_s = time.perf_counter() - started
+            failure = f"the engine at {facts.endpoint} broke off its answer: {error!r}"
+            await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
+            return _Failed(502, failure, "bad_upstream_answer")
 
     async def _served_name(self, endpoint: str, registered: str) -> str:
         """The name the engine at `endpoint` answers to.
@@ -562,6 +596,10 @@ class LLMProxy:
             return
         finally:
             call.end_upstream()
+        empty = call.recorder.failure
+        if empty is not None and call.recorder.error is None:  # not told yet: no choices came
+            yield await self._stream_failure(call, facts, started, rollout_id, attempt_id, empty)
+            return
         facts.latency_s = time.perf_counter() - started
         # Recorded before the stream ends, so a finished call is always a recorded call.
         call.recorded = True
@@ -587,8 +625,9 @@ class LLMProxy:
         """Records a chat stream that failed midway (502) and returns the error event."""
         facts.latency_s = time.perf_counter() - started
         call.recorded = True
+        call.recorder.fail(failure)
         with contextlib.suppress(Conflict):  # the attempt closed meanwhile: nothing to add
-            await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
+            await self._record(rollout_id, attempt_id, call.recorder.records())
         error = {"message": failure, "type": "bad_upstream_answer", "code": 502}
         return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
 
@@ -638,17 +677,20 @@ class LLMProxy:
                 call.recorder.feed(chunk)
                 for event in translation.stream_events(chunk):
                     yield event
+                if call.recorder.error is not None:
+                    break  # the harness was told the call failed; nothing more is sent
         except (aiohttp.ClientError, TimeoutError) as error:
-            # Told to the harness in its API's shape, like an error the engine sent.
-            problem = f"the engine's stream broke off: {error!r}"
-            call.recorder.feed({"error": {"message": problem}})
-            for event in translation.stream_events({"error": {"message": problem}}):
-                yield event
+            call.recorder.fail(f"the engine's stream broke off: {error!r}")
         finally:
             call.end_upstream()
+        failure = call.recorder.failure
+        if failure is not None:
+            # Told to the harness in its API's shape (a second error chunk adds no event).
+            for event in translation.stream_events({"error": {"message": failure}}):
+                yield event
         closing = translation.stream_end()
         facts.latency_s = time.perf_counter() - started
-        records = call.recorder.records()
+        records = call.recorder.records()  # a failed call's one record, when it failed
         answer = translation.assembled()
         for record in records:
             record.response = answer
@@ -657,6 +699,9 @@ class LLMProxy:
         try:
             await self._record(rollout_id, attempt_id, records)
         except Conflict as closed:
+            if failure is not None:
+                return  # the harness was told the call failed already
+
             # The closing events (built above, to assemble the answer) are not sent.
             for event in translation.stream_refusal(f"{closed}; this answer was not recorded"):
                 yield event

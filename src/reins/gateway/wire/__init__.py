@@ -32,6 +32,16 @@ class WireError(Exception):
         self.kind = kind
 
 
+def tool_call_index(call: Any, last: int | None) -> int:
+    """The index of the tool call a streamed tool-call delta belongs to: its `index`; without
+    one, the call the last delta added to (0 for the first), as every reader of a stream counts
+    it. A whole message's calls carry no index: their positions are given as indexes first."""
+    index = call.get("index") if isinstance(call, dict) else None
+    if isinstance(index, int) and not isinstance(index, bool):
+        return index
+    return 0 if last is None else last
+
+
 def sse(event: str | None, data: dict[str, Any]) -> bytes:
     """One server-sent event: `event: NAME` (when named) and its JSON `data`."""
     head = f"event: {event}\n" if event else ""
@@ -78,8 +88,11 @@ class WireApi(Protocol):
     KIND: str
     """The recorded `kind` of its calls."""
 
-    def error_body(self, status: int, message: str, kind: str | None = None) -> dict[str, Any]:
-        """An error in this API's own shape."""
+    def error_body(
+        self, status: int, message: str, kind: str | None = None, *, param: str | None = None
+    ) -> dict[str, Any]:
+        """An error in this API's own shape (`param`: the request field at fault, where the
+        shape has a place for it)."""
         ...
 
     def translate(self, body: dict[str, Any]) -> Translation:

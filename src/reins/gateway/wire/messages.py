@@ -70,8 +70,11 @@ _QUIET = frozenset({
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
-def error_body(status: int, message: str, kind: str | None = None) -> dict[str, Any]:
-    """An error in Anthropic's shape, typed by status unless `kind` says otherwise."""
+def error_body(
+    status: int, message: str, kind: str | None = None, *, param: str | None = None
+) -> dict[str, Any]:
+    """An error in Anthropic's shape, typed by status unless `kind` says otherwise. The shape
+    has no `param`: the message names the field (`_fail`)."""
     if kind is None:
         kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
@@ -447,6 +450,8 @@ class Translation:
             stops=self._stops,
         )
         twin._id = self._id
+        if chat.get("error") is not None:  # answered as the stream answers one: an error
+            twin.stream_events({"error": chat["error"]})
         twin.stream_events({"choices": [whole], "usage": chat.get("usage")})
         twin.stream_end()
         return twin.assembled()

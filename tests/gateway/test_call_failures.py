@@ -1,0 +1,230 @@
+"""A call that did not end in an answer is a failed call in every API: the harness gets an error
+in its API's own shape, and the call is recorded as failed (status 502, its error, no tokens),
+never as a trainable answer. The engine here is scripted (`Script`): it streams chunks and
+then ends, breaks off, stalls or sends an error; or answers a body that breaks off or stalls.
+The harnesses are the real openai and anthropic SDKs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anthropic
+import openai
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from reins.gateway import GatewaySettings
+from reins.serving import BackgroundServer
+from tests.conftest import ADMIN_KEY, Gateway
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+Ending = Literal["done", "cut", "stall"]
+READ_TIMEOUT_S = 0.5
+
+
+@dataclass
+class Script:
+    """What the engine answers next: `chunks` streamed (or `body` sent, for a plain call), then
+    `ending`: done (complete), cut (the connection breaks), stall (past the read timeout)."""
+
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+    body: bytes = b""
+    ending: Ending = "done"
+
+
+def first_chunk(content: str = "Hel") -> dict[str, Any]:
+    logprobs = {"content": [{"token": "h", "logprob": -0.5, "top_logprobs": []}]}
+    choice = {
+        "index": 0,
+        "delta": {"role": "assistant", "content": content},
+        "token_ids": [72],
+        "logprobs": logprobs,
+        "finish_reason": None,
+    }
+    return {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "prompt_token_ids": [1, 2, 3],
+        "choices": [choice],
+    }
+
+
+ENGINE_ERROR = {"error": {"message": "engine died midway", "type": "InternalServerError"}}
+
+
+@pytest.fixture
+def gateway_settings(database_url: str) -> GatewaySettings:
+    return GatewaySettings(
+        database_url=database_url,
+        api_key=ADMIN_KEY,
+        proxy_read_timeout_s=READ_TIMEOUT_S,
+        proxy_retries=0,
+    )
+
+
+@pytest.fixture
+def script() -> Iterator[Script]:
+    yield Script()
+
+
+@pytest.fixture
+def token(gateway: Gateway, script: Script) -> Iterator[str]:
+    async def chat(request: Request) -> Response:
+        streamed = (await request.json()).get("stream")
+        parts = [f"data: {json.dumps(c)}\n\n".encode() for c in script.chunks] if streamed else []
+
+        async def body() -> AsyncIterator[bytes]:
+            for part in parts or [script.body]:
+                yield part
+            if script.ending == "cut":
+                raise RuntimeError("the engine's connection breaks")
+            if script.ending == "stall":
+                await asyncio.sleep(10 * READ_TIMEOUT_S)
+            if streamed:
+                yield b"data: [DONE]\n\n"
+
+        media = "text/event-stream" if streamed else "application/json"
+        return StreamingResponse(body(), media_type=media)
+
+    routes = [Route("/v1/chat/completions", chat, methods=["POST"])]
+    engine = BackgroundServer(Starlette(routes=routes)).start()
+    try:
+        gateway.http.post("/api/models", json={"model": "m", "endpoint": f"{engine.url}/v1"})
+        gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+        yield str(gateway.http.post("/api/rollouts/r/attempts").json()["token"])
+    finally:
+        engine.stop()
+
+
+def calls(gateway: Gateway) -> list[dict[str, Any]]:
+    response = gateway.http.get("/api/rollouts/r/events", params={"type": "model_request"})
+    assert response.status_code == 200, response.text
+    return [event["data"] for event in response.json()]
+
+
+def base(gateway: Gateway) -> str:
+    return f"{gateway.url}/proxy/rollout/r/attempt/1/mode/train"
+
+
+def streamed_failure(gateway: Gateway, token: str, api: str) -> str:
+    """Streams one call in `api` with its SDK; the error the harness was told."""
+    if api == "messages":
+        client = anthropic.Anthropic(base_url=f"{base(gateway)}/anthropic", api_key=token)
+        with pytest.raises(anthropic.APIError) as raised:
+            for _ in client.messages.create(
+                model="m", max_tokens=16, messages=MESSAGES, stream=True
+            ):
+                pass
+        body = raised.value.body  # type: ignore[attr-defined]
+        return str(body["error"]["message"])
+    client_ = openai.OpenAI(base_url=f"{base(gateway)}/openai/v1", api_key=token, max_retries=0)
+    if api == "chat":
+        with pytest.raises(openai.APIError) as failed:
+            for _ in client_.chat.completions.create(model="m", messages=MESSAGES, stream=True):
+                pass
+        return str(failed.value)
+    events = list(client_.responses.create(model="m", input="hi", stream=True))
+    kinds = [event.type for event in events]
+    assert kinds[-1] == "response.failed" and "response.completed" not in kinds, kinds
+    error = events[-1].response.error  # type: ignore[union-attr]
+    assert error is not None
+    return error.message
+
+
+def plain_failure(gateway: Gateway, token: str, api: str) -> tuple[int, str]:
+    """One non-streamed call in `api` with its SDK: the error status and message it raised."""
+    try:
+        if api == "messages":
+            client = anthropic.Anthropic(
+                base_url=f"{base(gateway)}/anthropic", api_key=token, max_retries=0
+            )
+            client.messages.create(model="m", max_tokens=16, messages=MESSAGES)
+        else:
+            client_ = openai.OpenAI(
+                base_url=f"{base(gateway)}/openai/v1", api_key=token, max_retries=0
+            )
+            if api == "chat":
+                client_.chat.completions.create(model="m", messages=MESSAGES)
+            else:
+                client_.responses.create(model="m", input="hi")
+    except (anthropic.APIStatusError, openai.APIStatusError) as error:
+        return error.status_code, error.message
+    raise AssertionError(f"the {api} call did not fail")
+
+
+def assert_one_failed_call(gateway: Gateway, api: str, says: str) -> None:
+    (call,) = calls(gateway)
+    assert call["status"] == 502, call
+    assert says in call["error"]
+    assert call["kind"] == api
+    assert call["response_token_ids"] == [] and call["response_logprobs"] is None
+    assert call["finish_reason"] is None
+
+
+APIS = ["chat", "responses", "messages"]
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("ending", ["cut", "stall", "error"])
+def test_a_stream_that_breaks_off_or_fails_midway_is_a_failed_call(
+    gateway: Gateway, token: str, script: Script, api: str, ending: str
+) -> None:
+    script.chunks = [first_chunk()] + ([ENGINE_ERROR] if ending == "error" else [])
+    script.ending = "done" if ending == "error" else ending  # type: ignore[assignment]
+    says = "engine died midway" if ending == "error" else "the engine's stream broke off"
+    assert says in streamed_failure(gateway, token, api)
+    assert_one_failed_call(gateway, api, says)
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("ending", ["cut", "stall"])
+def test_a_plain_answer_that_breaks_off_after_its_headers_is_a_recorded_502(
+    gateway: Gateway, token: str, script: Script, api: str, ending: Ending
+) -> None:
+    script.body, script.ending = b'{"id": "c", "choices": [', ending
+    status, message = plain_failure(gateway, token, api)
+    assert status == 502
+    assert "broke off its answer" in message
+    assert_one_failed_call(gateway, api, "broke off its answer")
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [(ENGINE_ERROR, "engine died midway"), ({"id": "c", "choices": []}, "no choices")],
+    ids=["error", "no-choices"],
+)
+def test_an_answer_that_is_an_error_or_empty_is_a_recorded_error_in_each_api(
+    gateway: Gateway, token: str, script: Script, api: str, answer: dict[str, Any], says: str
+) -> None:
+    script.body = json.dumps(answer).encode()
+    status, message = plain_failure(gateway, token, api)
+    assert status == 502 and says in message
+    assert_one_failed_call(gateway, api, says)
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize(
+    ("chunks", "says"), [([ENGINE_ERROR], "engine died midway"), ([], "no choices")],
+    ids=["error-first", "no-chunks"],
+)  # fmt: skip
+def test_a_stream_that_is_an_error_or_empty_is_a_recorded_error_in_each_api(
+    gateway: Gateway,
+    token: str,
+    script: Script,
+    api: str,
+    chunks: list[dict[str, Any]],
+    says: str,
+) -> None:
+    script.chunks = chunks
+    assert says in streamed_failure(gateway, token, api)
+    assert_one_failed_call(gateway, api, says)
