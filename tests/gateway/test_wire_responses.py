@@ -605,6 +605,74 @@ def test_incremental_tool_call_deltas_vllm_style() -> None:
     ]
 
 
+def interleavings(*runs: list[Any]) -> list[list[Any]]:
+    """Every merge of the runs that keeps each run's own order."""
+    if not any(runs):
+        return [[]]
+    merged = []
+    for position, run in enumerate(runs):
+        if run:
+            rest = [*runs[:position], run[1:], *runs[position + 1 :]]
+            merged += [[run[0], *tail] for tail in interleavings(*rest)]
+    return merged
+
+
+def outline(response: Any) -> list[tuple[Any, ...]]:
+    """The output items without their generated ids."""
+    return [
+        (item.type, getattr(item, "status", None), getattr(item, "call_id", None),
+         getattr(item, "name", None),
+         getattr(item, "arguments", None) or getattr(item, "input", None),
+         item.content[0].text if item.type == "message" else None)
+        for item in response.output
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("finish", ["tool_calls", "length"])
+def test_streamed_parallel_calls_answer_as_the_plain_answer_however_their_pieces_interleave(
+    finish: str,
+) -> None:
+    """vLLM streams the heads of parallel calls, then argument pieces alternating by index,
+    and text may come between them: the streamed answer, its delta events included, is the
+    non-streamed one for every order."""
+    request = body(tools=[EXEC, APPLY_PATCH])
+
+    def head(index: int, name: str) -> dict[str, Any]:
+        function = {"name": name, "arguments": ""}
+        return {"index": index, "id": f"call_{index}", "type": "function", "function": function}
+
+    def piece(index: int, arguments: str) -> dict[str, Any]:
+        return {"index": index, "function": {"arguments": arguments}}
+
+    first = [head(0, "exec_command"), piece(0, '{"cmd": '), piece(0, '"ls"}')]
+    second = [head(1, "apply_patch"), piece(1, '{"input": '), piece(1, '"*** Begin Patch"}')]
+    text = ["Let me ", "look."]
+    plain = translate(request).answer(
+        chat_answer(
+            "Let me look.",
+            calls=[
+                call("exec_command", '{"cmd": "ls"}', "call_0"),
+                call("apply_patch", '{"input": "*** Begin Patch"}', "call_1"),
+            ],
+            finish=finish,
+        )
+    )
+    expected = outline(Response.model_validate(plain))
+    assert [item[0] for item in expected] == ["message", "function_call", "custom_tool_call"]
+    orders = interleavings(first, second, text)
+    assert len(orders) == 560
+    for order in orders:
+        chunks = [
+            chunk(content=part) if isinstance(part, str) else chunk(tool_calls=[part])
+            for part in order
+        ]
+        events, response = stream(request, [*chunks, chunk(finish), USAGE_CHUNK])
+        assert outline(response) == expected, order
+        deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+        assert "".join(e.delta for e in deltas) == '{"cmd": "ls"}', order
+        assert {e.output_index for e in deltas} == {1}, order
+
+
 def test_a_streamed_custom_tool_call_sends_its_input() -> None:
     pieces = ['{"input": "*** Begin', ' Patch\\n"}']
     chunks = [

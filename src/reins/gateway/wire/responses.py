@@ -23,9 +23,11 @@ Invariants and decisions:
   name, `namespace` the namespace's. The map back is built from the request's own tools, and
   two tools with one chat name are a 400, so the mapping is never ambiguous. Hosted tools
   (web_search, file_search, mcp, ...) are dropped with a note.
-- Output items appear in the order their content arrived, one open at a time: text that came
-  before a tool call stays a message item ahead of the calls. Leading whitespace with no text
-  after it is no message (the space before a `<tool_call>`). Engine reasoning
+- Output items: reasoning and text in the order they arrived, one open at a time, then the tool
+  calls. Streamed tool calls are held until the engine's finish (the pieces of parallel calls
+  may interleave, text may come between them), then sent whole in index order with the engine's
+  argument pieces as deltas, so a streamed answer is the non-streamed one. Leading whitespace
+  with no text after it is no message (the space before a `<tool_call>`). Engine reasoning
   (`reasoning_content`) becomes a `reasoning` item with `reasoning_text` content.
 - Streams: every event has `type` and a `sequence_number` counting from 0; `stream_end` closes
   the open item and sends `response.completed` (or `response.incomplete` on length/abort); an
@@ -37,10 +39,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from reins.gateway.wire import WireError, sse
+from reins.gateway.wire import WireError, sse, tool_call_index
 
 KIND = "responses"
 SEPARATOR = "__"
@@ -474,6 +476,15 @@ class _Item:
         return head | ({"namespace": self.namespace} if self.namespace is not None else {})
 
 
+@dataclass
+class _HeldCall:
+    """A streamed tool call, held until it is complete."""
+
+    call_id: str = ""
+    name: str = ""
+    pieces: list[str] = field(default_factory=list)
+
+
 def _usage(usage: Any) -> dict[str, Any]:
     """Responses usage from chat usage (0 for what the engine did not count)."""
     usage = usage if isinstance(usage, dict) else {}
@@ -513,7 +524,8 @@ class Translation:
         self._id, self._created = _new_id("resp"), int(time.time())
         self._items: list[_Item] = []
         self._open: _Item | None = None
-        self._calls: dict[int, _Item] = {}  # the engine's tool-call index -> its item
+        self._calls: dict[int, _HeldCall] = {}  # the engine's tool-call index -> its call
+        self._last_call: int | None = None
         self._pending = ""  # whitespace that may yet start a message
         self._events: list[bytes] = []
         self._sequence = 0
@@ -536,7 +548,14 @@ class Translation:
             choice = choices[0] if isinstance(choices, list) and choices else None
             choice = choice if isinstance(choice, dict) else {}
             message = choice.get("message")
-            self._feed(message if isinstance(message, dict) else {})
+            message = dict(message) if isinstance(message, dict) else {}
+            calls = message.get("tool_calls")
+            if isinstance(calls, list):  # a whole message's calls: their positions are indexes
+                message["tool_calls"] = [
+                    {**call, "index": position} if isinstance(call, dict) else call
+                    for position, call in enumerate(calls)
+                ]
+            self._feed(message)
             self._finish_reason, self._usage = choice.get("finish_reason"), chat.get("usage")
             self._finish()
         self._events.clear()
@@ -556,7 +575,9 @@ class Translation:
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 delta = choice.get("delta")
                 self._feed(delta if isinstance(delta, dict) else {})
-                self._finish_reason = choice.get("finish_reason") or self._finish_reason
+                if choice.get("finish_reason"):
+                    self._finish_reason = choice["finish_reason"]
+                    self._flush_calls()
         return self._take()
 
     def stream_end(self) -> list[bytes]:
@@ -604,10 +625,9 @@ class Translation:
         if isinstance(delta.get("content"), str) and delta["content"]:
             self._text("message", delta["content"])
         calls = delta.get("tool_calls")
-        for position, call in enumerate(calls if isinstance(calls, list) else ()):
+        for call in calls if isinstance(calls, list) else ():
             if isinstance(call, dict):
-                index = call.get("index")
-                self._call(index if isinstance(index, int) else position, call)
+                self._hold(call)
 
     def _text(self, kind: Literal["message", "reasoning"], piece: str) -> None:
         if self._open is None or self._open.kind != kind:
@@ -625,33 +645,44 @@ class Translation:
         name = "output_text" if kind == "message" else "reasoning_text"
         self._emit(f"response.{name}.delta", **self._where(), content_index=0, delta=piece, **extra)
 
-    def _call(self, index: int, call: dict[str, Any]) -> None:
+    def _hold(self, call: dict[str, Any]) -> None:
+        """A tool call's piece, held until the finish (see the module docstring)."""
+        index = self._last_call = tool_call_index(call, self._last_call)
+        held = self._calls.get(index)
+        if held is None:
+            held = self._calls[index] = _HeldCall()
+            self._pending = ""  # the whitespace before a call starts no message
         function = call.get("function")
         function = function if isinstance(function, dict) else {}
-        item = self._calls.get(index)
-        if item is None:
-            name = function.get("name")
-            name = name if isinstance(name, str) else ""
-            tool = self._tools.get(name)
+        call_id, name, piece = call.get("id"), function.get("name"), function.get("arguments")
+        if isinstance(call_id, str) and call_id:
+            held.call_id = call_id
+        if isinstance(name, str):
+            held.name += name
+        if isinstance(piece, str) and piece:
+            held.pieces.append(piece)
+
+    def _flush_calls(self) -> None:
+        """The held calls, each sent whole, in the engine's index order; the last is left open,
+        for the finish to close (`incomplete` when the answer was cut)."""
+        for index in sorted(self._calls):
+            held = self._calls[index]
+            tool = self._tools.get(held.name)
             custom = tool is not None and tool.kind == "custom"
-            call_id = call.get("id")
             item = _Item(
                 "custom_tool_call" if custom else "function_call",
                 _new_id("ctc" if custom else "fc"),
-                call_id=call_id if isinstance(call_id, str) and call_id else _new_id("call"),
-                name=tool.name if tool else name,
+                call_id=held.call_id or _new_id("call"),
+                name=tool.name if tool else held.name,
                 namespace=tool.namespace if tool else None,
             )
-            self._pending = ""
-            self._calls[index] = self._add(item)
-        piece = function.get("arguments")
-        if item is not self._open or not isinstance(piece, str) or not piece:
-            return
-        if item.kind == "custom_tool_call":
-            item.raw += piece  # sent whole at the end, once its `input` can be read
-        else:
-            item.text += piece
-            self._emit("response.function_call_arguments.delta", **self._where(), delta=piece)
+            self._add(item)
+            if custom:
+                item.raw = "".join(held.pieces)  # its `input` is read from the whole (`_close`)
+            for piece in held.pieces if not custom else ():
+                item.text += piece
+                self._emit("response.function_call_arguments.delta", **self._where(), delta=piece)
+        self._calls.clear()
 
     def _where(self) -> dict[str, Any]:
         assert self._open is not None
@@ -707,6 +738,7 @@ class Translation:
         incomplete = self._finish_reason in ("length", "abort")
         if self._finish_reason == "abort":
             self.notes.append("the engine aborted the generation; answered as incomplete")
+        self._flush_calls()
         self._close("incomplete" if incomplete else "completed")
         status = "incomplete" if incomplete else "completed"
         self._final = self._response(status)
