@@ -60,6 +60,20 @@ def upstream_body(
     return out
 
 
+TRUNCATING = ("top_k", "min_p")
+"""Sampling fields that cut the distribution the engine samples from."""
+
+
+def untruncated(sent: dict[str, Any], policy: SamplingPolicy) -> list[str]:
+    """Train mode samples the policy's own distribution, so the tokens it trains on are drawn
+    from the probabilities it trains with: removes, in place, the truncating fields the harness
+    sent (those the mode's policy sets stay); the names removed, for the record's notes."""
+    removed = [name for name in TRUNCATING if name in sent and name not in policy.set]
+    for name in removed:
+        del sent[name]
+    return removed
+
+
 def _asked_logprobs(body: dict[str, Any], kind: Kind) -> bool:
     value = body.get("logprobs")
     if kind == "chat":

@@ -38,6 +38,7 @@ from reins.gateway.capture import (
     answer_failure,
     error_record,
     strip_for_harness,
+    untruncated,
     upstream_body,
 )
 from reins.gateway.reuse import PREFIX_FIELD, REUSE_HEADER, TokenReuse
@@ -203,8 +204,6 @@ class LLMProxy:
             sent = upstream_body(
                 body, kind=kind, model=target.model.model, policy=self.sampling[mode]
             )
-            if self.reuse is not None and kind == "chat":
-                self.reuse.prepare((rollout_id, attempt_id), body, sent, target.endpoints[0])
             facts = CallFacts(
                 kind=kind,
                 mode=mode,
@@ -215,6 +214,9 @@ class LLMProxy:
                 latency_s=0.0,
                 stream=bool(body.get("stream")),
             )
+            self._apply_mode(mode, sent, facts)
+            if self.reuse is not None and kind == "chat":
+                self.reuse.prepare((rollout_id, attempt_id), body, sent, target.endpoints[0])
             started = time.perf_counter()
             upstream = await self._call(kind, target, sent, facts, started, rollout_id, attempt_id)
             if isinstance(upstream, _Failed):
@@ -289,6 +291,7 @@ class LLMProxy:
                 policy=self.sampling[mode],
             )
             sent["stream"] = translation.stream
+            self._apply_mode(mode, sent, facts)
             if self.reuse is not None:
                 self.reuse.prepare((rollout_id, attempt_id), body, sent, target.endpoints[0])
             started = time.perf_counter()
@@ -316,6 +319,14 @@ class LLMProxy:
         finally:
             if not streaming:
                 self.gate.exit()
+
+    def _apply_mode(self, mode: str, sent: dict[str, Any], facts: CallFacts) -> None:
+        """Train mode's promise (`GatewaySettings.train_sampling`): no truncated sampling."""
+        if mode == "train":
+            for name in untruncated(sent, self.sampling[mode]):
+                facts.notes.append(
+                    f"{name} dropped: train mode samples from the policy's own distribution"
+                )
 
     async def count_tokens(self, chat: dict[str, Any], rollout_id: str) -> int:
         """The prompt length of a chat request, counted by the engine's own tokenizer and chat
