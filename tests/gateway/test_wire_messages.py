@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
+from reins.gateway.capture import CallFacts, StreamRecorder
 from reins.gateway.wire import WireError
 from reins.gateway.wire.messages import (
     KIND,
@@ -24,6 +25,7 @@ from reins.gateway.wire.messages import (
     error_body,
     translate,
 )
+from reins.gateway.wire.responses import translate as translate_responses
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "cli_requests"
 EVENT = TypeAdapter(anthropic.types.RawMessageStreamEvent)
@@ -672,6 +674,42 @@ def test_vllm_style_incremental_tool_call_deltas() -> None:
         ("tool_use", "chatcmpl-tool-b", "Read", {"file_path": "/tmp/ü.txt"}),
     ]
     assert len(final.content) == 2 and final.stop_reason == "tool_use"
+
+
+BASH_TOOL = {"name": "Bash", "input_schema": {"type": "object"}}
+
+
+def test_tool_call_deltas_without_an_index_join_the_last_call_in_every_reader() -> None:
+    """One rule for the Messages and Responses streams and the recorded call: a delta without
+    an `index` belongs to the call the last delta added to (a plain answer's calls, which
+    have none, stay one call each)."""
+    head = {"id": "call_a", "type": "function", "function": {"name": "Bash", "arguments": ""}}
+    pieces = [{"function": {"arguments": '{"command": '}}, {"function": {"arguments": '"ls"}'}}]
+    chunks = [chunk({"tool_calls": [call]}) for call in [head, *pieces]]
+    chunks = [chunk({"role": "assistant", "content": ""}), *chunks, chunk({}, "tool_calls")]
+    _, final = check_stream(translate(body(user("run ls"), tools=[BASH_TOOL])), chunks)
+    assert [(b.type, b.id, b.input) for b in final.content] == [  # type: ignore[union-attr]
+        ("tool_use", "call_a", {"command": "ls"})
+    ]
+    responses = translate_responses({"model": "m", "input": "run ls", "stream": True})
+    for c in chunks:
+        responses.stream_events(c)
+    responses.stream_end()
+    (item,) = responses.assembled()["output"]
+    assert (item["call_id"], item["arguments"]) == ("call_a", '{"command": "ls"}')
+    facts = CallFacts(
+        kind="chat", mode="train", request={}, model="m", endpoint="", model_version=None,
+        latency_s=0.0, stream=True,
+    )  # fmt: skip
+    recorder = StreamRecorder(facts)
+    for c in [{**chunks[0], "prompt_token_ids": [1]}, *chunks[1:]]:
+        recorder.feed(c)
+    (record,) = recorder.records()
+    (recorded,) = record.response["choices"][0]["message"]["tool_calls"]
+    assert (recorded["id"], recorded["function"]["arguments"]) == ("call_a", '{"command": "ls"}')
+    two = engine_answer(None, calls=[("c1", "Bash", "{}"), ("c2", "Bash", "{}")])
+    answered = translate(body(user("run ls"), tools=[BASH_TOOL])).answer(two)
+    assert [block["id"] for block in answered["content"]] == ["c1", "c2"]
 
 
 def test_a_streamed_answer_cut_by_max_tokens() -> None:

@@ -30,8 +30,9 @@ Answer: the engine's call ids are kept as the `tool_use` ids (the harness sends 
 next request maps them to the same `tool_call_id`); an engine call without an id gets `toolu_...`.
 Tool arguments that are not a JSON object are shown as text, with a note. The engine's reasoning
 becomes a `thinking` block (empty signature) only when the request enabled thinking. Streamed tool
-calls are held until the call is complete, then sent as `tool_use` with the engine's argument
-pieces as `input_json_delta`s, so the pieces always join to the `input` (and a call that does
+calls are held until the call is complete (a delta without an `index` belongs to the call the
+last delta added to, as every reader of a stream counts it), then sent as `tool_use` with the
+engine's argument pieces as `input_json_delta`s, so the pieces always join to the `input` (and a call that does
 not parse can still become text). A plain answer is built by the same code, as a stream of one
 chunk. An engine error chunk becomes an `error` event that ends the stream. Notes found while
 answering are appended to `notes`.
@@ -43,7 +44,7 @@ import json
 import uuid
 from typing import Any, TypeGuard
 
-from reins.gateway.wire import WireError, sse
+from reins.gateway.wire import WireError, sse, tool_call_index
 
 KIND = "messages"
 
@@ -423,6 +424,7 @@ class Translation:
         self._blocks: list[dict[str, Any]] = []
         self._open: str | None = None
         self._calls: dict[int, dict[str, Any]] = {}
+        self._last_call: int | None = None
         self._finish: str | None = None
         self._stop: str | None = None
         self._dropped_reasoning = False
@@ -440,7 +442,14 @@ class Translation:
         holding the whole answer would be, so streamed and plain answers never differ."""
         choices = chat.get("choices") or [{}]
         choice = choices[0] if isinstance(choices[0], dict) else {}
-        whole = {**choice, "index": 0, "delta": choice.get("message") or {}}
+        message = dict(choice.get("message") or {})
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):  # a whole message's calls: their positions are indexes
+            message["tool_calls"] = [
+                {**call, "index": position} if isinstance(call, dict) else call
+                for position, call in enumerate(calls)
+            ]
+        whole = {**choice, "index": 0, "delta": message}
         twin = Translation(
             self._chat,
             self.notes,
@@ -612,9 +621,7 @@ class Translation:
         """A tool call's piece, held until the call is complete (see the module docstring)."""
         if not isinstance(call, dict):
             return
-        index = call.get("index")
-        if not _is_int(index):
-            index = len(self._calls)
+        index = self._last_call = tool_call_index(call, self._last_call)
         held = self._calls.setdefault(index, {"id": None, "name": "", "pieces": []})
         held["id"] = call.get("id") or held["id"]
         function = call.get("function") or {}
