@@ -363,3 +363,13 @@ def test_an_engine_answer_that_is_not_json_is_a_502(gateway: Gateway, token: str
     assert response.status_code == 502
     assert "not JSON" in response.json()["error"]["message"]
     assert calls(gateway)[0]["status"] == 502
+
+
+def test_a_responses_request_refused_names_its_param(gateway: Gateway, token: str) -> None:
+    response = httpx.post(
+        f"{proxy(gateway)}/responses",
+        json={"model": "x", "input": "hi", "max_output_tokens": 0},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "max_output_tokens"

@@ -32,10 +32,11 @@ Tool arguments that are not a JSON object are shown as text, with a note. The en
 becomes a `thinking` block (empty signature) only when the request enabled thinking. Streamed tool
 calls are held until the call is complete (a delta without an `index` belongs to the call the
 last delta added to, as every reader of a stream counts it), then sent as `tool_use` with the
-engine's argument pieces as `input_json_delta`s, so the pieces always join to the `input` (and a call that does
-not parse can still become text). A plain answer is built by the same code, as a stream of one
-chunk. An engine error chunk becomes an `error` event that ends the stream. Notes found while
-answering are appended to `notes`.
+engine's argument pieces as `input_json_delta`s, so the pieces always join to the `input` (and
+a call that does not parse can still become text). A plain answer is built by the same code, as
+a stream of one chunk. An engine error chunk becomes an `error` event that ends the stream (an
+engine error answered whole, the error body). Notes found while answering are appended to
+`notes`.
 """
 
 from __future__ import annotations
