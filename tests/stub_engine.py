@@ -9,7 +9,8 @@ path is tested against vLLM (`tests/engine`).
 Controls, in the request body: `stub_status` (answer with this error status), `stub_delay_s`
 (sleep before answering), `stub_raw` (answer 200 with this text, not JSON), `stub_chunk_delay_s`
 (sleep between streamed chunks), `stub_reply` (the text to answer). `app.state.chunk_delay_s`
-slows every stream that does not say otherwise (a wire API's request carries no stub controls).
+slows every stream that does not say otherwise (a wire API's request carries no stub controls);
+`app.state.usage = False` answers without `usage`, as some engines do.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def create_stub_app(weight_version: int | None = None) -> FastAPI:
     app = FastAPI()
     app.state.requests = []
     app.state.chunk_delay_s = 0.0
+    app.state.usage = True
 
     async def _common(request: Request) -> tuple[dict[str, Any], Response | None]:
         body = await request.json()
@@ -122,6 +124,8 @@ def create_stub_app(weight_version: int | None = None) -> FastAPI:
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(encode(reply))},
             "prompt_token_ids": prompt if body.get("return_token_ids") else None,
         }
+        if not app.state.usage:
+            del payload["usage"]
         return JSONResponse(payload, headers=_headers())
 
     @app.post("/v1/completions")

@@ -373,3 +373,29 @@ def test_a_responses_request_refused_names_its_param(gateway: Gateway, token: st
     )
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "max_output_tokens"
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_usage_is_the_same_streamed_or_not_and_counted_when_the_engine_sends_none(
+    gateway: Gateway, stub: StubEngine, token: str, api: str
+) -> None:
+    """The stub streams no usage; answered whole, it does unless told not to."""
+    base = proxy(gateway).removesuffix("/openai/v1")
+    headers = {"Authorization": f"Bearer {token}"}
+    if api == "responses":
+        url, request = f"{base}/openai/v1/responses", {"model": "x", "input": "hi"}
+    else:
+        url = f"{base}/anthropic/v1/messages"
+        request = {"model": "x", "max_tokens": 64, "messages": MESSAGES}
+
+    def usage(stream: bool) -> tuple[int, int]:
+        response = httpx.post(url, json={**request, "stream": stream}, headers=headers)
+        assert response.status_code == 200, response.text
+        answer = calls(gateway)[-1]["response"]
+        return (answer["usage"]["input_tokens"], answer["usage"]["output_tokens"])
+
+    engines = usage(stream=False)
+    assert engines[0] > 0 and engines[1] == len(encode(DEFAULT_REPLY))
+    stub.app.state.usage = False
+    assert usage(stream=False) == engines
+    assert usage(stream=True) == engines

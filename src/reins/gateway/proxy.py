@@ -310,8 +310,10 @@ class LLMProxy:
             payload = await self._json_answer(upstream, facts, started, rollout_id, attempt_id)
             if isinstance(payload, _Failed):
                 return failure(payload.status, payload.message)
-            shown, records = answer_and_records(facts, payload)
-            answer = translation.answer(shown)
+            # Answered before the token IDs the harness did not ask for are stripped: usage the
+            # engine did not send is counted from them, as a stream's is.
+            answer = translation.answer(payload)
+            _, records = answer_and_records(facts, payload)
             for record in records:
                 record.response = answer
             await self._record(rollout_id, attempt_id, records)

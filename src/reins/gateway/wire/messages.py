@@ -462,7 +462,10 @@ class Translation:
         twin._id = self._id
         if chat.get("error") is not None:  # answered as the stream answers one: an error
             twin.stream_events({"error": chat["error"]})
-        twin.stream_events({"choices": [whole], "usage": chat.get("usage")})
+        prompt = chat.get("prompt_token_ids")
+        twin.stream_events(
+            {"choices": [whole], "usage": chat.get("usage"), "prompt_token_ids": prompt}
+        )
         twin.stream_end()
         return twin.assembled()
 
@@ -482,7 +485,7 @@ class Translation:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self._input_tokens = int(usage.get("prompt_tokens") or self._input_tokens or 0)
-            self._output_tokens = int(usage.get("completion_tokens") or 0)
+            self._output_tokens = int(usage.get("completion_tokens") or self._token_count)
         for choice in chunk.get("choices") or ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue

@@ -485,13 +485,17 @@ class _HeldCall:
     pieces: list[str] = field(default_factory=list)
 
 
-def _usage(usage: Any) -> dict[str, Any]:
-    """Responses usage from chat usage (0 for what the engine did not count)."""
+def _usage(usage: Any, counted: tuple[int, int]) -> dict[str, Any]:
+    """Responses usage from chat usage; what the engine did not count is counted from its token
+    IDs (`counted`: prompt, output)."""
     usage = usage if isinstance(usage, dict) else {}
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0
     counts = (usage.get("prompt_tokens"), usage.get("completion_tokens"), cached)
-    prompt, output, cached = (n if isinstance(n, int) else 0 for n in counts)
+    prompt, output, cached = (n if isinstance(n, int) else None for n in counts)
+    prompt = counted[0] if prompt is None else prompt
+    output = counted[1] if output is None else output
+    cached = cached or 0
     return {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
@@ -532,6 +536,7 @@ class Translation:
         self._started = False
         self._finish_reason: Any = None
         self._usage: Any = None
+        self._counted = (0, 0)  # prompt and output token IDs seen, for an engine without usage
         self._final: dict[str, Any] | None = None
 
     def chat_request(self) -> dict[str, Any]:
@@ -557,6 +562,7 @@ class Translation:
                 ]
             self._feed(message)
             self._finish_reason, self._usage = choice.get("finish_reason"), chat.get("usage")
+            self._count(chat, choice)
             self._finish()
         self._events.clear()
         return self.assembled()
@@ -570,11 +576,13 @@ class Translation:
             self._fail(chunk["error"])
         if chunk.get("usage"):
             self._usage = chunk["usage"]
+        self._count(chunk, None)
         choices = chunk.get("choices") if self._final is None else None
         for choice in choices if isinstance(choices, list) else ():
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 delta = choice.get("delta")
                 self._feed(delta if isinstance(delta, dict) else {})
+                self._count({}, choice)
                 if choice.get("finish_reason"):
                     self._finish_reason = choice["finish_reason"]
                     self._flush_calls()
@@ -644,6 +652,14 @@ class Translation:
         extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
         name = "output_text" if kind == "message" else "reasoning_text"
         self._emit(f"response.{name}.delta", **self._where(), content_index=0, delta=piece, **extra)
+
+    def _count(self, chat: dict[str, Any], choice: dict[str, Any] | None) -> None:
+        """Counts the prompt's and the answer's token IDs, for usage the engine did not send."""
+        prompt, output = self._counted
+        if isinstance(chat.get("prompt_token_ids"), list):
+            prompt = len(chat["prompt_token_ids"])
+        ids = choice.get("token_ids") if choice is not None else None
+        self._counted = (prompt, output + (len(ids) if isinstance(ids, list) else 0))
 
     def _hold(self, call: dict[str, Any]) -> None:
         """A tool call's piece, held until the finish (see the module docstring)."""
@@ -764,6 +780,6 @@ class Translation:
             "incomplete_details": {"reason": reason} if status == "incomplete" else None,
             **self._echo,
             "output": [item.body() for item in self._items] if done else [],
-            "usage": _usage(self._usage) if done else None,
+            "usage": _usage(self._usage, self._counted) if done else None,
             **({"completed_at": int(time.time())} if status == "completed" else {}),
         }
