@@ -33,6 +33,7 @@ from reins.engine.chat import (
 from reins.engine.embedded import EmbeddedEngine, Token
 from reins.engine.prepare import prepare_default_model
 from reins.engine.sampling import SamplingParams
+from reins.engine.scheduler import Sequence
 from tests.embedded_support import (
     FEW_SHOT_TOOL_USE,
     WEATHER_TOOL,
@@ -158,6 +159,68 @@ async def test_a_request_joining_a_running_batch_gets_its_one_at_a_time_output(
     second_joined = await generate_tokens(engine, second, greedy(8))
     assert await first_task == first_alone
     assert second_joined == second_alone
+
+
+def test_a_prefill_that_fails_fails_only_its_own_request(embedded: ServedEngine) -> None:
+    """A sequence that cannot be prefilled (an empty prompt: the API refuses one, the scheduler
+    cannot run it) ends with an error; the batch it tried to join goes on as if it never came."""
+    scheduler = embedded.engine.scheduler
+    prompt = ids(embedded, PROMPTS[0])
+    ends: dict[str, tuple[str | None, str | None]] = {}
+    done = {"running": threading.Event(), "broken": threading.Event()}
+
+    def finish(name: str) -> Callable[[str | None, str | None], None]:
+        def on_finish(reason: str | None, error: str | None) -> None:
+            ends[name] = (reason, error)
+            done[name].set()
+
+        return on_finish
+
+    broken = Sequence([], greedy(4), lambda *_: None, finish("broken"))
+    alone = asyncio.run(generate_tokens(embedded.engine, prompt, greedy(16)))
+    tokens: list[int] = []
+
+    def on_token(token: int, _: float) -> None:
+        tokens.append(token)
+        if len(tokens) == 4:  # on the engine's thread, mid-generation: it joins at the next step
+            scheduler.submit(broken)
+
+    scheduler.submit(Sequence(prompt, greedy(16), on_token, finish("running")))
+    assert all(event.wait(60) for event in done.values())
+    assert ends["running"] == ("length", None)
+    assert tokens == alone
+    reason, error = ends["broken"]
+    assert reason is None and error is not None and "prefill failed" in error
+
+
+def test_a_row_whose_logits_are_nan_fails_alone(embedded: ServedEngine) -> None:
+    scheduler = embedded.engine.scheduler
+    ended: list[tuple[str | None, str | None]] = []
+    sequences = [
+        Sequence([1, 2], greedy(4), lambda *_: None, lambda *end: ended.append(end))
+        for _ in range(2)
+    ]
+    logits = torch.zeros(2, 100)
+    logits[0, 3] = float("nan")
+    logits[1, 42] = 5.0
+    scheduler._sample(sequences, logits)
+    assert sequences[0].finish_reason == "error" and sequences[0].output_ids == []
+    assert "NaN or infinite" in (sequences[0].error or "")
+    assert sequences[1].output_ids == [42] and sequences[1].finish_reason is None
+
+
+def test_an_empty_prompt_is_400(embedded: ServedEngine) -> None:
+    for prompt in ("", [""]):
+        response = post(embedded, "/completions", {"model": embedded.name, "prompt": prompt})
+        assert_openai_error(response, 400, "the prompt is empty")
+
+
+def test_a_temperature_too_small_to_divide_by_is_greedy(embedded: ServedEngine) -> None:
+    prompt = ids(embedded, "The capital of France is")
+    tiny = complete(embedded, prompt, temperature=1e-45, max_tokens=6, logprobs=0)
+    zero = complete(embedded, prompt, temperature=0, max_tokens=6, logprobs=0)
+    assert tiny["choices"][0]["token_ids"] == zero["choices"][0]["token_ids"]
+    assert tiny["choices"][0]["logprobs"] == zero["choices"][0]["logprobs"]
 
 
 # -- logprobs and sampling --------------------------------------------------------------------

@@ -253,9 +253,10 @@ async def held_then_released(
     prefills: list[list[int]] = []
     original = scheduler._prefill
 
-    def spy(joining: list[Any]) -> None:
-        original(joining)
+    def spy(joining: list[Any]) -> Any:
+        prefilled = original(joining)
         prefills.append([s.cached_tokens for s in joining])
+        return prefilled
 
     scheduler._prefill = spy  # type: ignore[method-assign]
     try:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from reins.engine.sampling import SamplingParams, sample_next
+from reins.engine.sampling import SamplingParams, UnsampleableRows, sample_next
 
 
 def draws(logits: torch.Tensor, params: SamplingParams, rows: int, seed: int = 0) -> list[int]:
@@ -94,3 +95,24 @@ def test_a_seeded_row_samples_the_same_tokens_whatever_else_is_in_the_batch() ->
 
     assert run(1) == run(5)
     assert len(set(run(1))) > 1
+
+
+def test_a_temperature_below_the_greedy_threshold_is_greedy() -> None:
+    """1e-45 / logits overflow to inf and their softmax to NaN: such a temperature is argmax."""
+    logits = distribution(600, {7: 0.2, 300: 0.5, 599: 0.3})
+    tokens, logprobs = sample_next(logits, [SamplingParams(temperature=1e-45)], [None])
+    assert tokens == [300]
+    assert logprobs == sample_next(logits, [SamplingParams(temperature=0)], [None])[1]
+
+
+def test_logits_that_are_nan_or_infinite_are_refused_by_row_before_any_draw() -> None:
+    logits = distribution(600, {7: 0.5, 300: 0.5}).repeat(3, 1)
+    logits[0, 5] = float("nan")
+    logits[2, 9] = float("inf")
+    generators = [torch.Generator().manual_seed(1) for _ in range(3)]
+    states = [g.get_state() for g in generators]
+    params = [SamplingParams(temperature=0), SamplingParams(), SamplingParams(top_p=0.9)]
+    with pytest.raises(UnsampleableRows) as refused:
+        sample_next(logits, params, generators)
+    assert refused.value.rows == [0, 2]
+    assert all(torch.equal(g.get_state(), s) for g, s in zip(generators, states, strict=True))

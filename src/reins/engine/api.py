@@ -312,6 +312,8 @@ class _Api:
     def _params(
         self, body: _Request, prompt_length: int, *, tool_calls: bool = False
     ) -> list[SamplingParams]:
+        if prompt_length < 1:
+            raise EngineError(400, "the prompt is empty: it needs at least one token")
         room = self.engine.max_model_len - prompt_length
         if room < 1:
             raise EngineError(

@@ -188,6 +188,8 @@ class EmbeddedEngine:
 
         Leaving the iteration early (the client went away) cancels the choices still running.
         """
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: it needs at least one token")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Token | Finished] = asyncio.Queue()
 

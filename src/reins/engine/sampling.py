@@ -3,7 +3,10 @@
 The logprob reported for a sampled token is `log_softmax(logits / temperature)` at that token,
 taken before top-p / top-k truncation: it is the policy's own probability (at temperature 1, the
 one training uses), not the probability of the truncated distribution the token was drawn from.
-Greedy rows (temperature 0) report `log_softmax(logits)`.
+Greedy rows (temperature below `GREEDY_TEMPERATURE`, 0 included) report `log_softmax(logits)`.
+
+A row whose logits are no distribution (NaN, or +inf) is refused with `UnsampleableRows` before
+anything is drawn, so the caller can fail that row alone and sample the others.
 """
 
 from __future__ import annotations
@@ -39,6 +42,23 @@ class SamplingParams:
         return generator
 
 
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this are greedy (as in vLLM): logits divided by a tinier one overflow float32
+to infinity, and their softmax to NaN."""
+
+
+class UnsampleableRows(ValueError):
+    """The logits of `rows` are NaN or infinite; nothing was sampled (no generator drew)."""
+
+    def __init__(self, rows: list[int]) -> None:
+        super().__init__(f"the logits of rows {rows} are NaN or infinite: nothing to sample from")
+        self.rows = rows
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < GREEDY_TEMPERATURE
+
+
 TOOL_TURN_TOKENS = 32
 """How many of the last sampled tokens are decoded to see whether a tool-call turn ended: a
 `</tool_call>` (5 tokens in the default tokenizer), whitespace, and the text after it."""
@@ -64,13 +84,18 @@ def sample_next(
     number per token, where `torch.multinomial` draws one per vocabulary entry.
     """
     logits = logits.float()
+    greedy = torch.tensor([is_greedy(p) for p in params])
     temperatures = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-    greedy = temperatures <= 0
     scale = torch.where(greedy, torch.ones_like(temperatures), temperatures)
     logprobs = torch.log_softmax(logits / scale[:, None], dim=-1)
+    # NaN logits, or an infinite one, make a row's log-softmax NaN; sampling it would pick a
+    # token outside the vocabulary.
+    unsampleable = torch.isnan(logprobs).any(dim=-1)
+    if bool(unsampleable.any()):
+        raise UnsampleableRows(torch.nonzero(unsampleable)[:, 0].tolist())
 
     tokens = torch.zeros(len(params), dtype=torch.long)
-    sampled = [row for row, p in enumerate(params) if p.temperature > 0]
+    sampled = [row for row, p in enumerate(params) if not is_greedy(p)]
     if len(sampled) < len(params):
         rows = torch.nonzero(greedy)[:, 0]
         tokens[rows] = logits[rows].argmax(dim=-1)

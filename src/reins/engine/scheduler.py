@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -43,7 +43,12 @@ from transformers.cache_utils import DynamicLayer
 from reins.engine.attention import use_engine_attention
 from reins.engine.chat import tool_turn_end
 from reins.engine.prefix_cache import Match, PrefixCache, as_tokens, common_prefix
-from reins.engine.sampling import TOOL_TURN_TOKENS, SamplingParams, sample_next
+from reins.engine.sampling import (
+    TOOL_TURN_TOKENS,
+    SamplingParams,
+    UnsampleableRows,
+    sample_next,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +96,8 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    error: str | None = None
+    """Why it failed (its finish_reason is then "error"); it leaves at the next `_retire`."""
     cancelled: bool = False
     generator: torch.Generator | None = None
     next_token: int = -1
@@ -238,16 +245,13 @@ class BatchScheduler:
             try:
                 with self.weights_lock, torch.inference_mode(), self._attention_kernels():
                     if joining:
-                        self._prefill(joining)
+                        self._prefill_and_join(joining)
                     elif self._active:
                         self._decode_step()
                     self._retire()
             except Exception as error:  # a failed step fails its sequences, not the engine
                 log.exception("engine step failed")
-                for sequence in [*joining, *self._active]:
-                    if sequence.finish_reason is None:
-                        sequence.finish_reason = "error"
-                        sequence.on_finish(None, f"engine step failed: {error!r}")
+                _fail(dict.fromkeys([*joining, *self._active]), f"engine step failed: {error!r}")
                 self._active, self._cache, self._mask = [], None, None
             self._log_stats()
         for sequence in [*self._waiting, *self._active]:
@@ -313,9 +317,21 @@ class BatchScheduler:
                 return True
         return False
 
-    def _prefill(self, joining: list[Sequence]) -> None:
+    def _prefill_and_join(self, joining: list[Sequence]) -> None:
+        """Prefills the joining sequences and joins them to the batch. A prefill that fails fails
+        the joining sequences only: it never touched the running batch, which goes on."""
+        try:
+            cache, mask = self._prefill(joining)
+        except Exception as error:
+            log.exception("prefill failed")
+            _fail(joining, f"prefill failed: {error!r}")
+            return
+        self._join(joining, cache, mask)
+
+    def _prefill(self, joining: list[Sequence]) -> tuple[DynamicCache, torch.Tensor]:
         """One forward pass over the joining sequences' new tokens, on top of their cached
-        prefixes: row i is `[pad | cached_i | pad | new_i]` (see the module docstring)."""
+        prefixes: row i is `[pad | cached_i | pad | new_i]` (see the module docstring). Returns
+        their KV cache and attention mask, for `_join`."""
         device = self.device
         version = self.weight_version()
         matches: list[Match | None] = []
@@ -348,7 +364,7 @@ class BatchScheduler:
         for row, sequence in enumerate(joining):
             if len(sequence.prompt_ids) - sequence.cached_tokens >= PREFILL_KEEP_TOKENS:
                 self._keep(sequence.prompt_tokens, cache, mask, row, version)
-        self._join(joining, cache, mask)
+        return cache, mask
 
     def _keep(
         self, tokens: np.ndarray, cache: DynamicCache, mask: torch.Tensor, row: int, version: int
@@ -408,9 +424,26 @@ class BatchScheduler:
         return torch.mm(weight, hidden.T).T.contiguous()
 
     def _sample(self, sequences: list[Sequence], logits: torch.Tensor) -> None:
-        tokens, logprobs = sample_next(
-            logits.cpu(), [s.params for s in sequences], [s.generator for s in sequences]
-        )
+        logits = logits.cpu()
+        try:
+            tokens, logprobs = sample_next(
+                logits, [s.params for s in sequences], [s.generator for s in sequences]
+            )
+        except UnsampleableRows as error:
+            # Nothing was drawn: those rows fail alone, the others are sampled without them.
+            for row in error.rows:
+                sequences[row].finish_reason = "error"
+                sequences[row].error = (
+                    "the model's next-token logits for this request are NaN or infinite: "
+                    "nothing can be sampled from them"
+                )
+            rows = [row for row in range(len(sequences)) if row not in set(error.rows)]
+            sequences = [sequences[row] for row in rows]
+            if not sequences:
+                return
+            tokens, logprobs = sample_next(
+                logits[rows], [s.params for s in sequences], [s.generator for s in sequences]
+            )
         for sequence, token, logprob in zip(sequences, tokens, logprobs, strict=True):
             sequence.output_ids.append(token)
             sequence.logprobs.append(logprob)
@@ -467,7 +500,11 @@ class BatchScheduler:
             if self.prefix_cache.enabled:
                 version = self.weight_version()
                 for row, sequence in enumerate(self._active):
-                    if sequence.finish_reason is not None and sequence.kv_version == version:
+                    if (
+                        sequence.finish_reason is not None
+                        and sequence.error is None
+                        and sequence.kv_version == version
+                    ):
                         # Its KV covers the prompt and every sampled token but the last.
                         tokens = as_tokens([*sequence.prompt_ids, *sequence.output_ids[:-1]])
                         self._keep(tokens, self._cache, self._mask, row, version)
@@ -489,7 +526,10 @@ class BatchScheduler:
             else:
                 self._active, self._cache, self._mask = [], None, None
         for sequence in done:
-            sequence.on_finish(sequence.finish_reason, None)
+            if sequence.error is not None:
+                sequence.on_finish(None, sequence.error)
+            else:
+                sequence.on_finish(sequence.finish_reason, None)
 
     def _log_stats(self) -> None:
         queries, logged_at = self._logged
@@ -513,6 +553,13 @@ class BatchScheduler:
             stats.bytes / 2**30,
             stats.capacity_bytes / 2**30,
         )
+
+
+def _fail(sequences: Iterable[Sequence], error: str) -> None:
+    """Ends `sequences`, none of which was told it finished, with `error`."""
+    for sequence in sequences:
+        sequence.finish_reason, sequence.error = "error", error
+        sequence.on_finish(None, error)
 
 
 def _cached_layers(matches: list[Match | None], past: int, longest: int) -> list[_RoomyLayer]:
