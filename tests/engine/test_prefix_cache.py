@@ -311,7 +311,7 @@ def test_an_entry_of_older_weights_never_serves_newer_ones(tiny: Pair) -> None:
     prompt = text_ids(engine, f"{SYSTEM}\nTask 9: fix the bug.")
     first = asyncio.run(generate(engine, prompt, seed=1))
     follow_up = prompt + first.token_ids + text_ids(engine, "\nTool result: done\n")
-    assert engine.prefix_cache.lookup(as_tokens(follow_up), engine.weight_version) is not None
+    assert engine.prefix_cache.lookup(as_tokens(follow_up), engine.weight_generation) is not None
     norm = engine.model.model.norm.weight
     try:
         with engine.updating_weights(), torch.no_grad():
@@ -352,6 +352,42 @@ def test_a_sequence_running_across_a_weight_update_is_not_kept(tiny: Pair) -> No
     stats = engine.prefix_cache.stats()
     assert stats.entries == 0
     assert engine.prefix_cache.lookup(as_tokens(prompt + answer.token_ids), 0) is None
+
+
+def test_a_reload_under_the_same_version_reuses_nothing_of_the_old_weights(tiny: Pair) -> None:
+    """The same version number again reloads the weights (`load_weights`): the KV cached before,
+    and the KV of a sequence running across the reload, are of the old weights all the same."""
+    engine = tiny.on
+    engine.prefix_cache.clear()
+    prompt = text_ids(engine, f"{SYSTEM}\nTask 13: rename the module.")
+    first = asyncio.run(generate(engine, prompt, seed=6))
+    follow_up = prompt + first.token_ids + text_ids(engine, "\nTool result: renamed\n")
+    # A weight before the last layer: the KV depends on it (the final norm's scale would not).
+    down = engine.model.model.layers[0].mlp.down_proj.weight
+    version = engine.weight_version
+
+    async def run_across_a_reload() -> Answer:
+        answer = Answer([], [], -1)
+        params = SamplingParams(temperature=1.0, max_tokens=30, seed=7)
+        async for item in engine.generate(follow_up, [params]):
+            if isinstance(item, Token):
+                answer.token_ids.append(item.token_id)
+                if len(answer.token_ids) == 5:
+                    with engine.updating_weights(version), torch.no_grad():
+                        down.mul_(1.5)
+        return answer
+
+    try:
+        across = asyncio.run(run_across_a_reload())
+        assert engine.weight_version == version and len(across.token_ids) == 30
+        assert engine.prefix_cache.stats().entries == 0
+        later = follow_up + across.token_ids + text_ids(engine, "\nTool result: ok\n")
+        warm = asyncio.run(generate(engine, later, seed=8))
+        assert warm.cached_tokens == 0
+        assert_same([warm], [asyncio.run(generate(tiny.off, later, seed=8))])
+    finally:
+        with engine.updating_weights(), torch.no_grad():
+            down.div_(1.5)
 
 
 # -- over HTTP: chat, streamed or not, usage and /metrics --------------------------------------

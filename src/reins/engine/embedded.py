@@ -79,6 +79,9 @@ class EmbeddedEngine:
         self.tokenizer = tokenizer
         self.name = name
         self._weight_version = weight_version
+        self._weight_generation = 0
+        """Moves on at every weight change, whatever version it serves (a reload under the same
+        version number changes the weights too): the KV of one generation is stale in the next."""
         limit = getattr(model.config, "max_position_embeddings", None) or 4096
         self.max_model_len = min(max_model_len or 4096, limit)
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
@@ -92,7 +95,7 @@ class EmbeddedEngine:
             max_model_len=self.max_model_len,
             weights_lock=self._weights_lock,
             prefix_cache=self.prefix_cache,
-            weight_version=lambda: self._weight_version,
+            weight_generation=lambda: self.weight_generation,
         )
 
     @classmethod
@@ -132,6 +135,11 @@ class EmbeddedEngine:
     def weight_version(self) -> int:
         return self._weight_version
 
+    @property
+    def weight_generation(self) -> int:
+        """How many times the weights changed (the prefix cache's tag for them)."""
+        return self._weight_generation
+
     @contextlib.contextmanager
     def updating_weights(self, version: int | None = None) -> Iterator[None]:
         """Holds generation between two steps while the block changes the weights in place;
@@ -150,7 +158,11 @@ class EmbeddedEngine:
                 f"{self._weight_version}, asked to serve {target}"
             )
         with self._weights_lock:
-            self.prefix_cache.invalidate(target)
+            # Before the block: whatever it changes (a failed update may have changed some),
+            # nothing computed with the weights before it is reused after it, the running
+            # sequences' KV included.
+            self._weight_generation += 1
+            self.prefix_cache.invalidate(self._weight_generation)
             return_freed_memory()
             yield
             self._weight_version = target

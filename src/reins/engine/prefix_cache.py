@@ -9,7 +9,9 @@ longest prefix and prefills only the rest on top of a copy of those keys and val
 Invariants:
 - An entry holds the keys and values of exactly its `tokens` at positions 0..len-1 (RoPE already
   applied), all computed under one weight `version`. `lookup` only matches entries of the version
-  it is asked for; `invalidate(version)` drops every older entry (a weight update).
+  it is asked for; `invalidate(version)` drops every older entry (a weight update). The engine
+  passes its weight generation, which every weight change moves on, not the version number it
+  serves: a reload under the same number changes the weights too.
 - A match may stop inside an entry (a harness that cut the response, a shared system prompt), and
   it never covers a whole prompt: at least one token is left to prefill, whose logits give the
   first sampled token. Matches shorter than `min_tokens` are not worth a copy and are not made.

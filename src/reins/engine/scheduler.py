@@ -15,7 +15,8 @@ long freshly prefilled prompt; a joining sequence whose prompt starts with a cac
 prefills only the rest. The joining rows' cached prefixes are right-aligned in front of their new
 tokens: `[pad | cached prefix | pad | new tokens]`. The holes are masked out, and positions are
 still counted from the attention mask, so every token keeps its own position. A sequence's KV is
-kept only when all of it was computed under the weight version in force when it ends.
+kept only when all of it was computed under the weights in force when it ends: the same weight
+generation, which every weight change moves on, even one served under the same version number.
 
 A model on transformers' `sdpa` attention is switched to `attention.engine_attention`, which reads
 each KV head once per decode step and does not copy the cached KV to prefill over it.
@@ -103,8 +104,8 @@ class Sequence:
     next_token: int = -1
     cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache."""
-    kv_version: int = -1
-    """The weight version its KV was computed under (set at prefill)."""
+    kv_generation: int = -1
+    """The weight generation its KV was computed under (set at prefill)."""
     match: Match | None = field(default=None, repr=False)
     _tokens: np.ndarray | None = field(default=None, repr=False)
 
@@ -139,7 +140,7 @@ class BatchScheduler:
         max_prefill_tokens: int = 8192,
         weights_lock: threading.Lock | None = None,
         prefix_cache: PrefixCache | None = None,
-        weight_version: Callable[[], int] = lambda: 0,
+        weight_generation: Callable[[], int] = lambda: 0,
     ) -> None:
         self.model = model
         self.eos_token_ids = eos_token_ids
@@ -149,8 +150,10 @@ class BatchScheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self.weights_lock = weights_lock or threading.Lock()
         self.prefix_cache = prefix_cache or PrefixCache(0)
-        self.weight_version = weight_version
-        """The version of the weights now in the model: read under `weights_lock`."""
+        self.weight_generation = weight_generation
+        """The generation of the weights now in the model (it moves on at every weight change,
+        whatever version they are served as): cached KV is valid only under its own generation.
+        Read under `weights_lock`."""
         self.steps = 0
         self._logged: tuple[int, float] = (0, time.monotonic())
         self._cache_kwarg = _cache_kwarg(model)
@@ -278,13 +281,13 @@ class BatchScheduler:
         joining: list[Sequence] = []
         deferred: list[Sequence] = []
         widest = real = 0
-        version = self.weight_version()
+        generation = self.weight_generation()
         while self._waiting and len(joining) < room:
             candidate = self._waiting.popleft()
             if candidate.cancelled:
                 candidate.on_finish("abort", None)
                 continue
-            candidate.match = self.prefix_cache.lookup(candidate.prompt_tokens, version)
+            candidate.match = self.prefix_cache.lookup(candidate.prompt_tokens, generation)
             new = len(candidate.prompt_ids) - (candidate.match.length if candidate.match else 0)
             if joining and self._reuses_a_peer(candidate, joining):
                 deferred.append(candidate)
@@ -333,16 +336,16 @@ class BatchScheduler:
         prefixes: row i is `[pad | cached_i | pad | new_i]` (see the module docstring). Returns
         their KV cache and attention mask, for `_join`."""
         device = self.device
-        version = self.weight_version()
+        generation = self.weight_generation()
         matches: list[Match | None] = []
         for sequence in joining:
             match = sequence.match
             sequence.match = None
-            if match is not None and match.entry.version != version:
+            if match is not None and match.entry.version != generation:
                 match = None  # the weights changed since the lookup
             self.prefix_cache.use(match, len(sequence.prompt_ids))
             sequence.cached_tokens = match.length if match else 0
-            sequence.kv_version = version
+            sequence.kv_generation = generation
             matches.append(match)
         past = max(s.cached_tokens for s in joining)
         longest = max(len(s.prompt_ids) - s.cached_tokens for s in joining)
@@ -363,11 +366,16 @@ class BatchScheduler:
         self._sample(joining, logits)
         for row, sequence in enumerate(joining):
             if len(sequence.prompt_ids) - sequence.cached_tokens >= PREFILL_KEEP_TOKENS:
-                self._keep(sequence.prompt_tokens, cache, mask, row, version)
+                self._keep(sequence.prompt_tokens, cache, mask, row, generation)
         return cache, mask
 
     def _keep(
-        self, tokens: np.ndarray, cache: DynamicCache, mask: torch.Tensor, row: int, version: int
+        self,
+        tokens: np.ndarray,
+        cache: DynamicCache,
+        mask: torch.Tensor,
+        row: int,
+        generation: int,
     ) -> None:
         """Copies row `row`'s KV (the KV of `tokens`) out of `cache` into the prefix cache."""
         if not self.prefix_cache.enabled or len(tokens) < self.prefix_cache.min_tokens:
@@ -389,7 +397,7 @@ class BatchScheduler:
                 keys = layer.keys[row : row + 1].index_select(2, columns)
                 values = layer.values[row : row + 1].index_select(2, columns)
             kv.append((keys, values))
-        self.prefix_cache.insert(tokens, tuple(kv), version)
+        self.prefix_cache.insert(tokens, tuple(kv), generation)
 
     def _decode_step(self) -> None:
         assert self._cache is not None and self._mask is not None
@@ -498,16 +506,16 @@ class BatchScheduler:
         if done:
             assert self._cache is not None and self._mask is not None
             if self.prefix_cache.enabled:
-                version = self.weight_version()
+                generation = self.weight_generation()
                 for row, sequence in enumerate(self._active):
                     if (
                         sequence.finish_reason is not None
                         and sequence.error is None
-                        and sequence.kv_version == version
+                        and sequence.kv_generation == generation
                     ):
                         # Its KV covers the prompt and every sampled token but the last.
                         tokens = as_tokens([*sequence.prompt_ids, *sequence.output_ids[:-1]])
-                        self._keep(tokens, self._cache, self._mask, row, version)
+                        self._keep(tokens, self._cache, self._mask, row, generation)
             if keep:
                 columns = [self._mask[row].nonzero()[:, 0] for row in keep]
                 length = max(len(c) for c in columns)
