@@ -639,6 +639,23 @@ def test_load_weights_from_a_folder_bumps_the_version_and_changes_outputs(
 # -- errors -----------------------------------------------------------------------------------
 
 
+def test_weights_of_another_shape_are_a_json_400_and_change_nothing(
+    embedded: ServedEngine, tmp_path: Path
+) -> None:
+    from safetensors.torch import save_file
+
+    engine = embedded.engine
+    version, before = greedy_answer(embedded)
+    save_file({"model.norm.weight": torch.ones(7)}, str(tmp_path / "model.safetensors"))
+    response = httpx.post(
+        f"{embedded.server.url}/reins/load_weights", json={"path": str(tmp_path)}, timeout=60
+    )
+    assert_openai_error(response, 400, "model.norm.weight [7] (the model's: [576])")
+    assert "nothing was loaded" in response.json()["error"]["message"]
+    assert engine.weight_version == version
+    assert greedy_answer(embedded) == (version, before)
+
+
 def assert_openai_error(response: httpx.Response, status: int, says: str) -> None:
     assert response.status_code == status
     error = response.json()["error"]

@@ -143,6 +143,8 @@ class _Api:
             return _error(error.status, error.message)
         except (OSError, ValueError) as error:
             return _error(400, f"cannot load weights from that folder: {error}")
+        except Exception as error:  # the reason in the API's error shape, not a bare 500
+            return _error(500, f"loading the weights failed: {error!r}", "InternalServerError")
         return JSONResponse({"weight_version": version})
 
     async def tokenize(self, request: Request) -> Response:

@@ -27,7 +27,7 @@ from reins.allocator import return_freed_memory
 from reins.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from reins.engine.sampling import SamplingParams
 from reins.engine.scheduler import BatchScheduler, Sequence
-from reins.engine.weights import load_into, read_folder
+from reins.engine.weights import check_fits, load_into, read_folder
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -183,6 +183,7 @@ class EmbeddedEngine:
         """Loads a saved model folder's weights in place, served as `version` (default: the
         next number; the same number again reloads it); returns the version now served."""
         state = read_folder(path)
+        check_fits(self.model, state)  # weights that do not fit change nothing, the cache neither
         with self.updating_weights(version):
             load_into(self.model, state)
         return self._weight_version

@@ -27,13 +27,43 @@ def read_folder(folder: str | Path) -> dict[str, torch.Tensor]:
 
 def load_into(model: torch.nn.Module, state: dict[str, Any]) -> None:
     """Copies `state` into `model`'s parameters and buffers (cast to their dtype and device);
-    refuses weights that do not fit it, rather than serving a half-loaded model."""
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    absent = set(missing) - _tied(model)
-    if unexpected or absent:
+    refuses weights that do not fit it (names, shapes, dtypes) before copying any, rather than
+    serving a half-loaded model."""
+    check_fits(model, state)
+    model.load_state_dict(state, strict=False)  # strict would want the tied names too
+
+
+def check_fits(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """Raises ValueError, saying what does not fit, unless `state` holds a tensor of the right
+    shape, of a dtype that casts to the model's, for every name of `model`'s state dict (tied
+    names may be left out) and no other name."""
+    expected = model.state_dict()
+    absent = sorted(set(expected) - set(state) - _tied(model))
+    unexpected = sorted(set(state) - set(expected))
+    not_tensors = sorted(
+        name for name in set(state) & set(expected) if not isinstance(state[name], torch.Tensor)
+    )
+    wrong_shape, wrong_dtype = [], []
+    for name in sorted(set(state) & set(expected) - set(not_tensors)):
+        given, wanted = state[name], expected[name]
+        if given.shape != wanted.shape:
+            wrong_shape.append(f"{name} {list(given.shape)} (the model's: {list(wanted.shape)})")
+        elif not torch.can_cast(given.dtype, wanted.dtype):
+            wrong_dtype.append(f"{name} {given.dtype} (the model's: {wanted.dtype})")
+    problems = [
+        f"{what} {names[:3]}{' and more' if len(names) > 3 else ''}"
+        for what, names in (
+            ("missing", absent),
+            ("unexpected", unexpected),
+            ("not tensors", not_tensors),
+            ("of another shape", wrong_shape),
+            ("of a dtype that does not cast", wrong_dtype),
+        )
+        if names
+    ]
+    if problems:
         raise ValueError(
-            f"the weights do not fit the engine's model: missing {sorted(absent)[:3]}, "
-            f"unexpected {sorted(unexpected)[:3]}"
+            "the weights do not fit the engine's model (nothing was loaded): " + "; ".join(problems)
         )
 
 
