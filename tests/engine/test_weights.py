@@ -1,8 +1,11 @@
 """Loading whole weights into a model in place (`reins.engine.weights`): weights that do not fit
-are refused before anything is copied. A tiny random Llama built in memory, no files."""
+are refused before anything is copied; concurrent updates never lower the version served. A tiny
+random Llama built in memory, no files."""
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +13,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from reins.engine.embedded import EmbeddedEngine, WeightVersionError
+from reins.engine.prepare import prepare_default_model
 from reins.engine.weights import load_into
 
 
@@ -81,3 +86,63 @@ def test_weights_that_fit_are_loaded_cast_to_the_models_dtype() -> None:
     assert loaded["model.layers.0.mlp.down_proj.weight"].dtype == torch.float32
     expected = state["model.layers.0.mlp.down_proj.weight"].to(torch.bfloat16).float()
     assert torch.equal(loaded["model.layers.0.mlp.down_proj.weight"], expected)
+
+
+class WatchedLock:
+    """A lock that reports each thread that starts to acquire it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.attempts: queue.Queue[str] = queue.Queue()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        self.attempts.put(threading.current_thread().name)
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+
+def test_an_update_to_a_lower_version_waiting_behind_a_higher_one_is_refused() -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(prepare_default_model())
+    engine = EmbeddedEngine(tiny_model(), tokenizer, name="tiny", prefix_cache_gb=0)
+    lock = WatchedLock()
+    engine._weights_lock = engine.scheduler.weights_lock = lock  # type: ignore[assignment]
+    in_update, finish_update = threading.Event(), threading.Event()
+    outcomes: dict[int, object] = {}
+
+    def update(version: int) -> None:
+        try:
+            with engine.updating_weights(version):
+                in_update.set()
+                finish_update.wait(30)
+            outcomes[version] = "applied"
+        except WeightVersionError as error:
+            outcomes[version] = error
+
+    try:
+        to_five = threading.Thread(target=update, args=(5,), name="to-5")
+        to_five.start()
+        assert in_update.wait(30) and lock.attempts.get(timeout=30) == "to-5"
+        to_three = threading.Thread(target=update, args=(3,), name="to-3")
+        to_three.start()
+        assert lock.attempts.get(timeout=30) == "to-3"  # waiting while version 5 goes in
+        finish_update.set()
+        to_five.join(30)
+        to_three.join(30)
+        assert outcomes[5] == "applied"
+        assert "only go up" in str(outcomes[3]) and engine.weight_version == 5
+    finally:
+        finish_update.set()
+        engine.close()

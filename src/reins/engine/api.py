@@ -40,7 +40,7 @@ from reins.engine.chat import (
     shown_content,
     template_knows_tools,
 )
-from reins.engine.embedded import EmbeddedEngine, Token
+from reins.engine.embedded import EmbeddedEngine, Token, WeightVersionError
 from reins.engine.metrics import CONTENT_TYPE, engine_metrics, render
 from reins.engine.sampling import SamplingParams
 
@@ -137,10 +137,13 @@ class _Api:
                     409,
                     f"weight versions only go up: this engine serves version "
                     f"{self.engine.weight_version}, asked to serve {version}",
+                    "ConflictError",
                 )
             version = await asyncio.to_thread(self.engine.load_weights, path, version)
         except EngineError as error:
-            return _error(error.status, error.message)
+            return _error(error.status, error.message, error.kind)
+        except WeightVersionError as error:  # a higher version came in while this one read
+            return _error(409, str(error), "ConflictError")
         except (OSError, ValueError) as error:
             return _error(400, f"cannot load weights from that folder: {error}")
         except Exception as error:  # the reason in the API's error shape, not a bare 500

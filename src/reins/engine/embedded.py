@@ -37,6 +37,10 @@ DEFAULT_PREFIX_CACHE_GB = 2.0
 """About 45k tokens of the default model's KV in float32 (46 KB per token), 90k in bfloat16."""
 
 
+class WeightVersionError(ValueError):
+    """An update asked for a lower weight version than the one served."""
+
+
 @dataclass(frozen=True)
 class Token:
     """One sampled token of choice `index`."""
@@ -151,13 +155,14 @@ class EmbeddedEngine:
         (`malloc_trim`): glibc keeps freed memory in the arena of the thread that freed it,
         where an update in another thread cannot reuse it (main job: 4.7 -> 4.0 GB peak RSS,
         docs/benchmarks.md)."""
-        target = self._weight_version + 1 if version is None else version
-        if target < self._weight_version:
-            raise ValueError(
-                f"weight versions only go up: engine {self.name} serves version "
-                f"{self._weight_version}, asked to serve {target}"
-            )
         with self._weights_lock:
+            # Checked under the lock: an update waiting for it may serve a higher version yet.
+            target = self._weight_version + 1 if version is None else version
+            if target < self._weight_version:
+                raise WeightVersionError(
+                    f"weight versions only go up: engine {self.name} serves version "
+                    f"{self._weight_version}, asked to serve {target}"
+                )
             # Before the block: whatever it changes (a failed update may have changed some),
             # nothing computed with the weights before it is reused after it, the running
             # sequences' KV included.
