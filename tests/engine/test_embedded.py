@@ -709,6 +709,18 @@ def test_invalid_field_is_400(embedded: ServedEngine) -> None:
     assert_openai_error(post(embedded, "/chat/completions", body), 400, "temperature")
 
 
+def test_a_seed_a_generator_cannot_take_is_400_streamed_or_not(embedded: ServedEngine) -> None:
+    for seed, stream in [(2**70, False), (2**64, True), (-(2**63) - 1, False)]:
+        body = {"model": embedded.name, "prompt": "Hi", "max_tokens": 2, "seed": seed}
+        response = post(embedded, "/completions", {**body, "stream": stream})
+        assert_openai_error(response, 400, "seed")
+
+
+def test_the_largest_seed_serves_several_choices(embedded: ServedEngine) -> None:
+    answer = complete(embedded, "Hi", max_tokens=2, seed=2**64 - 1, n=2)
+    assert len(answer["choices"]) == 2
+
+
 def test_models_lists_the_served_name(embedded: ServedEngine) -> None:
     models = httpx.get(f"{embedded.base_url}/models").json()
     assert [m["id"] for m in models["data"]] == [embedded.name]

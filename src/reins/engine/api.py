@@ -60,7 +60,8 @@ class _Request(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    """What a generator's seed can be (negative ones count from 2**64)."""
     n: int = Field(default=1, ge=1, le=16)
     stream: bool | None = False
     stream_options: dict[str, Any] | None = None
@@ -341,7 +342,8 @@ class _Api:
                 stop=tuple(s for s in stop if s),
                 stop_token_ids=self.stop_token_ids,
                 tool_calls=tool_calls,
-                seed=None if body.seed is None else body.seed + index,
+                # Wrapped, as the generator wraps negative seeds: the last seed's n choices fit.
+                seed=None if body.seed is None else (body.seed + index) % 2**64,
             )
             for index in range(body.n)
         ]
