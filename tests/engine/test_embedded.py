@@ -665,11 +665,27 @@ def assert_openai_error(response: httpx.Response, status: int, says: str) -> Non
 
 
 def test_unknown_model_is_404(embedded: ServedEngine) -> None:
-    response = post(embedded, "/chat/completions", {"model": "gpt-9", "messages": OPEN_QUESTION})
-    assert_openai_error(response, 404, "gpt-9")
+    for route, body in [
+        ("/chat/completions", {"messages": OPEN_QUESTION}),
+        ("/completions", {"prompt": "hi"}),
+    ]:
+        response = post(embedded, route, {"model": "gpt-9", **body})
+        assert_openai_error(response, 404, "gpt-9")
+        assert response.json()["error"]["type"] == "NotFoundError"
     client = openai.OpenAI(base_url=embedded.base_url, api_key="x", max_retries=0)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-9", prompt="hi", max_tokens=1)
+
+
+def test_a_lower_weight_version_is_409_conflict(embedded: ServedEngine) -> None:
+    lower = embedded.engine.weight_version - 1
+    response = httpx.post(
+        f"{embedded.server.url}/reins/load_weights",
+        json={"path": str(prepare_default_model()), "version": lower},
+        timeout=60,
+    )
+    assert_openai_error(response, 409, "only go up")
+    assert response.json()["error"]["type"] == "ConflictError"
 
 
 def test_too_long_prompt_is_400(embedded: ServedEngine) -> None:

@@ -111,6 +111,13 @@ def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResp
     return JSONResponse(body, status_code=status)
 
 
+def _refused(error: EngineError | ChatRequestError) -> JSONResponse:
+    """A request refused: its status and error type (a chat that cannot be rendered is 400)."""
+    if isinstance(error, EngineError):
+        return _error(error.status, error.message, error.kind)
+    return _error(400, str(error))
+
+
 class _Api:
     def __init__(self, engine: EmbeddedEngine) -> None:
         self.engine = engine
@@ -142,7 +149,7 @@ class _Api:
                 )
             version = await asyncio.to_thread(self.engine.load_weights, path, version)
         except EngineError as error:
-            return _error(error.status, error.message, error.kind)
+            return _refused(error)
         except WeightVersionError as error:  # a higher version came in while this one read
             return _error(409, str(error), "ConflictError")
         except (OSError, ValueError) as error:
@@ -174,8 +181,7 @@ class _Api:
         except ValidationError as error:
             return _error(400, _validation_message(error))
         except (EngineError, ChatRequestError) as error:
-            status = error.status if isinstance(error, EngineError) else 400
-            return _error(status, str(error))
+            return _refused(error)
         return JSONResponse(
             {"count": len(tokens), "max_model_len": self.engine.max_model_len, "tokens": tokens}
         )
@@ -214,8 +220,7 @@ class _Api:
         except ValidationError as error:
             return _error(400, _validation_message(error))
         except (EngineError, ChatRequestError) as error:
-            status = error.status if isinstance(error, EngineError) else 400
-            return _error(status, str(error))
+            return _refused(error)
         call = _Call(self.engine, "chat", body, prompt_ids, params[0], self.sampled)
         headers = {WEIGHT_VERSION_HEADER: str(self.engine.weight_version)}
         if body.reins_prefix_token_ids is not None:
@@ -235,7 +240,7 @@ class _Api:
         except ValidationError as error:
             return _error(400, _validation_message(error))
         except EngineError as error:
-            return _error(error.status, error.message)
+            return _refused(error)
         call = _Call(self.engine, "completions", body, prompt_ids, params[0], self.sampled)
         headers = {WEIGHT_VERSION_HEADER: str(self.engine.weight_version)}
         if body.stream:
