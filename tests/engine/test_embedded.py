@@ -318,6 +318,17 @@ def test_text_stops_before_a_stop_string(embedded: ServedEngine) -> None:
     assert stopped["token_ids"] == unstopped["token_ids"][: len(stopped["token_ids"])]
 
 
+STARS = "★★★★★★★★"
+"""Greedy decoding continues it with `☆☆☆...`: 3 UTF-8 bytes and 3 tokens per star."""
+
+
+def test_a_stop_string_of_multi_byte_characters_ends_generation(embedded: ServedEngine) -> None:
+    assert len(ids(embedded, "☆☆")) > len("☆☆") + 2  # more tokens than characters
+    answer = complete(embedded, STARS, temperature=0, max_tokens=24, stop=["☆☆"])
+    choice = answer["choices"][0]
+    assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == ("", "stop", "☆☆")
+
+
 def test_max_tokens_ends_with_finish_reason_length(embedded: ServedEngine) -> None:
     answer = complete(embedded, COUNTING, temperature=0, max_tokens=5)
     choice = answer["choices"][0]

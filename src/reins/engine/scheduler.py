@@ -476,9 +476,11 @@ class BatchScheduler:
     def _hit_stop(self, sequence: Sequence) -> bool:
         """A stop string, or (tools offered) the end of a tool-call turn, in the last tokens."""
         params = sequence.params
-        longest_stop = max((len(stop) for stop in params.stop), default=0)
+        # A byte-level BPE token holds at least one byte of text (a character may take four), so
+        # a stop string spans at most as many tokens as it has UTF-8 bytes, plus one partial
+        # token on each side.
+        longest_stop = max((len(stop.encode()) for stop in params.stop), default=0)
         window = max(longest_stop, TOOL_TURN_TOKENS if params.tool_calls else 0)
-        # A stop string spans at most that many tokens, plus one partial token on each side.
         tail = self.decode(sequence.output_ids[-(window + 2) :])
         if any(stop in tail for stop in params.stop):
             return True
