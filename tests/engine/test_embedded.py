@@ -329,6 +329,36 @@ def test_a_stop_string_of_multi_byte_characters_ends_generation(embedded: Served
     assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) == ("", "stop", "☆☆")
 
 
+def test_usage_counts_the_tokens_returned_not_those_sampled_past_a_stop(
+    embedded: ServedEngine,
+) -> None:
+    body = {
+        "model": embedded.name,
+        "prompt": STARS,
+        "temperature": 0,
+        "max_tokens": 24,
+        "stop": ["☆☆", "7,"],
+        "n": 2,
+    }
+    for prompt in (STARS, COUNTING):
+        answer = complete(embedded, **{**body, "prompt": prompt})
+        returned = sum(len(c["token_ids"]) for c in answer["choices"])
+        assert answer["usage"]["completion_tokens"] == returned
+        assert answer["usage"]["total_tokens"] == answer["usage"]["prompt_tokens"] + returned
+        stream = {**body, "prompt": prompt, "stream": True}
+        chunks = stream_chunks(
+            embedded, "/completions", {**stream, "stream_options": {"include_usage": True}}
+        )
+        streamed = sum(len(c["token_ids"]) for chunk in chunks for c in chunk["choices"])
+        assert streamed == returned and chunks[-1]["usage"]["completion_tokens"] == returned
+        # A stream holds back a character that may start the stop string, multi-byte ones too.
+        texts = [
+            "".join(c["text"] for ch in chunks for c in ch["choices"] if c["index"] == i)
+            for i in range(2)
+        ]
+        assert texts == [c["text"] for c in answer["choices"]]
+
+
 def test_max_tokens_ends_with_finish_reason_length(embedded: ServedEngine) -> None:
     answer = complete(embedded, COUNTING, temperature=0, max_tokens=5)
     choice = answer["choices"][0]

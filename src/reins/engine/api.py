@@ -448,8 +448,9 @@ class _Call:
 
     def _usage(self, choices: list[_Choice]) -> dict[str, Any]:
         """OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens that every
-        choice took from the prefix cache (as OpenAI and vLLM report them)."""
-        completion_tokens = sum(len(c.token_ids) for c in choices)
+        choice took from the prefix cache (as OpenAI and vLLM report them). The completion
+        tokens are those the choices return, not those sampled past a stop string."""
+        completion_tokens = sum(self.settled(c, final=True).count for c in choices)
         return {
             "prompt_tokens": len(self.prompt_ids),
             "completion_tokens": completion_tokens,

@@ -254,11 +254,11 @@ def settle(
         return Settled(count, decode(tokens[:count]), stop)
     if final:
         return Settled(len(tokens), text, stop_reason)
-    limit = len(text) - rules.hold
+    # A multi-byte character not complete yet decodes as U+FFFD: it is held back, and the
+    # characters that may start a stop string are held back before it.
+    limit = len(text.rstrip("\ufffd")) - rules.hold
     if rules.tool_calls and (undecided := _undecided_tool_tail(text)) is not None:
         limit = min(limit, undecided)
-    if text.endswith("\ufffd"):  # a multi-byte character is not complete yet
-        limit = min(limit, len(text.rstrip("\ufffd")))
     count = _within(tokens, decode, text, limit)
     return Settled(count, decode(tokens[:count]) if count < len(tokens) else text)
 
