@@ -312,10 +312,12 @@ def test_an_entry_of_older_weights_never_serves_newer_ones(tiny: Pair) -> None:
     first = asyncio.run(generate(engine, prompt, seed=1))
     follow_up = prompt + first.token_ids + text_ids(engine, "\nTool result: done\n")
     assert engine.prefix_cache.lookup(as_tokens(follow_up), engine.weight_generation) is not None
-    norm = engine.model.model.norm.weight
+    # A layer below the last: its change reaches the KV of the layers above it (the final norm's
+    # would change the logits only, and stale KV would go unseen).
+    weight = engine.model.model.layers[0].mlp.down_proj.weight
     try:
         with engine.updating_weights(), torch.no_grad():
-            norm.mul_(1.5)
+            weight.mul_(1.5)
         assert engine.prefix_cache.stats().entries == 0
         after = asyncio.run(generate(engine, follow_up, seed=2))
         assert after.cached_tokens == 0
@@ -327,7 +329,7 @@ def test_an_entry_of_older_weights_never_serves_newer_ones(tiny: Pair) -> None:
         assert_same([reused], [asyncio.run(generate(tiny.off, again, seed=3))])
     finally:
         with engine.updating_weights(), torch.no_grad():
-            norm.div_(1.5)
+            weight.div_(1.5)
 
 
 def test_a_sequence_running_across_a_weight_update_is_not_kept(tiny: Pair) -> None:
