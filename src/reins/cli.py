@@ -196,6 +196,13 @@ def controller(
     controller_name: Annotated[
         str, typer.Option(help="kubernetes: labels this controller's Jobs.")
     ] = "reins",
+    preload: Annotated[
+        bool,
+        typer.Option(
+            help="local: fork `module:function` agents from a process that imported their "
+            "module once (--no-preload: a fresh interpreter per attempt)."
+        ),
+    ] = True,
 ) -> None:
     """Run the Rollout Controller: launch an agent for each queued rollout, report how it ended."""
     from reins.controller.command import ControllerOptions, main, parse_values
@@ -222,6 +229,7 @@ def controller(
             network_policy=network_policy,
             values=parse_values(set_values or []),
             controller_name=controller_name,
+            preload=preload,
         )
         main(options)
     except ValueError as error:

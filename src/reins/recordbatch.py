@@ -29,8 +29,7 @@ import orjson
 from numpy.typing import NDArray
 
 from reins.packed import decode_stream_into
-from reins.samples.records import Call, MissingRewardError, RolloutRecord, numeric_metrics
-from reins.schemas import Reward
+from reins.samples.records import Call, RolloutRecord, reward_of
 
 MAGIC = b"RRB1"
 MEDIA_TYPE = "application/vnd.reins.records"
@@ -229,17 +228,9 @@ def record_of(
     decoded: DecodedRollout, *, group_id: str | None = None, missing_reward: float | None = None
 ) -> RolloutRecord:
     """The `RolloutRecord` `rollout_from_events` builds from the same attempt's events."""
-    if decoded.reward is None:
-        if missing_reward is None:
-            raise MissingRewardError(
-                f"rollout {decoded.rollout_id} attempt {decoded.attempt_id} has no reward event; "
-                "have the agent report one, or pass missing_reward=<value> to fill it"
-            )
-        reward, metrics = missing_reward, {}
-    else:
-        reward = Reward.model_validate(decoded.reward).value
-        raw = decoded.reward.get("metrics") if isinstance(decoded.reward, dict) else None
-        metrics = numeric_metrics(raw)
+    reward, metrics = reward_of(
+        decoded.reward, decoded.rollout_id, decoded.attempt_id, missing_reward
+    )
     return RolloutRecord(
         rollout_id=decoded.rollout_id,
         reward=float(reward),

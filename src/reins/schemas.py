@@ -220,11 +220,13 @@ class ModelRequest(BaseModel):
 
 
 class Reward(BaseModel):
-    """Data of a ``reward`` event."""
+    """Data of a ``reward`` event: the gateway refuses (422) a reward event whose data does not
+    fit, and the trainer reads one that does not (stored before this check) as missing."""
 
     model_config = ConfigDict(extra="allow")
 
-    value: float
+    value: float = Field(strict=True, allow_inf_nan=False)
+    """A finite number (an integer is taken as a float; a string, a bool or null is refused)."""
     source: str | None = None
     reason: str | None = None
 

@@ -98,3 +98,21 @@ def scale(task: dict[str, Any]) -> float:
 def exit_with(task: dict[str, Any]) -> float:
     """Ends the process with `sys.exit(task["status"])`, as some harness CLIs do."""
     sys.exit(task["status"])
+
+
+def os_exit_with(task: dict[str, Any]) -> None:
+    """Ends the process with `os._exit(task["status"])` (no cleanup), as many harness CLIs do."""
+    sys.stdout.flush()
+    os._exit(task["status"])
+
+
+def kill_self(task: dict[str, Any]) -> None:
+    """Dies of signal `task["signal"]` (SIGKILL, SIGSEGV)."""
+    import signal
+
+    os.kill(os.getpid(), signal.Signals[task["signal"]])
+    time.sleep(30)
+
+
+def interrupted(task: dict[str, Any]) -> None:
+    raise KeyboardInterrupt

@@ -479,3 +479,55 @@ async def test_a_pidfd_wakes_the_watch_when_the_agent_exits() -> None:
     finally:
         os.close(pidfd)
         await process.wait()
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["forked", "fresh"])
+async def test_an_agent_ending_without_cleanup_reports_its_real_status(
+    client: GatewayClient, gateway_url: str, tmp_path: Path, preload: bool
+) -> None:
+    """os._exit, a signal, a KeyboardInterrupt: the same outcome forked as in a fresh interpreter
+    (the shell's 128 + N for signal N), never `lost`."""
+    cases = {
+        "r-osexit0": ("os_exit_with", {"status": 0}, "succeeded", 0),
+        "r-osexit5": ("os_exit_with", {"status": 5}, "failed", 5),
+        "r-sigkill": ("kill_self", {"signal": "SIGKILL"}, "failed", 137),
+        "r-sigsegv": ("kill_self", {"signal": "SIGSEGV"}, "failed", 139),
+        "r-ctrl-c": ("interrupted", {}, "failed", 130),
+    }
+    await client.create_rollouts(
+        [
+            RolloutSpec(rollout_id=rid, input=task, config=RolloutConfig(agent=f"{AGENTS}:{name}"))
+            for rid, (name, task, _, _) in cases.items()
+        ]
+    )
+    reconciler = LocalReconciler(
+        f"{AGENTS}:succeed", 8, tmp_path / "logs", workdir=ROOT, preload=preload
+    )
+    ctl = Controller(
+        client, reconciler, gateway_url=gateway_url, max_attempts=1, poll_interval_s=0.1
+    )
+    async with running(ctl):
+        rollouts = await wait_terminal(client, list(cases))
+    for rid, (_, _, state, code) in cases.items():
+        assert rollouts[rid].status.state == state, rid
+        [log] = await client.get_events(rid, attempt_id=1, types=[AGENT_LOG])
+        assert log.data["exit_code"] == code, rid
+        assert log.data["outcome"] == ("succeeded" if code == 0 else "crashed"), rid
+
+
+def test_no_preload_reaches_the_local_reconciler(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from reins.cli import app
+    from reins.controller import command
+
+    seen: list[command.ControllerOptions] = []
+    base = ["controller", "--runner", "local", "--gateway", "http://127.0.0.1:1"]
+    base += ["--api-key", "k", "--agent", f"{AGENTS}:succeed", "--log-dir", str(tmp_path)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(command, "main", seen.append)
+        for flags in ([], ["--no-preload"]):
+            result = CliRunner().invoke(app, base + flags)
+            assert result.exit_code == 0, result.output
+    reconcilers = [command.build_reconciler(options) for options in seen]
+    assert [r.preload for r in reconcilers] == [True, False]  # type: ignore[attr-defined]

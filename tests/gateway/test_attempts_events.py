@@ -148,3 +148,26 @@ def test_a_nul_in_an_event_filter_matches_nothing(gateway: Gateway) -> None:
         assert both.status_code == 200 and [e["type"] for e in both.json()] == ["note"]
         assert gateway.http.get(path, params={"type": "no\x00te"}).json() == []
     assert gateway.http.get("/api/rollouts/r%00/events").status_code == 404
+
+
+def test_a_reward_event_without_a_finite_number_value_is_422_and_not_stored(
+    gateway: Gateway,
+) -> None:
+    start(gateway)
+    path = "/api/rollouts/r/attempt/1/events"
+    refused = [{"value": "high"}, {"score": 1}, {"value": None}, {"value": [1]}, {"value": True}]
+    for data in refused:
+        single = gateway.http.post(path, json={"type": "reward", "data": data})
+        assert single.status_code == 422, data
+        assert single.json()["detail"][0]["loc"] == ["body", "data", "value"]
+        # In a list: the whole post is refused, the field named by its place in the list.
+        listed = [{"type": "note", "data": {}}, {"type": "reward", "data": data}]
+        response = gateway.http.post(path, json=listed)
+        assert response.status_code == 422, data
+        assert response.json()["detail"][0]["loc"] == ["body", 1, "data", "value"]
+    nan = b'{"type": "reward", "data": {"value": NaN}}'
+    not_finite = gateway.http.post(path, content=nan, headers={"content-type": "application/json"})
+    assert not_finite.status_code == 422
+    assert gateway.http.get("/api/rollouts/r/events").json() == []
+    post(gateway, path, {"type": "reward", "data": {"value": 1}})
+    assert [e["data"] for e in gateway.http.get("/api/rollouts/r/events").json()] == [{"value": 1}]

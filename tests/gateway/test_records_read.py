@@ -12,7 +12,7 @@ import pytest
 
 from reins.client import GatewayClient, GatewayError
 from reins.packed import unpack_events
-from reins.recordbatch import record_of
+from reins.recordbatch import DecodedRollout, record_of
 from reins.samples.records import MissingRewardError, RolloutRecord, rollout_from_events
 from reins.schemas import EventIn, RolloutSpec
 from tests.conftest import Gateway
@@ -134,3 +134,10 @@ async def test_packed_events_are_the_stored_form_and_restore_exactly(gateway: Ga
     assert wire < sum(len(e.model_dump_json()) for e in whole) / 3
     with pytest.raises(ValueError, match="read its attempt from the first call"):
         unpack_events(packed[3:])
+
+
+def test_a_stored_reward_that_does_not_parse_reads_as_missing() -> None:
+    decoded = DecodedRollout("r", 2, {"value": "high"}, [], skipped_calls=0, abandoned_calls=0)
+    with pytest.raises(MissingRewardError, match=r"rollout r attempt 2 .*value: Input should"):
+        record_of(decoded)
+    assert record_of(decoded, missing_reward=0.0).reward == 0.0

@@ -138,3 +138,15 @@ def test_events_of_another_rollout_are_refused() -> None:
     ]
     with pytest.raises(ValueError, match="r-2"):
         rollout_from_events(events, rollout_id="r-1")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"value": "high"}, {"score": 1}, {"value": None}, {"value": [1]}, {"value": float("nan")}],
+)
+def test_a_reward_that_does_not_parse_is_a_missing_reward(data: dict[str, Any]) -> None:
+    # Rows stored before the gateway checked rewards: never an error of the whole read.
+    events = [_event(1, "model_request", _request([1], [2])), _event(2, "reward", data)]
+    with pytest.raises(MissingRewardError, match="r-1 attempt 1 has a reward event that does not"):
+        rollout_from_events(events)
+    assert rollout_from_events(events, missing_reward=-1.0).reward == -1.0

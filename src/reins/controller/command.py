@@ -43,6 +43,8 @@ class ControllerOptions:
     values: Mapping[str, Any] = field(default_factory=dict)
     controller_name: str = "reins"
     creations_per_s: float = 10.0
+    preload: bool = True
+    """local: `module:function` agents fork from a zygote that imported their module once."""
 
 
 def parse_values(pairs: list[str]) -> dict[str, Any]:
@@ -65,7 +67,9 @@ def build_reconciler(options: ControllerOptions) -> Reconciler:
             raise ValueError(
                 "--agent is required with --runner local (module:function or a command)"
             )
-        return LocalReconciler(options.agent, options.max_parallel, options.log_dir)
+        return LocalReconciler(
+            options.agent, options.max_parallel, options.log_dir, preload=options.preload
+        )
     from reins.controller.kubernetes import KubernetesReconciler
     from reins.controller.templates import (
         DEFAULT_JOB_TEMPLATE,

@@ -48,6 +48,8 @@ from reins.controller.zygote import DIE_WITH_PARENT, die_with_parent, pdeathsig_
 _WRAPPER = 'd=$1; shift\necho $$ > "$d/pid"\n"$@"\nrc=$?\necho $rc > "$d/exit"\nexit $rc\n'
 
 _ATTEMPT_FOLDER = re.compile(r"attempt-\d+")
+_ZOMBIE_WAITS = 500
+"""How many times (10 ms apart) the watch waits for a zygote to reap its ended child."""
 _UNSTARTED_GRACE_S = 5.0
 """A `launch.json` this old without a `pid` means the wrapper never started."""
 
@@ -176,6 +178,7 @@ class LocalReconciler:
         if ended is None and pid is not None:
             if _alive(pid, folder):
                 return self._adopt(key, folder, pid, launched).ended or RUNNING
+            await _reaped(pid, folder)
             ended = _read_exit(folder) or Ended(
                 "lost", None, f"process (pid {pid}) is gone and left no exit status"
             )
@@ -356,6 +359,7 @@ class LocalReconciler:
             if pidfd is not None:
                 os.close(pidfd)
         _killpg(execution.pid, signal.SIGKILL)
+        await _reaped(execution.pid, execution.folder)
         ended = _read_exit(execution.folder) or Ended(
             "lost", None, f"process (pid {execution.pid}) is gone and left no exit status"
         )
@@ -487,6 +491,27 @@ def _alive(pid: int, folder: Path) -> bool:
     if started:  # forked by a zygote: same cmdline as its parent; the start time tells it apart
         return fields[19] == started
     return str(folder).encode() in cmdline.split(b"\0")
+
+
+async def _reaped(pid: int, folder: Path) -> None:
+    """Returns once an ended agent has its `exit` file or is reaped (bounded).
+
+    A zygote's child that ended through os._exit or a signal gets its `exit` from the zygote,
+    written before the zygote reaps it: while it is a zombie, the file may be on its way."""
+    for _ in range(_ZOMBIE_WAITS):
+        if _read_exit(folder) is not None or not _zombie(pid, folder):
+            return
+        await asyncio.sleep(0.01)
+
+
+def _zombie(pid: int, folder: Path) -> bool:
+    """Whether `pid` is this attempt's zygote-forked agent, ended and not yet reaped."""
+    started = _read_text(folder / "pid.start")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return False
+    return bool(started) and fields[0] == "Z" and fields[19] == started
 
 
 def _read_text(path: Path) -> str | None:

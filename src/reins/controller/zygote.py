@@ -7,7 +7,9 @@ milliseconds each). A child starts its own session (its process group is killed 
 timeout), sends its output to the attempt's `agent.log`, takes the attempt's environment, runs
 the agent exactly as `run_agent` does, and writes its `exit` file as the shell wrapper would (the
 zygote writes its `pid` and `pid.start` before answering); the controller watches it like an
-adopted agent.
+adopted agent. A child that leaves no `exit` (it ended through `os._exit` or a signal) gets one
+from the zygote, which reaps its children: the status as the shell wrapper would have written it
+(128 + N for signal N), before the child's pid is released.
 
 With `REINS_ZYGOTE_DIE_WITH_PARENT=1` in its environment (the trainer's own controller sets it),
 the zygote and every child die with their parent (`die_with_parent`): a SIGKILL of the trainer
@@ -18,7 +20,8 @@ answer per line on stdout, `{"pid": N}` or `{"error": "..."}`. The zygote exits 
 Anything else written to stdout (by the agent's module, say) goes to stderr instead.
 
 Caveat (documented in docs/controller.md): a module that reads the environment at import time sees
-the controller's environment, not the attempt's; such agents can opt out (`--no-preload`).
+the controller's environment, not the attempt's; such agents can opt out (`reins controller
+--no-preload`, or `LocalReconciler(preload=False)`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -95,6 +99,7 @@ def _child(
         if parent is not None:
             die_with_parent(parent)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the agent's own subprocesses are waited
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})  # blocked by the zygote
         folder = Path(request["folder"])
         log = os.open(folder / "agent.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -110,6 +115,9 @@ def _child(
         code = call_agent(agent, function)
     except SystemExit as exit_:  # sys.exit(N) in the agent: status N, as in a fresh interpreter
         code = _exit_status(exit_.code)
+    except KeyboardInterrupt:  # a fresh interpreter dies of the SIGINT: the shell says 130
+        traceback.print_exc()
+        code = 128 + signal.SIGINT
     except BaseException as error:  # the child must reach os._exit whatever happens
         print(f"reins: the agent's process failed before it ran: {error!r}", file=sys.stderr)
     finally:
@@ -119,6 +127,37 @@ def _child(
             _write(Path(request["folder"]) / "exit", str(code))
         finally:
             os._exit(code)
+
+
+def _reap(children: dict[int, Path]) -> None:
+    """Writes the `exit` file of every ended child that left none, then reaps it.
+
+    The status is read without reaping (WNOWAIT) and the `exit` file written first: while the
+    child is a zombie its pid (and start time) still name it, so the controller, which waits for
+    the zombie to go before it reads `exit`, finds the file there."""
+    while True:
+        try:
+            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if ended is None or ended.si_pid == 0:
+            return
+        pid = ended.si_pid
+        folder = children.get(pid)
+        if folder is not None:
+            code = ended.si_status
+            if ended.si_code != os.CLD_EXITED:  # killed by signal N: what `sh` reports
+                code = 128 + ended.si_status
+            if not (folder / "exit").exists():
+                try:
+                    _write(folder / "exit", str(code))
+                except OSError as error:
+                    print(f"reins: cannot write {folder / 'exit'}: {error!r}", file=sys.stderr)
+        children.pop(pid, None)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
 
 def main(argv: list[str]) -> int:
@@ -143,11 +182,14 @@ def main(argv: list[str]) -> int:
     if os.environ.pop(DIE_WITH_PARENT, "") == "1":
         die_with_parent(int(os.environ.pop(DIE_WITH_PARENT + "_PID", "0")) or os.getppid())
         parent = os.getpid()
-    # Children are reaped by the kernel: the controller learns their end from their files.
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    children: dict[int, Path] = {}
+    """Each live child's attempt folder, for its `exit` file."""
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: _reap(children))
     for line in sys.stdin:
         if not line.strip():
             continue
+        # SIGCHLD waits until the child is registered: one that ended at once still gets `exit`.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         try:
             request = json.loads(line)
             sys.stdout.flush()
@@ -155,13 +197,16 @@ def main(argv: list[str]) -> int:
             out.flush()
             pid = os.fork()
         except (ValueError, OSError) as error:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             out.write(json.dumps({"error": repr(error)}) + "\n")
             out.flush()
             continue
         if pid == 0:
             _child(agent, function, request, parent, protocol)
-        # Written here, before the answer, so the controller never sees a pid it cannot check.
         folder = Path(request["folder"])
+        children[pid] = folder
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        # Written here, before the answer, so the controller never sees a pid it cannot check.
         _write(folder / "pid.start", process_start_time(pid) or "")
         _write(folder / "pid", str(pid))
         out.write(json.dumps({"pid": pid}) + "\n")

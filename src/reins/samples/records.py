@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from pydantic import ValidationError
 
 from reins.schemas import MODEL_REQUEST, REWARD, Event, ModelRequest, Reward
 
@@ -155,7 +156,7 @@ class RolloutRecord:
 
 
 class MissingRewardError(ValueError):
-    """A rollout's attempt has no ``reward`` event and no fill value was given."""
+    """A rollout's attempt has no usable ``reward`` event and no fill value was given."""
 
 
 def numeric_metrics(raw: Any) -> dict[str, float]:
@@ -168,6 +169,31 @@ def numeric_metrics(raw: Any) -> dict[str, float]:
         for name, value in raw.items()
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     }
+
+
+def reward_of(
+    data: Any, rollout_id: str, attempt_id: int, missing_reward: float | None
+) -> tuple[float, dict[str, float]]:
+    """The reward and metrics of an attempt from its last ``reward`` event's data (None: it has
+    none). A reward that does not fit the `Reward` schema (stored before the gateway checked
+    them) is a missing one, never an error of the whole read: ``missing_reward`` fills either,
+    and without it this raises ``MissingRewardError`` naming the rollout and what was wrong."""
+    problem = "has no reward event"
+    if data is not None:
+        try:
+            reward = Reward.model_validate(data)
+        except ValidationError as error:
+            first = error.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or "data"
+            problem = f"has a reward event that does not parse ({field}: {first['msg']})"
+        else:
+            return reward.value, numeric_metrics(getattr(reward, "metrics", None))
+    if missing_reward is None:
+        raise MissingRewardError(
+            f"rollout {rollout_id} attempt {attempt_id} {problem}; have the agent report one "
+            "(`reins.agent.report_reward`), or pass missing_reward=<value> to fill it"
+        )
+    return missing_reward, {}
 
 
 def rollout_from_events(
@@ -188,8 +214,9 @@ def rollout_from_events(
       ``abandoned_calls`` too). An abandoned call
       is never kept: dedup keeps the last of identical prompts, which would otherwise be
       whichever finished last, not the answer the harness went on with.
-    - The reward is the value of the last ``reward`` event (highest seq). With none, this raises
-      ``MissingRewardError`` unless ``missing_reward`` gives a fill value (e.g. 0.0).
+    - The reward is the value of the last ``reward`` event (highest seq). With none, or one that
+      does not parse, this raises ``MissingRewardError`` unless ``missing_reward`` gives a fill
+      value (e.g. 0.0); see ``reward_of``.
     - Other event types are ignored.
     """
     evs = sorted(events, key=lambda e: e.seq)
@@ -204,8 +231,7 @@ def rollout_from_events(
         attempt_id = max((e.attempt_id for e in evs), default=1)
     calls: list[Call] = []
     skipped = abandoned = 0
-    reward: float | None = None
-    metrics: dict[str, float] = {}
+    reward_data: Any = None
     for ev in evs:
         if ev.attempt_id != attempt_id:
             continue
@@ -217,15 +243,8 @@ def rollout_from_events(
             else:
                 calls.append(call)
         elif ev.type == REWARD:
-            reward = Reward.model_validate(ev.data).value
-            metrics = numeric_metrics(ev.data.get("metrics"))
-    if reward is None:
-        if missing_reward is None:
-            raise MissingRewardError(
-                f"rollout {rollout_id} attempt {attempt_id} has no reward event; have the agent "
-                "report one, or pass missing_reward=<value> to fill it"
-            )
-        reward = missing_reward
+            reward_data = ev.data
+    reward, metrics = reward_of(reward_data, rollout_id, attempt_id, missing_reward)
     return RolloutRecord(
         rollout_id=rollout_id,
         reward=float(reward),

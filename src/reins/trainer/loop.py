@@ -434,8 +434,9 @@ class Trainer:
         fill = self.config.fill_reward if rollout.status.state == "failed" else None
         try:
             record = record_of(read, group_id=rollout.group_id, missing_reward=fill)
-        except MissingRewardError:
+        except MissingRewardError as missing:
             counts["missing_reward"] += 1
+            log.warning("%s", missing)
             if self.config.failed_rollouts == "drop_group":
                 return None
             record = record_of(

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Query
-from pydantic import Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import Field, ValidationError
 
 from reins.gateway.deps import Admin, AttemptCaller, AttemptIdPath, RolloutIdPath, StoreDep
 from reins.gateway.guards import GuardedRoute
 from reins.gateway.store import Store
-from reins.schemas import Event, EventAck, EventIn, PackedEvent
+from reins.schemas import REWARD, Event, EventAck, EventIn, PackedEvent, Reward
 
 router = APIRouter(prefix="/api/rollouts", tags=["events"], route_class=GuardedRoute)
 
@@ -50,6 +51,7 @@ async def append(
     from_harness: bool,
 ) -> EventAck | list[EventAck]:
     """The work of an event post, shared with its fast endpoint (`reins.gateway.fast`)."""
+    _check_rewards(body)
     if isinstance(body, list):
         stored = await store.append_events(rollout_id, attempt_id, body, from_harness=from_harness)
         return [_ack(e) for e in stored]
@@ -57,6 +59,27 @@ async def append(
         body = body.model_copy(update={"idempotency_key": idempotency_key})
     (event,) = await store.append_events(rollout_id, attempt_id, [body], from_harness=from_harness)
     return _ack(event)
+
+
+def _check_rewards(body: EventIn | list[EventIn]) -> None:
+    """A `reward` event's data must fit `Reward` (a finite number `value`): the trainer reads
+    it at every step, so one that does not is refused here (422 naming the field, nothing of the
+    post stored) rather than stored and found when a step reads it."""
+    located = list(enumerate(body)) if isinstance(body, list) else [(None, body)]
+    errors: list[Any] = []
+    for index, event in located:
+        if event.type != REWARD:
+            continue
+        try:
+            Reward.model_validate(event.data)
+        except ValidationError as error:
+            at = ("body",) if index is None else ("body", index)
+            errors += [
+                {"loc": (*at, "data", *e["loc"]), "msg": e["msg"], "type": e["type"]}
+                for e in error.errors()
+            ]
+    if errors:
+        raise RequestValidationError(errors)
 
 
 def _ack(event: Event) -> EventAck:
