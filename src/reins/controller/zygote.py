@@ -26,6 +26,7 @@ the controller's environment, not the attempt's; such agents can opt out (`reins
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -154,10 +155,8 @@ def _reap(children: dict[int, Path]) -> None:
                 except OSError as error:
                     print(f"reins: cannot write {folder / 'exit'}: {error!r}", file=sys.stderr)
         children.pop(pid, None)
-        try:
+        with contextlib.suppress(ChildProcessError):  # reaped by a nested call already
             os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
 
 
 def main(argv: list[str]) -> int:
