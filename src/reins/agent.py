@@ -11,7 +11,8 @@ any OpenAI client. These helpers are for the few lines that grade the result::
 
 Calls are synchronous (harness code is often not async), use the attempt's scoped token (which
 may post events to its own attempt and nothing else), and are retried on transport errors and
-5xx answers with one idempotency key chosen before the first try, so a retry is stored once.
+5xx answers for up to two minutes (`reins.retry`: past a gateway restart) with one idempotency
+key chosen before the first try, so a retry is stored once.
 
 This module imports only the standard library: an agent is one short process per attempt, and
 on this project's 2-core machines `import httpx` alone costs 0.25-0.35 s of CPU per attempt,
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
+
+from reins.retry import RETRY_FOR_S, retry_delays
 
 Json = Union[dict[str, "Json"], list["Json"], str, int, float, bool, None]  # noqa: UP007
 
@@ -150,17 +152,20 @@ def emit_event(
     *,
     context: AgentContext | None = None,
     idempotency_key: str | None = None,
-    retries: int = 6,
+    retry_for_s: float = RETRY_FOR_S,
     timeout_s: float = 10.0,
 ) -> None:
-    """Appends one event of `type` to this attempt at the gateway."""
+    """Appends one event of `type` to this attempt at the gateway; transport errors and 5xx
+    answers are retried for `retry_for_s` (`reins.retry`, past a gateway restart), each try
+    with the same idempotency key."""
     ctx = context or AgentContext.from_env()
     key = idempotency_key or uuid.uuid4().hex
     url = f"{ctx.gateway_url}/api/rollouts/{ctx.rollout_id}/attempt/{ctx.attempt_id}/events"
     body = json.dumps({"type": type, "data": dict(data), "idempotency_key": key}).encode()
     headers = {"Authorization": f"Bearer {ctx.api_key}", "Content-Type": "application/json"}
     problem = ""
-    for attempt in range(retries + 1):
+    delays = retry_delays(retry_for_s)
+    while True:
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
@@ -172,9 +177,12 @@ def emit_event(
                 raise ReportError(f"the gateway refused the {type} event ({problem})") from error
         except (urllib.error.URLError, OSError) as error:  # refused, reset, timed out
             problem = repr(error)
-        if attempt < retries:
-            time.sleep(min(5.0, 0.1 * 2**attempt) * (0.5 + random.random()))
-    raise ReportError(f"could not post the {type} event to {url} ({problem})")
+        delay = next(delays, None)
+        if delay is None:
+            raise ReportError(
+                f"could not post the {type} event to {url} in {retry_for_s:g} s ({problem})"
+            )
+        time.sleep(delay)
 
 
 def report_reward(

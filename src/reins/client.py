@@ -1,6 +1,7 @@
 """`GatewayClient`: the typed async client of the gateway.
 
-Every call is retried with exponential backoff on transport errors and 5xx answers. That is safe
+Every call is retried with exponential backoff on transport errors and 5xx answers, for two
+minutes by default (`reins.retry`, the agents' policy too: past a gateway restart). That is safe
 because every write is idempotent: rollout ids and event idempotency keys are chosen here, before
 the first try, so a retry of a post whose reply was lost cannot create a second object.
 """
@@ -8,7 +9,7 @@ the first try, so a retry of a post whose reply was lost cannot create a second 
 from __future__ import annotations
 
 import asyncio
-import random
+import itertools
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from concurrent import futures
@@ -19,6 +20,7 @@ from pydantic import JsonValue, TypeAdapter
 
 from reins import recordbatch
 from reins.recordbatch import DecodedRollout
+from reins.retry import RETRY_FOR_S, retry_delays
 from reins.schemas import (
     Attempt,
     AttemptCreate,
@@ -64,14 +66,18 @@ class GatewayClient:
         api_key: str,
         *,
         timeout_s: float = 30.0,
-        max_retries: int = 8,
+        retry_for_s: float = RETRY_FOR_S,
+        max_retries: int | None = None,
         backoff_s: float = 0.1,
         max_backoff_s: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
         max_connections: int = 16,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.retry_for_s = retry_for_s
+        """How long one call is retried from its first try (`reins.retry`)."""
         self.max_retries = max_retries
+        """At most this many retries of one call as well (None: as many as `retry_for_s` has)."""
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.retries = 0
@@ -104,22 +110,25 @@ class GatewayClient:
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """One call with retries; returns the successful response."""
-        for attempt in range(self.max_retries + 1):
+        delays = retry_delays(self.retry_for_s, first_s=self.backoff_s, max_s=self.max_backoff_s)
+        for tried in itertools.count():
             try:
                 response = await self._http.request(method, path, **kwargs)
             except httpx.TransportError as error:
-                if attempt == self.max_retries:
-                    raise GatewayError(0, f"{method} {path}: {error!r}") from error
+                failure = GatewayError(0, f"{method} {path}: {error!r}")
+                failure.__cause__ = error
             else:
                 if response.status_code < 500:
                     if response.status_code >= 400:
                         raise GatewayError(response.status_code, _message(response))
                     return response
-                if attempt == self.max_retries:
-                    raise GatewayError(response.status_code, _message(response))
+                failure = GatewayError(response.status_code, _message(response))
+            out_of_tries = self.max_retries is not None and tried >= self.max_retries
+            delay = None if out_of_tries else next(delays, None)
+            if delay is None:
+                raise failure
             self.retries += 1
-            delay = min(self.max_backoff_s, self.backoff_s * 2**attempt)
-            await asyncio.sleep(delay * (0.5 + random.random()))
+            await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
     # -- rollouts -------------------------------------------------------------------------

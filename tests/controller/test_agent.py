@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from reins import agent, retry
 from reins.agent import (
     AgentContext,
     AgentEnvError,
@@ -163,8 +164,55 @@ def test_a_retry_after_a_5xx_carries_the_same_idempotency_key(flaky_server: str)
     assert first == second and first["idempotency_key"]
 
 
-def test_an_unreachable_gateway_fails_after_the_retries() -> None:
+class _Clock:
+    """The retries' clock, moved by their sleeps: minutes of retrying in no time."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 0.0
+        monkeypatch.setattr(retry.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(agent.time, "sleep", self.sleep)
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _Restarting(_Flaky):
+    """A gateway that answers 503 until `clock.now` reaches `up_at`, then 200."""
+
+    clock: _Clock
+    up_at = 0.0
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).bodies.append(body)
+        up = self.clock.now >= self.up_at
+        self.send_response(200 if up else 503)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}" if up else b'{"error": "restarting"}')
+
+
+def test_a_reward_outlasts_a_gateway_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    _Restarting.clock, _Restarting.up_at, _Restarting.bodies = _Clock(monkeypatch), 45.0, []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Restarting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        report_reward(1.0, context=AgentContext(url, "tok", url, "r", 1, "train", None))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _Restarting.clock.now >= 45.0
+    keys = {body["idempotency_key"] for body in _Restarting.bodies}
+    assert len(_Restarting.bodies) > 10 and len(keys) == 1
+
+
+def test_an_unreachable_gateway_fails_after_the_retry_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _Clock(monkeypatch)
     url = f"http://127.0.0.1:{free_port()}"
     context = AgentContext(url, "tok", url, "r", 1, "train", None)
-    with pytest.raises(ReportError, match="could not post the reward event"):
-        emit_event("reward", {"value": 1.0}, context=context, retries=1)
+    with pytest.raises(ReportError, match=r"could not post the reward event .* in 120 s"):
+        emit_event("reward", {"value": 1.0}, context=context)
+    assert clock.now == pytest.approx(retry.RETRY_FOR_S)

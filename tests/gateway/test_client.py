@@ -104,6 +104,27 @@ async def test_giving_up_after_max_retries(gateway: Gateway) -> None:
     assert gw.retries == 2
 
 
+async def test_calls_are_retried_for_a_time_not_a_count(gateway: Gateway) -> None:
+    # As many failures as a gateway restart gives at the shortest backoff: still retried.
+    gw = GatewayClient(
+        gateway.url, gateway.api_key, backoff_s=0.001, max_backoff_s=0.001, transport=Flaky(40)
+    )
+    async with gw:
+        assert await gw.list_models() == []
+    assert gw.retries == 40
+    quick = GatewayClient(
+        gateway.url,
+        gateway.api_key,
+        backoff_s=0.01,
+        retry_for_s=0.1,
+        transport=Flaky(99, status=503),
+    )
+    async with quick:
+        with pytest.raises(GatewayError) as raised:
+            await quick.list_models()
+    assert raised.value.status_code == 503 and 2 <= quick.retries < 20
+
+
 async def test_follow_rollouts_yields_completions_in_order(gateway: Gateway) -> None:
     async with client(gateway) as gw:
         await gw.create_rollouts([RolloutSpec(rollout_id=f"r{i}") for i in range(3)])
