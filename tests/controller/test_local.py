@@ -531,3 +531,19 @@ def test_no_preload_reaches_the_local_reconciler(tmp_path: Path) -> None:
             assert result.exit_code == 0, result.output
     reconcilers = [command.build_reconciler(options) for options in seen]
     assert [r.preload for r in reconcilers] == [True, False]  # type: ignore[attr-defined]
+
+
+async def test_a_module_that_hangs_when_imported_times_out_instead_of_running_forever(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    ids = ["r-hang-import1", "r-hang-import2"]
+    config = RolloutConfig(agent="tests.controller.hanging_import_agent:succeed", timeout_s=1)
+    await client.create_rollouts([RolloutSpec(rollout_id=rid, config=config) for rid in ids])
+    ctl = controller(client, gateway_url, tmp_path / "logs", max_attempts=1)
+    async with running(ctl):
+        rollouts = await wait_terminal(client, ids, timeout_s=30)
+        assert ctl.reconciler.free_slots() == 4  # nothing left holding a slot
+    for rid in ids:
+        assert rollouts[rid].status.state == "failed", rid
+        reason = rollouts[rid].status.reason
+        assert reason is not None and "timed out after 1" in reason, reason

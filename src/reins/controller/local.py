@@ -48,6 +48,8 @@ from reins.controller.zygote import DIE_WITH_PARENT, die_with_parent, pdeathsig_
 _WRAPPER = 'd=$1; shift\necho $$ > "$d/pid"\n"$@"\nrc=$?\necho $rc > "$d/exit"\nexit $rc\n'
 
 _ATTEMPT_FOLDER = re.compile(r"attempt-\d+")
+_ZYGOTE_WAIT_S = 600.0
+"""How long an attempt without a timeout waits for its zygote's answer (its imports)."""
 _ZOMBIE_WAITS = 500
 """How many times (10 ms apart) the watch waits for a zygote to reap its ended child."""
 _UNSTARTED_GRACE_S = 5.0
@@ -220,7 +222,15 @@ class LocalReconciler:
         env = self._base_env()
         env.update(launch.env)
         deadline = started + launch.timeout_s if launch.timeout_s else None
-        pid = await self._fork(agent, folder, env) if self.preload else None
+        try:
+            pid = await self._fork(agent, folder, env, deadline) if self.preload else None
+        except _ZygoteTimeout:
+            # The attempt's time went by while the zygote imported the agent's module.
+            _write_exit(folder, "timeout")
+            execution = _Execution(key, folder, 0, deadline, launch.timeout_s, launch.incarnation)
+            self._execs[key] = execution
+            self._end(execution, _timeout(execution))
+            return f"not started: the agent's module was still being imported, log {folder}"
         if pid is not None:
             execution = _Execution(
                 key, folder, pid, deadline, launch.timeout_s, launch.incarnation, None
@@ -262,20 +272,37 @@ class LocalReconciler:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    async def _fork(self, agent: str, folder: Path, env: Mapping[str, str]) -> int | None:
+    async def _fork(
+        self, agent: str, folder: Path, env: Mapping[str, str], deadline: float | None
+    ) -> int | None:
         """The pid of the agent forked from its zygote; None when it must run the plain way (a
-        command line, or a module the zygote cannot load: the plain run reports why)."""
+        command line, or a module the zygote cannot load: the plain run reports why).
+
+        The zygote's answer is awaited until the attempt's deadline (`_ZYGOTE_WAIT_S` without
+        one): a module that hangs when imported would otherwise hold every launch of its agent.
+        Past it the zygote is killed and the agent runs the plain way from then on (where a hang
+        is an attempt's timeout like any other); raises `_ZygoteTimeout` when the attempt's own
+        deadline passed."""
         if not _MODULE_FUNCTION.match(agent) or agent in self._unloadable:
             return None
         zygote = self._zygotes.get(agent)
         if zygote is None:
             zygote = self._zygotes[agent] = _Zygote(agent, self)
+        wait_s = _ZYGOTE_WAIT_S if deadline is None else deadline - time.time()
         try:
-            return await zygote.fork(folder, env)
+            return await asyncio.wait_for(zygote.fork(folder, env), max(0.0, wait_s))
         except _CannotLoad:
             self._unloadable.add(agent)
-            del self._zygotes[agent]
+            self._zygotes.pop(agent, None)
             return None
+        except TimeoutError:
+            self._unloadable.add(agent)
+            if self._zygotes.get(agent) is zygote:
+                del self._zygotes[agent]
+            await zygote.kill()
+            if deadline is None:
+                return None
+            raise _ZygoteTimeout(agent) from None
 
     def _preexec(self) -> Callable[[], None] | None:
         if not self.die_with_parent:
@@ -525,6 +552,10 @@ class _CannotLoad(Exception):
     """The zygote cannot import the agent (its log says why)."""
 
 
+class _ZygoteTimeout(Exception):
+    """The attempt's deadline passed before the zygote answered (its import hangs, say)."""
+
+
 class _Zygote:
     """One `reins.controller.zygote` process per agent: forks a child per attempt."""
 
@@ -533,6 +564,7 @@ class _Zygote:
         self.owner = owner
         self.process: asyncio.subprocess.Process | None = None
         self.lock = asyncio.Lock()
+        self.killed = False
 
     async def fork(self, folder: Path, env: Mapping[str, str]) -> int:
         request = json.dumps(
@@ -540,6 +572,8 @@ class _Zygote:
         )
         async with self.lock:  # one request, one answer, in order
             for _ in range(2):  # a zygote that died is started again once
+                if self.killed:  # for hanging (`LocalReconciler._fork`): run the plain way
+                    raise _CannotLoad(self.agent)
                 process = await self._process()
                 assert process.stdin is not None and process.stdout is not None
                 try:
@@ -589,6 +623,15 @@ class _Zygote:
             env[DIE_WITH_PARENT] = "1"
             env[DIE_WITH_PARENT + "_PID"] = str(os.getpid())
         return env
+
+    async def kill(self) -> None:
+        """Kills the zygote and what its import started (its process group), at once."""
+        self.killed = True
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        _killpg(process.pid, signal.SIGKILL)
+        await process.wait()
 
     async def close(self) -> None:
         process = self.process
