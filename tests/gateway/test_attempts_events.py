@@ -103,6 +103,26 @@ def test_idempotency_key_from_header(gateway: Gateway) -> None:
     assert len(gateway.http.get("/api/rollouts/r/events").json()) == 1
 
 
+def test_a_list_retried_with_a_header_key_is_stored_once(gateway: Gateway) -> None:
+    start(gateway)
+    path = "/api/rollouts/r/attempt/1/events"
+    events = [{"type": "a"}, {"type": "b", "idempotency_key": "own"}, {"type": "c"}]
+    acks = [
+        gateway.http.post(path, json=events, headers={"Idempotency-Key": "h2"}) for _ in range(2)
+    ]
+    assert [a.status_code for a in acks] == [200, 200]
+    assert acks[0].json() == acks[1].json()
+    stored = gateway.http.get("/api/rollouts/r/events").json()
+    assert [(e["type"], e["idempotency_key"]) for e in stored] == [
+        ("a", "h2:0"),
+        ("b", "own"),
+        ("c", "h2:2"),
+    ]
+    too_long = gateway.http.post(path, json=events, headers={"Idempotency-Key": "k" * 199})
+    assert too_long.status_code == 422
+    assert too_long.json()["detail"][0]["loc"] == ["header", "idempotency-key"]
+
+
 def test_reusing_a_key_for_another_event_is_409(gateway: Gateway) -> None:
     start(gateway)
     post(gateway, "/api/rollouts/r/attempt/1/events", {"type": "a", "idempotency_key": "k"})

@@ -16,6 +16,8 @@ from reins.schemas import REWARD, Event, EventAck, EventIn, PackedEvent, Reward
 router = APIRouter(prefix="/api/rollouts", tags=["events"], route_class=GuardedRoute)
 
 MAX_EVENTS_PER_POST = 10_000
+MAX_KEY_LENGTH = 200
+"""Of an idempotency key (the events table's column)."""
 
 
 @router.post("/{rollout_id}/attempt/{attempt_id}/events")
@@ -27,12 +29,13 @@ async def append_events(
     ],
     store: StoreDep,
     caller: AttemptCaller,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(max_length=MAX_KEY_LENGTH)] = None,
 ) -> EventAck | list[EventAck]:
     """Append one event or a list; answered with the stored events' seqs and keys, no data.
 
-    A retried post with the same idempotency key (in the body or the `Idempotency-Key` header)
-    is stored once and answered with the stored event's acknowledgement. With the attempt's
+    A retried post with the same idempotency key (in the body or the `Idempotency-Key` header;
+    for a list, the header keys each event without one as `{key}:{index}`) is stored once and
+    answered with the stored events' acknowledgements. With the attempt's
     scoped token, a post to a superseded attempt or a terminal rollout is 409; the admin key may
     still annotate any attempt.
     """
@@ -53,12 +56,41 @@ async def append(
     """The work of an event post, shared with its fast endpoint (`reins.gateway.fast`)."""
     _check_rewards(body)
     if isinstance(body, list):
+        if idempotency_key:
+            body = _keyed_items(body, idempotency_key)
         stored = await store.append_events(rollout_id, attempt_id, body, from_harness=from_harness)
         return [_ack(e) for e in stored]
     if body.idempotency_key is None and idempotency_key:
         body = body.model_copy(update={"idempotency_key": idempotency_key})
     (event,) = await store.append_events(rollout_id, attempt_id, [body], from_harness=from_harness)
     return _ack(event)
+
+
+def _keyed_items(events: list[EventIn], key: str) -> list[EventIn]:
+    """A list post's `Idempotency-Key` keys each event that has no key of its own as
+    `{key}:{i}`, `i` its place in the list: a retried list is then stored once, as a retried
+    single event is."""
+    if all(event.idempotency_key for event in events):
+        return events
+    longest = len(f"{key}:{len(events) - 1}")
+    if longest > MAX_KEY_LENGTH:
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("header", "idempotency-key"),
+                    "msg": f"String should have at most {MAX_KEY_LENGTH - (longest - len(key))} "
+                    f"characters for a list of {len(events)} events (each event's key is "
+                    "`{key}:{index}`, at most 200 characters)",
+                    "type": "too_long",
+                }
+            ]
+        )
+    return [
+        event
+        if event.idempotency_key
+        else event.model_copy(update={"idempotency_key": f"{key}:{index}"})
+        for index, event in enumerate(events)
+    ]
 
 
 def _check_rewards(body: EventIn | list[EventIn]) -> None:
