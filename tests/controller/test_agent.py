@@ -19,6 +19,7 @@ from reins.agent import (
     report_reward,
     report_tool,
 )
+from reins.controller.run_agent import call_agent
 from tests.conftest import ADMIN_KEY
 from tests.support import free_port
 
@@ -216,3 +217,39 @@ def test_an_unreachable_gateway_fails_after_the_retry_time(
     with pytest.raises(ReportError, match=r"could not post the reward event .* in 120 s"):
         emit_event("reward", {"value": 1.0}, context=context)
     assert clock.now == pytest.approx(retry.RETRY_FOR_S)
+
+
+@pytest.mark.parametrize(
+    ("returned", "said"),
+    [
+        (10**400, "returned 1000000000000000000000"),
+        (float("nan"), "returned nan, not a finite number"),
+        (float("-inf"), "returned -inf, not a finite number"),
+    ],
+    ids=["huge-int", "nan", "-inf"],
+)
+def test_a_returned_reward_that_is_not_a_finite_number_crashes_the_attempt_saying_so(
+    gateway_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    returned: float,
+    said: str,
+) -> None:
+    context = context_for(gateway_url)
+    for name, value in context.env().items():
+        monkeypatch.setenv(name, value)
+    assert call_agent("tests:grade", lambda _task: returned) == 1
+    assert said in capsys.readouterr().err
+    assert events(gateway_url, "r-1") == []
+
+
+def test_a_returned_reward_the_gateway_refuses_crashes_the_attempt_saying_so(
+    gateway_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    context = context_for(gateway_url)
+    for name, value in context.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("REINS_ATTEMPT_ID", "2")  # the token is attempt 1's: 403
+    assert call_agent("tests:grade", lambda _task: 1) == 1
+    err = capsys.readouterr().err
+    assert "the reward 1.0 agent tests:grade returned was not posted" in err and "403" in err

@@ -4,7 +4,8 @@ The controller starts this in a fresh interpreter with the agent's environment. 
 called with the rollout's input (JSON-decoded); it may be sync or async. A number it returns is
 posted as the attempt's `reward` event (`{"value": x, "source": "agent"}`); None means the agent
 reported for itself. An exception prints its traceback (kept in the attempt's log) and exits 1,
-which the controller counts as a crashed attempt.
+which the controller counts as a crashed attempt; so does a returned number that is not finite
+or that cannot be posted (the log says which).
 
 Only a few standard modules are imported up front (asyncio only for an async agent), so this
 costs little more than the interpreter's own start.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import sys
 import traceback
@@ -78,9 +80,27 @@ def call_agent(agent: str, function: Callable[[Any], Any]) -> int:
             file=sys.stderr,
         )
         return 1
-    from reins.agent import report_reward
+    try:
+        reward = float(result)
+    except OverflowError:  # an int past float's range
+        reward = math.inf
+    if not math.isfinite(reward):
+        print(
+            f"reins: agent {agent} returned {result!r}, not a finite number: a reward must be "
+            "one (no reward was posted)",
+            file=sys.stderr,
+        )
+        return 1
+    from reins.agent import AgentEnvError, ReportError, report_reward
 
-    report_reward(float(result), source="agent")
+    try:
+        report_reward(reward, source="agent")
+    except (ReportError, AgentEnvError) as error:
+        print(
+            f"reins: the reward {reward} agent {agent} returned was not posted: {error}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
