@@ -547,3 +547,61 @@ async def test_a_module_that_hangs_when_imported_times_out_instead_of_running_fo
         assert rollouts[rid].status.state == "failed", rid
         reason = rollouts[rid].status.reason
         assert reason is not None and "timed out after 1" in reason, reason
+
+
+@pytest.mark.parametrize(
+    ("agent", "preload", "python", "says"),
+    [
+        ("true", False, sys.executable, "No such file or directory"),  # the workdir is gone
+        (f"{AGENTS}:succeed", True, sys.executable, "No such file or directory"),
+        (f"{AGENTS}:succeed", True, "/bin/false", "zygote of agent"),  # it dies at once, twice
+    ],
+    ids=["plain-spawn", "zygote-spawn", "zygote-dies"],
+)
+async def test_an_agent_that_cannot_be_started_is_a_failed_attempt_not_a_loop(
+    client: GatewayClient,
+    gateway_url: str,
+    tmp_path: Path,
+    agent: str,
+    preload: bool,
+    python: str,
+    says: str,
+) -> None:
+    await client.create_rollouts([RolloutSpec(rollout_id="r-unstartable", input={})])
+    workdir = ROOT if python == "/bin/false" else tmp_path / "gone"
+    reconciler = LocalReconciler(
+        agent, 2, tmp_path / "logs", workdir=workdir, preload=preload, python=python
+    )
+    ctl = Controller(
+        client, reconciler, gateway_url=gateway_url, max_attempts=2, poll_interval_s=0.1
+    )
+    async with running(ctl):
+        rollouts = await wait_terminal(client, ["r-unstartable"])
+    status = rollouts["r-unstartable"].status
+    assert status.state == "failed"
+    assert status.reason is not None and status.reason.startswith("attempt 2 of 2: the agent")
+    assert "could not be started" in status.reason and says in status.reason
+    detail = await client.get_rollout("r-unstartable")
+    assert [a.attempt_id for a in detail.attempts] == [1, 2]
+
+
+async def test_the_largest_input_accepted_fits_in_the_environment(client: GatewayClient) -> None:
+    """MAX_INPUT_BYTES counts what Linux counts: `REINS_INPUT=`, the value and its NUL."""
+    from reins.controller.loop import MAX_INPUT_BYTES, LaunchError, agent_env
+
+    sizes = {"r-largest": MAX_INPUT_BYTES, "r-too-large": MAX_INPUT_BYTES + 1}
+    await client.create_rollouts(
+        [RolloutSpec(rollout_id=rid, input="x" * (size - 2)) for rid, size in sizes.items()]
+    )
+    envs = {}
+    for rid in sizes:
+        attempt = await client.open_attempt(rid, attempt_id=1)
+        rollout = (await client.get_rollout(rid)).rollout
+        try:
+            envs[rid] = agent_env("http://127.0.0.1:1", rollout, attempt)
+        except LaunchError as error:
+            assert "REINS_INPUT" in str(error)
+    assert list(envs) == ["r-largest"]
+    assert len(envs["r-largest"]["REINS_INPUT"]) == MAX_INPUT_BYTES
+    process = await asyncio.create_subprocess_exec("true", env=envs["r-largest"])
+    assert await process.wait() == 0  # the kernel takes it

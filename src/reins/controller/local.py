@@ -231,6 +231,8 @@ class LocalReconciler:
             self._execs[key] = execution
             self._end(execution, _timeout(execution))
             return f"not started: the agent's module was still being imported, log {folder}"
+        except (_ZygoteFailed, OSError) as error:
+            return self._not_started(launch, folder, deadline, error)
         if pid is not None:
             execution = _Execution(
                 key, folder, pid, deadline, launch.timeout_s, launch.incarnation, None
@@ -238,28 +240,45 @@ class LocalReconciler:
             self._execs[key] = execution
             execution.monitor = asyncio.create_task(self._watch_adopted(execution))
             return self._where(folder, pid)
-        with (folder / "agent.log").open("ab") as output:
-            process = await asyncio.create_subprocess_exec(
-                "/bin/sh",
-                "-c",
-                _WRAPPER,
-                "reins-agent",
-                str(folder),
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=output,
-                stderr=asyncio.subprocess.STDOUT,
-                env=env,
-                cwd=self.workdir,
-                start_new_session=True,  # its own process group, killed whole
-                preexec_fn=self._preexec(),
-            )
+        try:
+            with (folder / "agent.log").open("ab") as output:
+                process = await asyncio.create_subprocess_exec(
+                    "/bin/sh",
+                    "-c",
+                    _WRAPPER,
+                    "reins-agent",
+                    str(folder),
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=env,
+                    cwd=self.workdir,
+                    start_new_session=True,  # its own process group, killed whole
+                    preexec_fn=self._preexec(),
+                )
+        except OSError as error:  # E2BIG, EMFILE, EAGAIN, a missing workdir
+            return self._not_started(launch, folder, deadline, error)
         execution = _Execution(
             key, folder, process.pid, deadline, launch.timeout_s, launch.incarnation, process
         )
         self._execs[key] = execution
         execution.monitor = asyncio.create_task(self._watch_child(execution, process))
         return self._where(folder, process.pid)
+
+    def _not_started(
+        self, launch: Launch, folder: Path, deadline: float | None, error: Exception
+    ) -> str:
+        """An attempt whose process could not be started: it ended, crashed, with the error
+        (a failed attempt: retried up to max_attempts, not relaunched forever)."""
+        detail = f"could not be started: {error}"
+        with contextlib.suppress(OSError), (folder / "agent.log").open("a") as log:
+            log.write(f"reins: the agent {detail}\n")
+        key, incarnation = launch.key, launch.incarnation
+        execution = _Execution(key, folder, 0, deadline, launch.timeout_s, incarnation)
+        self._execs[key] = execution
+        self._end(execution, Ended("crashed", None, detail))
+        return f"not started ({error}), log {folder / 'agent.log'}"
 
     async def agent_log(self, key: Key) -> AgentLog:
         path = self.folder(key) / "agent.log"
@@ -552,6 +571,10 @@ class _CannotLoad(Exception):
     """The zygote cannot import the agent (its log says why)."""
 
 
+class _ZygoteFailed(Exception):
+    """The zygote could not fork this attempt (EAGAIN, or it died twice): a failed attempt."""
+
+
 class _ZygoteTimeout(Exception):
     """The attempt's deadline passed before the zygote answered (its import hangs, say)."""
 
@@ -585,7 +608,7 @@ class _Zygote:
                 if line:
                     answer = json.loads(line)
                     if "pid" not in answer:
-                        raise LaunchError(
+                        raise _ZygoteFailed(
                             f"the agent's zygote could not fork: {answer.get('error')}"
                         )
                     return int(answer["pid"])
@@ -594,7 +617,7 @@ class _Zygote:
                 if process.returncode == 2:
                     raise _CannotLoad(self.agent)
             log = self.owner.log_dir / "zygote.log"
-            raise LaunchError(
+            raise _ZygoteFailed(
                 f"the zygote of agent {self.agent!r} exited ({process.returncode}); its log "
                 f"{log} ends: {_tail(log)[-1000:]}"
             )

@@ -40,8 +40,9 @@ AGENT_LAUNCH = "agent_launch"
 
 TAIL_BYTES = 4096
 """How much of the end of an agent's output the `agent_log` event carries."""
-MAX_INPUT_BYTES = 128 * 1024
-"""Linux limits one environment string to 128 KiB (MAX_ARG_STRLEN); REINS_INPUT must fit."""
+MAX_INPUT_BYTES = 128 * 1024 - len("REINS_INPUT=") - 1
+"""The largest REINS_INPUT value: Linux limits one environment string, `NAME=VALUE` and its
+terminating NUL, to 128 KiB (MAX_ARG_STRLEN)."""
 
 Outcome = Literal["succeeded", "crashed", "timeout", "lost"]
 Key = tuple[str, int]
@@ -173,7 +174,7 @@ def agent_env(gateway_url: str, rollout: Rollout, attempt: Attempt) -> dict[str,
     if len(encoded.encode()) > MAX_INPUT_BYTES:
         raise LaunchError(
             f"rollout input is {len(encoded.encode())} bytes of JSON; agents receive it in "
-            f"REINS_INPUT, and Linux limits one environment variable to {MAX_INPUT_BYTES} bytes: "
+            f"REINS_INPUT, and Linux limits that variable's value to {MAX_INPUT_BYTES} bytes: "
             "store large inputs elsewhere and pass a reference"
         )
     return {
