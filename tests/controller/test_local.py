@@ -344,7 +344,7 @@ async def test_an_input_too_large_for_the_environment_fails_with_the_reason(
         rollouts = await wait_terminal(client, ["r-big"])
     reason = rollouts["r-big"].status.reason
     assert rollouts["r-big"].status.state == "failed"
-    assert reason is not None and "REINS_INPUT" in reason and "131072 bytes" in reason
+    assert reason is not None and "REINS_INPUT" in reason and "131059 bytes" in reason
 
 
 async def test_an_idle_controller_only_polls(
