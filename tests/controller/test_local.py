@@ -605,3 +605,23 @@ async def test_the_largest_input_accepted_fits_in_the_environment(client: Gatewa
     assert len(envs["r-largest"]["REINS_INPUT"]) == MAX_INPUT_BYTES
     process = await asyncio.create_subprocess_exec("true", env=envs["r-largest"])
     assert await process.wait() == 0  # the kernel takes it
+
+
+async def test_a_graceful_restart_does_not_use_up_an_attempt(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "pids"
+    task = {"pid_file": str(pid_file), "only_first": True}  # attempt 1 hangs, 2 succeeds
+    config = RolloutConfig(max_attempts=1)
+    await client.create_rollouts([RolloutSpec(rollout_id="r", input=task, config=config)])
+    logs = tmp_path / "logs"
+    async with running(controller(client, gateway_url, logs, f"{AGENTS}:spawn_and_hang")):
+        await wait_for(pid_file.exists, what="the agent starting")
+    # Stopped (SIGTERM's path): the next controller retries the attempt, its last one though it was.
+    async with running(controller(client, gateway_url, logs, f"{AGENTS}:spawn_and_hang")):
+        rollout = (await wait_terminal(client, ["r"]))["r"]
+    assert (rollout.status.state, rollout.attempt_count) == ("succeeded", 2)
+    [report] = await client.get_events("r", attempt_id=1, types=[AGENT_LOG])
+    assert report.data["outcome"] == "stopped"
+    attempts = (await client.get_rollout("r")).attempts
+    assert "stopped by the controller's shutdown" in (attempts[0].reason or "")

@@ -424,7 +424,7 @@ class LocalReconciler:
                 await monitor
         if execution.ended is None:
             await self._kill_group(execution)
-            execution.ended = Ended("lost", None, f"was {why} by the controller")
+            execution.ended = Ended("stopped", None, f"was {why} by the controller")
 
     async def _kill_group(self, execution: _Execution) -> None:
         """SIGTERM to the whole group, SIGKILL after the grace period; records why in `exit`."""
@@ -467,7 +467,7 @@ def _read_exit(folder: Path) -> Ended | None:
         launched = _read_json(folder / "launch.json") or {}
         return Ended("timeout", None, f"timed out after {launched.get('timeout_s')} s")
     if text == "stopped":
-        return Ended("lost", None, "was stopped by the controller")
+        return Ended("stopped", None, "was stopped by the controller's shutdown")
     if text.startswith("signal "):
         return Ended("crashed", None, f"was killed ({_signal_name(int(text.split()[1]))})")
     code = int(text)

@@ -13,7 +13,10 @@ converges to the same result:
 - every launch is recorded as an `agent_launch` event on its attempt, so an attempt whose
   execution vanished while no controller watched is reported lost instead of launched again;
 - the `agent_log` and `agent_launch` events carry fixed idempotency keys, so a repeated report
-  is stored once.
+  is stored once;
+- an attempt a controller's shutdown stopped (its `agent_log` outcome `stopped`) is retried by
+  the next controller and does not count against `max_attempts`: a graceful restart costs a
+  rollout its running attempt's work, never its last chance.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ MAX_INPUT_BYTES = 128 * 1024 - len("REINS_INPUT=") - 1
 """The largest REINS_INPUT value: Linux limits one environment string, `NAME=VALUE` and its
 terminating NUL, to 128 KiB (MAX_ARG_STRLEN)."""
 
-Outcome = Literal["succeeded", "crashed", "timeout", "lost"]
+Outcome = Literal["succeeded", "crashed", "timeout", "lost", "stopped"]
+"""`stopped`: killed by a controller's own shutdown (SIGINT, SIGTERM); the attempt is retried
+and, not being the agent's failure, not counted against `max_attempts`."""
 Key = tuple[str, int]
 """An execution is named by its (rollout id, attempt id)."""
 
@@ -349,7 +354,9 @@ class Controller:
             if state == RUNNING:
                 continue
             if isinstance(state, Ended):
-                retry = state.outcome != "succeeded" and key[1] < self._max_attempts(rollout)
+                retry = state.outcome == "stopped" or (
+                    state.outcome != "succeeded" and key[1] < self._max_attempts(rollout)
+                )
                 if retry and not self._slot_free():
                     continue
                 self._spawn(rollout_id, self._finish(rollout, key[1], state), slot=retry)
@@ -532,6 +539,8 @@ class Controller:
         else:
             if ended.outcome == "lost":
                 self.stats.lost += 1
+            if attempt_id >= max_attempts:
+                max_attempts += await self._stopped_attempts(rollout_id)
             reason = f"attempt {attempt_id} of {max_attempts}: the agent {ended.detail}"
             if agent_log.path:
                 reason += f" (log: {agent_log.path})"
@@ -550,6 +559,12 @@ class Controller:
             self.stats.failed += 1
             log.info("rollout %s failed: %s", rollout_id, reason)
         await self.reconciler.remove(key)
+
+    async def _stopped_attempts(self, rollout_id: str) -> int:
+        """How many of the rollout's attempts a controller's shutdown stopped (read only when
+        the budget of attempts is spent: not on every failure)."""
+        reports = await self.client.get_events(rollout_id, all_attempts=True, types=[AGENT_LOG])
+        return len({e.attempt_id for e in reports if e.data.get("outcome") == "stopped"})
 
     async def _launch(self, rollout: Rollout, attempt: Attempt) -> None:
         timeout_s = rollout.config.timeout_s or self.default_timeout_s
