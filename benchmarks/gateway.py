@@ -6,7 +6,8 @@ duration:
 - `healthz`: `GET /healthz` round trips, the HTTP floor of this server and client on this machine;
 - `create`: `POST /api/rollouts` with a one-element list (a client-chosen rollout id);
 - `append`: durable event appends, `POST /api/rollouts/{id}/attempt/{aid}/events` with one
-  ~2 KB `model_request` event and a unique idempotency key, under the attempt's scoped token.
+  ~2 KB `model_request` event and a unique idempotency key, under the admin key (a scoped
+  token may not post `model_request`: the proxy writes those; the append costs the same).
   The gateway answers only after the transaction holding the event committed.
 
 Every simulated client holds one keep-alive connection and waits for each answer before its next
@@ -462,7 +463,8 @@ class Bench:
         )
 
     def open_attempts(self, n_clients: int) -> list[ClientSpec]:
-        """One rollout per client, each with an open attempt and its scoped token."""
+        """One rollout per client, each with an open attempt, posted to with the admin key:
+        `model_request` events are the proxy's to write, a scoped token gets 403."""
         ids = [f"bench-{self.run_id}-{n_clients}c-{i}" for i in range(n_clients)]
         specs = [{"rollout_id": rollout_id, "input": {"i": i}} for i, rollout_id in enumerate(ids)]
         with httpx.Client(base_url=self.url, headers=_admin(), timeout=60) as http:
@@ -473,7 +475,6 @@ class Bench:
                 clients.append(
                     ClientSpec(
                         key_prefix=f"{rollout_id}-ev",
-                        token=attempt["token"],
                         rollout_id=rollout_id,
                         attempt_id=attempt["attempt_id"],
                     )
@@ -728,7 +729,7 @@ def main() -> None:
     )
     print(
         f"cell: {args.warmup:.1f} s warm-up + {args.duration:.1f} s measured; append = one "
-        f"~{event_bytes} B model_request event per POST under the attempt's scoped token, "
+        f"~{event_bytes} B model_request event per POST under the admin key, "
         "one rollout per client; create = one rollout per POST"
     )
     print(

@@ -31,6 +31,16 @@ MODEL_REQUEST = "model_request"
 REWARD = "reward"
 TOOL = "tool"
 """A harness's tool use, posted by `reins.agent.report_tool`: {name, input, output, ok, seconds}."""
+AGENT_LAUNCH = "agent_launch"
+"""Posted by the controller when it launched an attempt's agent: which runner, where."""
+AGENT_LOG = "agent_log"
+"""Posted by the controller when an attempt's agent ended: outcome, exit code, log tail."""
+
+RESERVED_EVENT_TYPES: frozenset[str] = frozenset({MODEL_REQUEST, AGENT_LAUNCH, AGENT_LOG})
+"""Event types the gateway (a proxied call) and the controller write. The admin key may post
+them; an attempt's scoped token may not (403): a harness could otherwise make up calls the
+trainer trains on (token IDs the engine never sampled), or take the controller's fixed
+idempotency keys first."""
 
 Identifier = Annotated[
     str,

@@ -123,6 +123,40 @@ def test_a_list_retried_with_a_header_key_is_stored_once(gateway: Gateway) -> No
     assert too_long.json()["detail"][0]["loc"] == ["header", "idempotency-key"]
 
 
+def test_a_scoped_token_may_not_post_the_proxys_or_the_controllers_events(
+    gateway: Gateway,
+) -> None:
+    token = start(gateway)
+    forged_call = {"prompt_token_ids": [1, 2], "response_token_ids": [3], "status": 200}
+    forged = [
+        {"type": "model_request", "data": forged_call},
+        {"type": "agent_log", "data": {"outcome": "succeeded"}, "idempotency_key": "agent_log"},
+        [{"type": "note"}, {"type": "agent_launch", "data": {}, "idempotency_key": "launch"}],
+    ]
+    with gateway.client(token) as harness:
+        for body in forged:
+            response = harness.post("/api/rollouts/r/attempt/1/events", json=body)
+            assert response.status_code == 403, body
+            assert "scoped token may not post them" in response.json()["error"]
+        assert harness.post("/api/rollouts/r/attempt/1/events", json={"type": "note"}).is_success
+    # The controller's post under its fixed key is stored, not answered 409 by a forgery.
+    controller = {
+        "type": "agent_log",
+        "data": {"outcome": "crashed"},
+        "idempotency_key": "agent_log",
+    }
+    post(gateway, "/api/rollouts/r/attempt/1/events", controller)
+    post(
+        gateway, "/api/rollouts/r/attempt/1/events", {"type": "model_request", "data": forged_call}
+    )
+    stored = gateway.http.get("/api/rollouts/r/events").json()
+    assert [(e["type"], e["data"]) for e in stored] == [
+        ("note", {}),
+        ("agent_log", {"outcome": "crashed"}),
+        ("model_request", forged_call),
+    ]
+
+
 def test_reusing_a_key_for_another_event_is_409(gateway: Gateway) -> None:
     start(gateway)
     post(gateway, "/api/rollouts/r/attempt/1/events", {"type": "a", "idempotency_key": "k"})

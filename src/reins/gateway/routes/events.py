@@ -4,14 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Query
+from fastapi import APIRouter, Body, Depends, Header, HTTPException, Query, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import Field, ValidationError
 
 from reins.gateway.deps import Admin, AttemptCaller, AttemptIdPath, RolloutIdPath, StoreDep
 from reins.gateway.guards import GuardedRoute
 from reins.gateway.store import Store
-from reins.schemas import REWARD, Event, EventAck, EventIn, PackedEvent, Reward
+from reins.schemas import (
+    RESERVED_EVENT_TYPES,
+    REWARD,
+    Event,
+    EventAck,
+    EventIn,
+    PackedEvent,
+    Reward,
+)
 
 router = APIRouter(prefix="/api/rollouts", tags=["events"], route_class=GuardedRoute)
 
@@ -36,8 +44,9 @@ async def append_events(
     A retried post with the same idempotency key (in the body or the `Idempotency-Key` header;
     for a list, the header keys each event without one as `{key}:{index}`) is stored once and
     answered with the stored events' acknowledgements. With the attempt's
-    scoped token, a post to a superseded attempt or a terminal rollout is 409; the admin key may
-    still annotate any attempt.
+    scoped token, a post to a superseded attempt or a terminal rollout is 409, and one of a type
+    the proxy or the controller writes (`RESERVED_EVENT_TYPES`) is 403; the admin key may still
+    annotate any attempt and post any type.
     """
     return await append(
         store, rollout_id, attempt_id, body, idempotency_key, from_harness=not caller.is_admin
@@ -54,6 +63,8 @@ async def append(
     from_harness: bool,
 ) -> EventAck | list[EventAck]:
     """The work of an event post, shared with its fast endpoint (`reins.gateway.fast`)."""
+    if from_harness:
+        _refuse_reserved_types(body)
     _check_rewards(body)
     if isinstance(body, list):
         if idempotency_key:
@@ -64,6 +75,17 @@ async def append(
         body = body.model_copy(update={"idempotency_key": idempotency_key})
     (event,) = await store.append_events(rollout_id, attempt_id, [body], from_harness=from_harness)
     return _ack(event)
+
+
+def _refuse_reserved_types(body: EventIn | list[EventIn]) -> None:
+    events = body if isinstance(body, list) else [body]
+    reserved = sorted({event.type for event in events} & RESERVED_EVENT_TYPES)
+    if reserved:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"{', '.join(reserved)} events are written by the gateway's proxy and the "
+            "controller: an attempt's scoped token may not post them (the admin key may)",
+        )
 
 
 def _keyed_items(events: list[EventIn], key: str) -> list[EventIn]:
