@@ -22,8 +22,8 @@ from reins.agent import AgentContext, report_reward
 from reins.client import GatewayClient
 from reins.controller import Controller
 from reins.controller.kubernetes import ATTEMPT_LABEL, KubernetesReconciler
-from reins.controller.loop import AGENT_LAUNCH, AGENT_LOG, Launch
-from reins.schemas import REWARD, RolloutConfig, RolloutSpec
+from reins.controller.loop import Launch
+from reins.schemas import AGENT_LAUNCH, AGENT_LOG, REWARD, RolloutConfig, RolloutSpec
 from tests.controller.conftest import running, wait_for, wait_terminal
 from tests.controller.kube_cluster import (
     FakeKubelet,

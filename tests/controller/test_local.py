@@ -14,9 +14,8 @@ import pytest
 
 from reins.client import GatewayClient
 from reins.controller import Controller, LocalReconciler
-from reins.controller.loop import AGENT_LAUNCH, AGENT_LOG
 from reins.gateway import GatewaySettings
-from reins.schemas import REWARD, RolloutConfig, RolloutSpec
+from reins.schemas import AGENT_LAUNCH, AGENT_LOG, REWARD, RolloutConfig, RolloutSpec
 from tests.conftest import ADMIN_KEY, serve
 from tests.controller.conftest import ROOT, running, wait_for, wait_terminal
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from reins.client import GatewayClient
-from reins.controller.loop import AGENT_LAUNCH, AGENT_LOG
-from reins.schemas import REWARD, RolloutSpec
+from reins.schemas import AGENT_LAUNCH, AGENT_LOG, REWARD, RolloutSpec
 from tests.controller.conftest import wait_for, wait_terminal
 from tests.controller.test_local import AGENTS, alive, start_cli_controller
 from tests.support import running_gateway

@@ -29,9 +29,8 @@ import pytest
 
 from reins.client import GatewayClient
 from reins.controller import Controller, LocalReconciler
-from reins.controller.loop import AGENT_LAUNCH
 from reins.samples.records import rollout_from_events
-from reins.schemas import TERMINAL_STATES, Event, EventIn, RolloutSpec
+from reins.schemas import AGENT_LAUNCH, TERMINAL_STATES, Event, EventIn, RolloutSpec
 from tests.faults.conftest import (
     ADMIN_KEY,
     ROOT,

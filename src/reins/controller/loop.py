@@ -32,14 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from reins.client import GatewayClient, GatewayError
-from reins.schemas import TERMINAL_STATES, Attempt, Rollout
+from reins.schemas import AGENT_LAUNCH, AGENT_LOG, TERMINAL_STATES, Attempt, Rollout
 
 log = logging.getLogger("reins.controller")
-
-AGENT_LOG = "agent_log"
-"""Event posted to an attempt when its agent ended: outcome, exit code, log path, log tail."""
-AGENT_LAUNCH = "agent_launch"
-"""Event posted to an attempt when its agent was launched: which runner, where."""
 
 TAIL_BYTES = 4096
 """How much of the end of an agent's output the `agent_log` event carries."""

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from reins.client import GatewayClient
-from reins.monitor.rollout import AGENT_LOG, decisions
-from reins.schemas import MODEL_REQUEST, REWARD, Event, RolloutDetail
+from reins.monitor.rollout import decisions
+from reins.schemas import AGENT_LOG, MODEL_REQUEST, REWARD, Event, RolloutDetail
 
 PAGE = 1000
 

@@ -22,9 +22,8 @@ from typing import Any
 from reins.doctor.render import rows
 from reins.doctor.report import Detokenizer, DoctorReport, HarnessRun, build_report
 from reins.gateway.store import RolloutQuery, Store
-from reins.monitor.rollout import AGENT_LOG
 from reins.monitor.tokens import TokenText
-from reins.schemas import MODEL_REQUEST, Rollout
+from reins.schemas import AGENT_LOG, MODEL_REQUEST, Rollout
 
 MAX_ROLLOUTS = 200
 """Finished rollouts of a run read for the page (the latest ones)."""

@@ -16,9 +16,8 @@ from typing import Any, Literal
 import numpy as np
 
 from reins.samples import Decode, dedup_calls, merge_calls, rollout_from_events
-from reins.schemas import MODEL_REQUEST, REWARD, TOOL, Event, ModelRequest
+from reins.schemas import AGENT_LOG, MODEL_REQUEST, REWARD, TOOL, Event, ModelRequest
 
-AGENT_LOG = "agent_log"
 MAX_TOKENS_SHOWN = 2000
 """Response tokens drawn with their logprobs; the rest are counted, not drawn."""
 MAX_TEXT = 20_000
