@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from concurrent import futures
 from typing import Any, Self, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import JsonValue, TypeAdapter
@@ -182,15 +183,13 @@ class GatewayClient:
                 await asyncio.sleep(poll_s)
 
     async def get_rollout(self, rollout_id: str) -> RolloutDetail:
-        return RolloutDetail.model_validate(
-            await self.request("GET", f"/api/rollouts/{rollout_id}")
-        )
+        return RolloutDetail.model_validate(await self.request("GET", _rollout_path(rollout_id)))
 
     async def update_rollout(self, rollout_id: str, update: RolloutUpdate) -> Rollout:
         return Rollout.model_validate(
             await self.request(
                 "PATCH",
-                f"/api/rollouts/{rollout_id}",
+                _rollout_path(rollout_id),
                 json=update.model_dump(mode="json", exclude_none=True),
             )
         )
@@ -205,10 +204,14 @@ class GatewayClient:
     async def open_attempt(
         self, rollout_id: str, attempt_id: int | None = None, reason: str | None = None
     ) -> Attempt:
-        """Opens the next attempt. Pass `attempt_id` (latest + 1) to make a retry harmless."""
+        """Opens attempt `attempt_id`, by default the rollout's next one (read first, so that a
+        retry of a post whose reply was lost finds the attempt it opened instead of opening, and
+        superseding it with, another). An attempt opened meanwhile by someone else is a 409."""
+        if attempt_id is None:
+            attempt_id = len((await self.get_rollout(rollout_id)).attempts) + 1
         body = AttemptCreate(attempt_id=attempt_id, reason=reason).model_dump(exclude_none=True)
         return Attempt.model_validate(
-            await self.request("POST", f"/api/rollouts/{rollout_id}/attempts", json=body)
+            await self.request("POST", f"{_rollout_path(rollout_id)}/attempts", json=body)
         )
 
     # -- events ---------------------------------------------------------------------------
@@ -226,7 +229,7 @@ class GatewayClient:
         ]
         return _acks.validate_python(
             await self.request(
-                "POST", f"/api/rollouts/{rollout_id}/attempt/{attempt_id}/events", json=body
+                "POST", f"{_rollout_path(rollout_id)}/attempt/{attempt_id}/events", json=body
             )
         )
 
@@ -258,7 +261,7 @@ class GatewayClient:
             params["all_attempts"] = True
         if types:
             params["type"] = list(types)
-        return await self._pages(f"/api/rollouts/{rollout_id}/events", params, _events)
+        return await self._pages(f"{_rollout_path(rollout_id)}/events", params, _events)
 
     async def get_packed_events(
         self, rollout_id: str, *, attempt_id: int | None = None
@@ -267,7 +270,7 @@ class GatewayClient:
         them), paging through the gateway's limit."""
         params: dict[str, Any] = {} if attempt_id is None else {"attempt_id": attempt_id}
         return await self._pages(
-            f"/api/rollouts/{rollout_id}/events/packed", params, _packed_events
+            f"{_rollout_path(rollout_id)}/events/packed", params, _packed_events
         )
 
     async def _pages(
@@ -318,6 +321,7 @@ class GatewayClient:
         return _models.validate_python(await self.request("GET", "/api/models"))
 
     async def delete_models(self, model: str | None = None) -> int:
+        """How many endpoints it deleted (a retry after a lost reply counts those it found left)."""
         params = {"model": model} if model else {}
         answer = await self.request("DELETE", "/api/models", params=params)
         return int(answer["deleted"])
@@ -328,6 +332,11 @@ class GatewayClient:
         except httpx.TransportError:
             return False
         return response.status_code == 200
+
+
+def _rollout_path(rollout_id: str) -> str:
+    """A rollout's path, its id escaped: an id with `/` or `?` names no other resource."""
+    return f"/api/rollouts/{quote(rollout_id, safe='')}"
 
 
 def _new_id() -> str:

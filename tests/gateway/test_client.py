@@ -17,14 +17,25 @@ class Flaky(httpx.AsyncBaseTransport):
     connection breaks after the gateway committed: the retry must not store twice.
     """
 
-    def __init__(self, failures: int, *, status: int | None = None, after_send: bool = False):
+    def __init__(
+        self,
+        failures: int,
+        *,
+        status: int | None = None,
+        after_send: bool = False,
+        method: str | None = None,
+    ):
         self.failures = failures
         self.status = status
         self.after_send = after_send
+        self.method = method
+        """Only requests of this method fail (all when None)."""
         self.real = httpx.AsyncHTTPTransport()
         self.calls = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.method is not None and request.method != self.method:
+            return await self.real.handle_async_request(request)
         self.calls += 1
         if self.calls <= self.failures:
             if self.after_send:
@@ -82,6 +93,34 @@ async def test_a_lost_reply_is_retried_without_storing_twice(gateway: Gateway) -
         assert len(await admin.get_events("r")) == 1
         page = await admin.list_rollouts()
         assert sorted(r.rollout_id for r in page.items) == sorted(["r", rollout.rollout_id])
+
+
+async def test_opening_the_next_attempt_is_safe_to_retry_after_a_lost_reply(
+    gateway: Gateway,
+) -> None:
+    async with client(gateway) as admin:
+        await admin.create_rollouts([RolloutSpec(rollout_id="r")])
+    # The first two tries' replies are lost after the gateway opened attempt 1: the retries
+    # find it.
+    flaky = Flaky(failures=2, after_send=True, method="POST")
+    async with client(gateway, flaky) as gw:
+        attempt = await gw.open_attempt("r")
+    assert flaky.calls == 3
+    async with client(gateway) as admin:
+        detail = await admin.get_rollout("r")
+    assert attempt.attempt_id == 1
+    assert [(a.attempt_id, a.state) for a in detail.attempts] == [(1, "running")]
+
+
+async def test_a_rollout_id_is_escaped_in_paths(gateway: Gateway) -> None:
+    async with client(gateway) as admin:
+        await admin.create_rollouts([RolloutSpec(rollout_id="a")])
+        await admin.open_attempt("a", attempt_id=1)
+        await admin.post_event("a", 1, "reward", {"value": 1.0})
+        assert len(await admin.get_events("a")) == 1
+        with pytest.raises(GatewayError) as raised:
+            await admin.get_events("a?types=reward")
+        assert raised.value.status_code == 404
 
 
 async def test_4xx_is_raised_at_once_with_the_gateways_message(gateway: Gateway) -> None:
