@@ -229,14 +229,20 @@ class ModelRequest(BaseModel):
     499 and whatever was streamed so far, its generation cancelled; never trained on."""
 
 
+REWARD_LIMIT = 1e12
+"""The largest reward magnitude: the spread of a group of rewards near 1e308 overflows, and
+GRPO would give the whole group advantage 0 without a word."""
+
+
 class Reward(BaseModel):
     """Data of a ``reward`` event: the gateway refuses (422) a reward event whose data does not
     fit, and the trainer reads one that does not (stored before this check) as missing."""
 
     model_config = ConfigDict(extra="allow")
 
-    value: float = Field(strict=True, allow_inf_nan=False)
-    """A finite number (an integer is taken as a float; a string, a bool or null is refused)."""
+    value: float = Field(strict=True, allow_inf_nan=False, ge=-REWARD_LIMIT, le=REWARD_LIMIT)
+    """A finite number within +-1e12 (an integer is taken as a float; a string, a bool or null
+    is refused)."""
     source: str | None = None
     reason: str | None = None
 

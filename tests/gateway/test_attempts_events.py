@@ -209,7 +209,14 @@ def test_a_reward_event_without_a_finite_number_value_is_422_and_not_stored(
 ) -> None:
     start(gateway)
     path = "/api/rollouts/r/attempt/1/events"
-    refused = [{"value": "high"}, {"score": 1}, {"value": None}, {"value": [1]}, {"value": True}]
+    refused = [
+        {"value": "high"},
+        {"score": 1},
+        {"value": None},
+        {"value": [1]},
+        {"value": True},
+        {"value": 1e308},
+    ]
     for data in refused:
         single = gateway.http.post(path, json={"type": "reward", "data": data})
         assert single.status_code == 422, data

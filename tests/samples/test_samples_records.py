@@ -142,7 +142,14 @@ def test_events_of_another_rollout_are_refused() -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [{"value": "high"}, {"score": 1}, {"value": None}, {"value": [1]}, {"value": float("nan")}],
+    [
+        {"value": "high"},
+        {"score": 1},
+        {"value": None},
+        {"value": [1]},
+        {"value": float("nan")},
+        {"value": -1e13},
+    ],
 )
 def test_a_reward_that_does_not_parse_is_a_missing_reward(data: dict[str, Any]) -> None:
     # Rows stored before the gateway checked rewards: never an error of the whole read.
