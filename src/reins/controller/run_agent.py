@@ -17,6 +17,7 @@ import importlib
 import json
 import math
 import os
+import reprlib
 import sys
 import traceback
 from collections.abc import Callable
@@ -86,8 +87,8 @@ def call_agent(agent: str, function: Callable[[Any], Any]) -> int:
         reward = math.inf
     if not math.isfinite(reward):
         print(
-            f"reins: agent {agent} returned {result!r}, not a finite number: a reward must be "
-            "one (no reward was posted)",
+            f"reins: agent {agent} returned {reprlib.repr(result)}, not a finite number: a "
+            "reward must be one (no reward was posted)",
             file=sys.stderr,
         )
         return 1
