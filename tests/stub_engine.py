@@ -92,7 +92,7 @@ def create_stub_app(weight_version: int | None = None) -> FastAPI:
         if body.get("stream"):
             return StreamingResponse(
                 _chat_stream(
-                    {"stub_chunk_delay_s": app.state.chunk_delay_s, **body}, prompt, replies[0]
+                    {"stub_chunk_delay_s": app.state.chunk_delay_s, **body}, prompt, replies
                 ),
                 media_type="text/event-stream",
                 headers=_headers(),
@@ -170,46 +170,52 @@ def create_stub_app(weight_version: int | None = None) -> FastAPI:
     return app
 
 
-async def _chat_stream(body: dict[str, Any], prompt: list[int], text: str) -> AsyncIterator[bytes]:
-    tokens = encode(text)
-    logprobs = _logprobs(tokens)
+async def _chat_stream(
+    body: dict[str, Any], prompt: list[int], replies: list[str]
+) -> AsyncIterator[bytes]:
+    """Each reply as its choice, four tokens a chunk, one after the other; as vLLM does, every
+    choice's last chunk carries its finish reason (an empty reply's too)."""
     ids = body.get("return_token_ids")
-    first: dict[str, Any] = {
-        "id": "chatcmpl-stub",
-        "object": "chat.completion.chunk",
-        "model": body.get("model"),
-        "choices": [
-            {
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-        ],
-    }
-    if ids:
-        first["prompt_token_ids"] = prompt
-    yield b"data: " + json.dumps(first).encode() + b"\n\n"
-    for start in range(0, len(tokens), 4):
-        piece = tokens[start : start + 4]
-        choice: dict[str, Any] = {
-            "index": 0,
-            "delta": {"content": decode(piece)},
-            "logprobs": None,
-            "finish_reason": "stop" if start + 4 >= len(tokens) else None,
+    for index, text in enumerate(replies):
+        tokens = encode(text)
+        logprobs = _logprobs(tokens)
+        first: dict[str, Any] = {
+            "id": "chatcmpl-stub",
+            "object": "chat.completion.chunk",
+            "model": body.get("model"),
+            "choices": [
+                {
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
         }
-        if ids:
-            choice["token_ids"] = piece
-        if body.get("logprobs"):
-            choice["logprobs"] = {
-                "content": [
-                    {"token": chr(t), "logprob": lp, "bytes": [t], "top_logprobs": []}
-                    for t, lp in zip(piece, logprobs[start : start + 4], strict=True)
-                ]
+        if ids and index == 0:
+            first["prompt_token_ids"] = prompt
+        yield b"data: " + json.dumps(first).encode() + b"\n\n"
+        starts = range(0, len(tokens), 4) if tokens else range(1)
+        for start in starts:
+            piece = tokens[start : start + 4]
+            choice: dict[str, Any] = {
+                "index": index,
+                "delta": {"content": decode(piece)},
+                "logprobs": None,
+                "finish_reason": "stop" if start + 4 >= len(tokens) else None,
             }
-        chunk = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "choices": [choice]}
-        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-        await asyncio.sleep(float(body.get("stub_chunk_delay_s") or 0))
+            if ids:
+                choice["token_ids"] = piece
+            if body.get("logprobs"):
+                choice["logprobs"] = {
+                    "content": [
+                        {"token": chr(t), "logprob": lp, "bytes": [t], "top_logprobs": []}
+                        for t, lp in zip(piece, logprobs[start : start + 4], strict=True)
+                    ]
+                }
+            chunk = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "choices": [choice]}
+            yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            await asyncio.sleep(float(body.get("stub_chunk_delay_s") or 0))
     yield b"data: [DONE]\n\n"
 
 

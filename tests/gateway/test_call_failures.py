@@ -25,24 +25,25 @@ from reins.serving import BackgroundServer
 from tests.conftest import ADMIN_KEY, Gateway
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-Ending = Literal["done", "cut", "stall"]
+Ending = Literal["done", "closed", "cut", "stall"]
 READ_TIMEOUT_S = 0.5
 
 
 @dataclass
 class Script:
     """What the engine answers next: `chunks` streamed (or `body` sent, for a plain call), then
-    `ending`: done (complete), cut (the connection breaks), stall (past the read timeout)."""
+    `ending`: done (`[DONE]`), closed (the connection closes cleanly, no `[DONE]`), cut (the
+    connection breaks), stall (past the read timeout)."""
 
     chunks: list[dict[str, Any]] = field(default_factory=list)
     body: bytes = b""
     ending: Ending = "done"
 
 
-def first_chunk(content: str = "Hel") -> dict[str, Any]:
+def first_chunk(content: str = "Hel", index: int = 0) -> dict[str, Any]:
     logprobs = {"content": [{"token": "h", "logprob": -0.5, "top_logprobs": []}]}
     choice = {
-        "index": 0,
+        "index": index,
         "delta": {"role": "assistant", "content": content},
         "token_ids": [72],
         "logprobs": logprobs,
@@ -89,7 +90,7 @@ def token(gateway: Gateway, script: Script) -> Iterator[str]:
                 raise RuntimeError("the engine's connection breaks")
             if script.ending == "stall":
                 await asyncio.sleep(10 * READ_TIMEOUT_S)
-            if streamed:
+            if streamed and script.ending == "done":
                 yield b"data: [DONE]\n\n"
 
         media = "text/event-stream" if streamed else "application/json"
@@ -228,3 +229,47 @@ def test_a_stream_that_is_an_error_or_empty_is_a_recorded_error_in_each_api(
     script.chunks = chunks
     assert says in streamed_failure(gateway, token, api)
     assert_one_failed_call(gateway, api, says)
+
+
+def last_chunk(index: int = 0) -> dict[str, Any]:
+    choice = {"index": index, "delta": {}, "token_ids": [], "finish_reason": "stop"}
+    return {"id": "c", "object": "chat.completion.chunk", "choices": [choice]}
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("ending", ["done", "closed"])
+def test_a_stream_that_ends_cleanly_without_a_finish_reason_is_a_failed_call(
+    gateway: Gateway, token: str, script: Script, api: str, ending: Ending
+) -> None:
+    """A truncated answer: the engine stopped sending before its choice ended."""
+    script.chunks, script.ending = [first_chunk()], ending
+    says = "no finish_reason for choice 0"
+    assert says in streamed_failure(gateway, token, api)
+    assert_one_failed_call(gateway, api, says)
+
+
+def test_a_chat_stream_with_one_of_its_n_choices_unfinished_is_a_failed_call(
+    gateway: Gateway, token: str, script: Script
+) -> None:
+    script.chunks = [first_chunk(), last_chunk(), first_chunk(index=2), last_chunk(index=2)]
+    client = openai.OpenAI(base_url=f"{base(gateway)}/openai/v1", api_key=token, max_retries=0)
+    with pytest.raises(openai.APIError) as failed:
+        for _ in client.chat.completions.create(model="m", messages=MESSAGES, stream=True, n=3):
+            pass
+    assert "no finish_reason for choice 1" in str(failed.value)
+    assert_one_failed_call(gateway, "chat", "no finish_reason for choice 1")
+
+
+def test_a_chat_stream_whose_n_choices_all_finish_is_recorded_per_choice(
+    gateway: Gateway, token: str, script: Script
+) -> None:
+    script.chunks = [first_chunk(), first_chunk(index=1), last_chunk(1), last_chunk()]
+    client = openai.OpenAI(base_url=f"{base(gateway)}/openai/v1", api_key=token, max_retries=0)
+    streamed = list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True, n=2))
+    assert streamed[-1].choices[0].finish_reason == "stop"
+    recorded = sorted(calls(gateway), key=lambda call: call["choice_index"])
+    assert [(c["status"], c["finish_reason"], c["choice_index"]) for c in recorded] == [
+        (200, "stop", 0),
+        (200, "stop", 1),
+    ]
+    assert [c["response_token_ids"] for c in recorded] == [[72], [72]]

@@ -14,8 +14,9 @@ Field paths read (vLLM >= 0.10 and the embedded engine):
   `prompt_token_ids` on the first chunk that carries it.
 
 A call that did not end in an answer (the engine's `error`, an answer with no choices, a stream
-that broke off or carried an error chunk) is recorded as one failed call (status 502, its error,
-no tokens), never as a trainable answer: the harness was told it failed.
+that broke off, carried an error chunk, or ended with a choice that has no finish reason: a
+truncated answer) is recorded as one failed call (status 502, its error, no tokens), never as a
+trainable answer: the harness was told it failed.
 """
 
 from __future__ import annotations
@@ -332,12 +333,26 @@ class StreamRecorder:
         if self.error is None:
             self.error = error
 
-    @property
-    def failure(self) -> str | None:
-        """Why the stream so far is no answer: it failed, or it carried no choices."""
-        if self.error is None and not self.choices:
-            return "the engine's stream ended with no answer (no choices)"
-        return self.error
+    def end(self) -> None:
+        """The engine's stream ended (closed, or `[DONE]`): it is no answer unless every choice
+        it owed ended with a finish reason, as vLLM and the embedded engine end each one (all
+        `n` of a chat or completions call). One that stopped short is a truncated answer, a
+        failed call like a stream that broke off."""
+        if not self.choices:
+            self.fail("the engine's stream ended with no answer (no choices)")
+            return
+        asked = self.facts.request.get("n") if self.facts.api is None else None
+        owed = asked if isinstance(asked, int) and not isinstance(asked, bool) else 1
+        unfinished = [
+            index
+            for index in sorted(set(range(owed)) | set(self.choices))
+            if index not in self.choices or self.choices[index].finish_reason is None
+        ]
+        if unfinished:
+            self.fail(
+                "the engine's stream ended before its answer did (no finish_reason for choice "
+                f"{', '.join(map(str, unfinished))}); the answer may be truncated"
+            )
 
     def feed(self, chunk: dict[str, Any]) -> None:
         if chunk.get("error") is not None:
@@ -397,8 +412,8 @@ class StreamRecorder:
 
     def records(self) -> list[ModelRequest]:
         """One record per choice; one failed call's (502) when the stream is no answer."""
-        if self.failure is not None:
-            return [error_record(self.facts, 502, self.failure)]
+        if self.error is not None:
+            return [error_record(self.facts, 502, self.error)]
         return [
             _record(
                 self.facts,

@@ -609,9 +609,12 @@ class LLMProxy:
             return
         finally:
             call.end_upstream()
-        empty = call.recorder.failure
-        if empty is not None and call.recorder.error is None:  # not told yet: no choices came
-            yield await self._stream_failure(call, facts, started, rollout_id, attempt_id, empty)
+        told = call.recorder.error is not None  # the engine's error chunk was passed on
+        call.recorder.end()
+        if call.recorder.error is not None and not told:  # no choices, or one left unfinished
+            yield await self._stream_failure(
+                call, facts, started, rollout_id, attempt_id, call.recorder.error
+            )
             return
         facts.latency_s = time.perf_counter() - started
         # Recorded before the stream ends, so a finished call is always a recorded call.
@@ -696,7 +699,8 @@ class LLMProxy:
             call.recorder.fail(f"the engine's stream broke off: {error!r}")
         finally:
             call.end_upstream()
-        failure = call.recorder.failure
+        call.recorder.end()  # keeps the first reason when the stream failed already
+        failure = call.recorder.error
         if failure is not None:
             # Told to the harness in its API's shape (a second error chunk adds no event).
             for event in translation.stream_events({"error": {"message": failure}}):
