@@ -97,31 +97,47 @@ def test_train_mode_applies_its_sampling_and_asks_for_token_ids(
     assert sent["logprobs"] is True
 
 
+DISTRIBUTION_CHANGING = {
+    "top_k": 5,
+    "min_p": 0.1,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "repetition_penalty": 1.2,
+    "logit_bias": {"42": -100},
+    "bad_words": ["no"],
+    "allowed_token_ids": [1, 2, 3],
+    "min_tokens": 4,
+    "logits_processors": ["my.Processor"],
+}
+
+
 @pytest.mark.parametrize("api", ["chat", "messages"])
-def test_train_mode_samples_untruncated_and_notes_the_fields_it_dropped(
+def test_train_mode_drops_the_fields_that_change_the_distribution_and_notes_them(
     gateway: Gateway, stub: StubEngine, token: str, api: str
 ) -> None:
-    """The tokens trained on are drawn from the probabilities trained with: a harness's top_k
-    or min_p never reaches the engine in train mode (val keeps them)."""
+    """The tokens trained on are drawn from the probabilities trained with: a harness's field
+    that truncates, reweights or masks the distribution never reaches the engine in train mode
+    (val keeps them)."""
     base = proxy(gateway).removesuffix("/openai/v1")
     headers = {"Authorization": f"Bearer {token}"}
     if api == "chat":
-        sampling = {"top_k": 5, "min_p": 0.1, "top_p": 0.5}
+        sampling = {**DISTRIBUTION_CHANGING, "top_p": 0.5}
         url, request = f"{base}/openai/v1/chat/completions", {"messages": MESSAGES, **sampling}
     else:
         url, request = f"{base}/anthropic/v1/messages", {"max_tokens": 8, "messages": MESSAGES}
         request["top_k"] = 5
     assert httpx.post(url, json={"model": "x", **request}, headers=headers).status_code == 200
     sent = stub.requests[-1]
-    assert "top_k" not in sent and "min_p" not in sent and sent["top_p"] == 1.0
+    assert not set(DISTRIBUTION_CHANGING) & set(sent) and sent["top_p"] == 1.0
     notes = calls(gateway)[0]["notes"]
-    dropped = ["top_k", "min_p"] if api == "chat" else ["top_k"]
+    dropped = list(DISTRIBUTION_CHANGING) if api == "chat" else ["top_k"]
     assert [note.split()[0] for note in notes if "own distribution" in note] == dropped
     gateway.http.post("/api/rollouts", json=[{"rollout_id": "v", "mode": "val"}])
     val = proxy(gateway, "v", mode="val").removesuffix("/openai/v1") + url.removeprefix(base)
     admin = {"Authorization": f"Bearer {gateway.api_key}"}
     assert httpx.post(val, json={"model": "x", **request}, headers=admin).status_code == 200
-    assert stub.requests[-1]["top_k"] == 5
+    kept = {name: stub.requests[-1].get(name) for name in DISTRIBUTION_CHANGING}
+    assert kept == (DISTRIBUTION_CHANGING if api == "chat" else {**dict.fromkeys(kept), "top_k": 5})
 
 
 def test_val_mode_keeps_the_harness_sampling(gateway: Gateway, stub: StubEngine) -> None:

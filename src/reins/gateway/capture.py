@@ -61,15 +61,24 @@ def upstream_body(
     return out
 
 
-TRUNCATING = ("top_k", "min_p")
-"""Sampling fields that cut the distribution the engine samples from."""
+DISTRIBUTION_CHANGING = (
+    *("top_k", "min_p"),  # truncate it
+    *("presence_penalty", "frequency_penalty", "repetition_penalty"),  # reweight by history
+    *("logit_bias", "bad_words", "allowed_token_ids"),  # reweight or mask tokens
+    "min_tokens",  # masks the end of sequence until then
+    "logits_processors",  # vLLM's: anything
+)
+"""Request fields (vLLM's names, in chat and completions requests) that make the engine sample
+from another distribution than the policy's. Constrained decoding (`response_format`, tool
+choice) masks it too, but is kept: the harness needs an answer it can parse."""
 
 
-def untruncated(sent: dict[str, Any], policy: SamplingPolicy) -> list[str]:
+def without_distribution_changes(sent: dict[str, Any], policy: SamplingPolicy) -> list[str]:
     """Train mode samples the policy's own distribution, so the tokens it trains on are drawn
-    from the probabilities it trains with: removes, in place, the truncating fields the harness
-    sent (those the mode's policy sets stay); the names removed, for the record's notes."""
-    removed = [name for name in TRUNCATING if name in sent and name not in policy.set]
+    from the probabilities it trains with: removes, in place, the distribution-changing fields
+    the harness sent (those the mode's policy sets stay); the names removed, for the record's
+    notes."""
+    removed = [name for name in DISTRIBUTION_CHANGING if name in sent and name not in policy.set]
     for name in removed:
         del sent[name]
     return removed

@@ -38,8 +38,8 @@ from reins.gateway.capture import (
     answer_failure,
     error_record,
     strip_for_harness,
-    untruncated,
     upstream_body,
+    without_distribution_changes,
 )
 from reins.gateway.reuse import PREFIX_FIELD, REUSE_HEADER, TokenReuse
 from reins.gateway.reuse_vllm import ReusedAnswer, VllmReuse
@@ -323,9 +323,10 @@ class LLMProxy:
                 self.gate.exit()
 
     def _apply_mode(self, mode: str, sent: dict[str, Any], facts: CallFacts) -> None:
-        """Train mode's promise (`GatewaySettings.train_sampling`): no truncated sampling."""
+        """Train mode's promise (`GatewaySettings.train_sampling`): the policy's own
+        distribution, whatever the harness asked for."""
         if mode == "train":
-            for name in untruncated(sent, self.sampling[mode]):
+            for name in without_distribution_changes(sent, self.sampling[mode]):
                 facts.notes.append(
                     f"{name} dropped: train mode samples from the policy's own distribution"
                 )

@@ -44,8 +44,9 @@ class GatewaySettings(BaseSettings):
         default_factory=lambda: SamplingPolicy(set={"temperature": 1.0, "top_p": 1.0})
     )
     """Sampling applied to `train` calls: the policy's own distribution, so logprobs are its own.
-    Truncating fields a harness sends (`top_k`, `min_p`) are removed from `train` calls, with a
-    note in the call's record, unless this policy sets them."""
+    Fields a harness sends that change the sampled distribution (`top_k`, `min_p`, the penalties,
+    `logit_bias`, `min_tokens`...: `capture.DISTRIBUTION_CHANGING`) are removed from `train`
+    calls, with a note in the call's record, unless this policy sets them."""
     val_sampling: SamplingPolicy = Field(default_factory=SamplingPolicy)
     """Sampling applied to `val` calls; by default the harness's own settings."""
     admission_max_wait_s: float = Field(default=600.0, gt=0)
