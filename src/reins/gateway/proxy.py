@@ -161,6 +161,7 @@ class LLMProxy:
         self.sampling = sampling
         self.retries = retries
         self.backoff_s = backoff_s
+        self.read_timeout_s = read_timeout_s
         self.directory = ModelDirectory(store)
         self.reuse = TokenReuse() if token_reuse else None
         """Token reuse (`GatewaySettings.token_reuse`, `reuse.py`); None when off."""
@@ -532,6 +533,12 @@ class LLMProxy:
         """Sends with retries on transport errors; (response, endpoint, last failure).
 
         The response's body is not read yet, so a stream can be relayed as it comes.
+
+        Retried (backoff, next endpoint): an engine that could not be connected to, or that
+        closed the connection before answering; either way it is not generating this call, so a
+        retry duplicates no work. Not retried: an engine that took the request and did not
+        answer within the read timeout, which may still be generating it (a retry would run the
+        generation again, and wait as long again).
         """
         failure = ""
         endpoint = target.endpoints[0]
@@ -548,8 +555,20 @@ class LLMProxy:
                     headers={"content-type": "application/json"},
                 )
                 return response, endpoint, ""
-            except (aiohttp.ClientConnectionError, TimeoutError) as error:
+            except aiohttp.ConnectionTimeoutError as error:  # a TimeoutError, never connected
                 failure = f"the engine at {endpoint} could not be reached: {error!r}"
+            except TimeoutError:
+                waited = self.read_timeout_s
+                failure = (
+                    f"the engine at {endpoint} did not answer within {waited:g} s (the gateway's "
+                    "proxy_read_timeout_s); not retried, as it may still be generating the call"
+                )
+                return None, endpoint, failure
+            except aiohttp.ClientConnectionError as error:
+                failure = (
+                    f"the engine at {endpoint} could not be reached or closed the connection "
+                    f"before answering: {error!r}"
+                )
             if attempt < self.retries:
                 await asyncio.sleep(self.backoff_s * 2**attempt)
         return None, endpoint, failure

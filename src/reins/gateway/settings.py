@@ -55,9 +55,11 @@ class GatewaySettings(BaseSettings):
     """Gateway processes on one database hold a pause together; one silent this long (killed)
     no longer holds a drain."""
     proxy_retries: int = Field(default=3, ge=0)
-    """Retries of a call whose engine could not be reached (backoff, next endpoint)."""
+    """Retries of a call whose engine could not be reached or closed the connection (backoff,
+    next endpoint); not of one it took and did not answer in time (`proxy_read_timeout_s`)."""
     proxy_read_timeout_s: float = Field(default=3600.0, gt=0)
-    """Longest an engine may take to answer one call."""
+    """Longest an engine may go silent in one call (before its answer, or between a stream's
+    chunks); past it the call fails (502), not retried."""
     token_reuse: bool = True
     """Token reuse: a chat call whose messages extend an earlier call of its attempt (that call's
     messages, its answer, new messages) is prompted with that call's prompt and response token
