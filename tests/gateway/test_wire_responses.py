@@ -727,6 +727,22 @@ def test_an_engine_error_chunk_fails_the_response_and_ends_the_stream() -> None:
     assert response.status == "failed" and response.output[0].content[0].text == "Hi"  # type: ignore[union-attr]
 
 
+def test_a_refused_stream_fails_with_a_code_the_sdk_knows_and_says_why() -> None:
+    """The attempt closed while the answer streamed: `response.failed` in place of
+    `response.completed`, its error code one of the SDK's `ResponseError.code` values."""
+    translation = translate(body(stream=True))
+    sent = translation.stream_events(chunk(content="Hi"))
+    closing = translation.stream_end()  # built (to assemble the answer), then not sent
+    assert closing[-1].startswith(b"event: response.completed")
+    refused = translation.stream_refusal("attempt 1 of r is closed; this answer was not recorded")
+    events = [
+        EVENTS.validate_python(json.loads(s.decode().split("data: ", 1)[1])) for s in sent + refused
+    ]
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error.code == "server_error"
+    assert "this answer was not recorded" in events[-1].response.error.message
+
+
 def test_an_empty_stream_still_completes_with_an_empty_response() -> None:
     events, response = stream(body(), [])
     assert types(events) == ["response.created", "response.in_progress", "response.completed"]

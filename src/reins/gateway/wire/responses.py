@@ -598,9 +598,10 @@ class Translation:
 
     def stream_refusal(self, message: str) -> list[bytes]:
         """`response.failed` in place of the `response.completed` that was not sent."""
+        # `server_error`: the SDK's `ResponseError.code` has no conflict; the message says why.
         self._final = {
             **self._response("failed"),
-            "error": {"code": "conflict", "message": message},
+            "error": {"code": "server_error", "message": message},
         }
         self._emit("response.failed", response=self._final)
         return self._take()
