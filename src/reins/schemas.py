@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError
 
 RolloutState = Literal["queuing", "running", "succeeded", "failed"]
 AttemptState = Literal["running", "succeeded", "failed"]
@@ -245,6 +245,16 @@ class Reward(BaseModel):
     is refused)."""
     source: str | None = None
     reason: str | None = None
+
+
+def parse_reward(data: Any) -> Reward | str:
+    """A ``reward`` event's data as a `Reward`, or what is wrong with it (its first field)."""
+    try:
+        return Reward.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "data"
+        return f"{field}: {first['msg']}"
 
 
 class ModelEndpointIn(_Wire):

@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import ValidationError
 
-from reins.schemas import MODEL_REQUEST, REWARD, Event, ModelRequest, Reward
+from reins.schemas import MODEL_REQUEST, REWARD, Event, ModelRequest, parse_reward
 
 TokenArray = NDArray[np.int32]
 """Token IDs: int32 holds every vocabulary in use (the largest are ~256k) at half the size."""
@@ -180,12 +179,9 @@ def reward_of(
     and without it this raises ``MissingRewardError`` naming the rollout and what was wrong."""
     problem = "has no reward event"
     if data is not None:
-        try:
-            reward = Reward.model_validate(data)
-        except ValidationError as error:
-            first = error.errors()[0]
-            field = ".".join(str(part) for part in first["loc"]) or "data"
-            problem = f"has a reward event that does not parse ({field}: {first['msg']})"
+        reward = parse_reward(data)
+        if isinstance(reward, str):
+            problem = f"has a reward event that does not parse ({reward})"
         else:
             return reward.value, numeric_metrics(getattr(reward, "metrics", None))
     if missing_reward is None:
