@@ -680,6 +680,40 @@ def test_load_weights_from_a_folder_bumps_the_version_and_changes_outputs(
 # -- errors -----------------------------------------------------------------------------------
 
 
+def test_a_weights_file_that_is_not_safetensors_is_a_json_400(
+    embedded: ServedEngine, tmp_path: Path
+) -> None:
+    version = embedded.engine.weight_version
+    (tmp_path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{trunc")
+    response = httpx.post(
+        f"{embedded.server.url}/reins/load_weights", json={"path": str(tmp_path)}, timeout=60
+    )
+    assert_openai_error(response, 400, "is not a readable safetensors file")
+    assert embedded.engine.weight_version == version
+
+
+@pytest.mark.parametrize(
+    ("tool_calls", "says"),
+    [
+        ([{"id": "c", "type": "function", "function": "x"}], "tool_calls[0].function must be"),
+        ([{"id": "c", "type": "function", "function": None}], "tool_calls[0].function must be"),
+        ("abc", "messages[1].tool_calls must be a list"),
+        ([{"function": {"name": 5, "arguments": "{}"}}], "function.name must be a string"),
+    ],
+)
+def test_a_history_tool_call_of_the_wrong_shape_is_400(
+    embedded: ServedEngine, tool_calls: Any, says: str
+) -> None:
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": tool_calls},
+        {"role": "tool", "tool_call_id": "c", "content": "ok"},
+    ]
+    body = {"model": embedded.name, "messages": messages, "max_tokens": 1}
+    for url in (f"{embedded.base_url}/chat/completions", f"{embedded.server.url}/tokenize"):
+        assert_openai_error(httpx.post(url, json=body, timeout=60), 400, says)
+
+
 def test_weights_of_another_shape_are_a_json_400_and_change_nothing(
     embedded: ServedEngine, tmp_path: Path
 ) -> None:

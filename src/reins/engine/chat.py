@@ -101,6 +101,7 @@ def prepare_messages(
         if role == "developer":
             role = "system"
         content = text_of(message.get("content"))
+        _check_tool_calls(message.get("tool_calls"), position)
         as_sampled = sampled.recall(message) if sampled is not None else None
         if as_sampled is not None:
             out.append({"role": role, "content": as_sampled})
@@ -122,8 +123,23 @@ def prepare_messages(
     return out
 
 
-def _tool_call_text(call: Any) -> str:
-    function = call.get("function", {}) if isinstance(call, dict) else {}
+def _check_tool_calls(calls: Any, position: int) -> None:
+    """A message's `tool_calls`, when present, is a list of objects whose `function` is an
+    object: anything else is the caller's error, said as such, not a failure to render."""
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise ChatRequestError(f"messages[{position}].tool_calls must be a list")
+    for index, call in enumerate(calls):
+        where = f"messages[{position}].tool_calls[{index}]"
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise ChatRequestError(f"{where}.function must be an object")
+        if not isinstance(call["function"].get("name", ""), str):
+            raise ChatRequestError(f"{where}.function.name must be a string")
+
+
+def _tool_call_text(call: dict[str, Any]) -> str:
+    function = call["function"]
     arguments = function.get("arguments", "{}")
     try:
         parsed = json.loads(arguments) if isinstance(arguments, str) else arguments

@@ -21,7 +21,10 @@ def read_folder(folder: str | Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"no *.safetensors file in {folder}")
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        state.update(load_file(file))
+        try:
+            state.update(load_file(file))
+        except Exception as error:  # safetensors' own error is neither OSError nor ValueError
+            raise ValueError(f"{file} is not a readable safetensors file: {error}") from error
     return state
 
 
