@@ -621,6 +621,12 @@ class LLMProxy:
                     return
                 if isinstance(chunk, dict):
                     call.recorder.feed(chunk)  # copies what it keeps, so stripping after is safe
+                    if call.recorder.error is not None:  # the engine's error chunk
+                        # Recorded before the harness hears of it: it stops reading there.
+                        yield await self._stream_failure(
+                            call, facts, started, rollout_id, attempt_id, call.recorder.error
+                        )
+                        return
                     chunk = strip_for_harness(chunk, facts.request, facts.kind)
                 yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
         except (aiohttp.ClientError, TimeoutError) as error:
@@ -629,9 +635,8 @@ class LLMProxy:
             return
         finally:
             call.end_upstream()
-        told = call.recorder.error is not None  # the engine's error chunk was passed on
         call.recorder.end()
-        if call.recorder.error is not None and not told:  # no choices, or one left unfinished
+        if call.recorder.error is not None:  # no choices, or one left unfinished
             yield await self._stream_failure(
                 call, facts, started, rollout_id, attempt_id, call.recorder.error
             )
@@ -711,20 +716,23 @@ class LLMProxy:
                     problem = f"the engine sent a stream line that is not JSON: {data[:200]}"
                     chunk = {"error": {"message": problem}}
                 call.recorder.feed(chunk)
+                if call.recorder.error is not None:
+                    break  # the engine's error chunk: told below, once recorded
                 for event in translation.stream_events(chunk):
                     yield event
-                if call.recorder.error is not None:
-                    break  # the harness was told the call failed; nothing more is sent
         except (aiohttp.ClientError, TimeoutError) as error:
             call.recorder.fail(f"the engine's stream broke off: {error!r}")
         finally:
             call.end_upstream()
         call.recorder.end()  # keeps the first reason when the stream failed already
         failure = call.recorder.error
-        if failure is not None:
-            # Told to the harness in its API's shape (a second error chunk adds no event).
-            for event in translation.stream_events({"error": {"message": failure}}):
-                yield event
+        # A failure is told in the API's shape, but only once it is recorded: the harness stops
+        # reading at it (built now, as the failed answer is assembled from it).
+        told = (
+            []
+            if failure is None
+            else list(translation.stream_events({"error": {"message": failure}}))
+        )
         closing = translation.stream_end()
         facts.latency_s = time.perf_counter() - started
         records = call.recorder.records()  # a failed call's one record, when it failed
@@ -737,13 +745,14 @@ class LLMProxy:
             await self._record(rollout_id, attempt_id, records)
         except Conflict as closed:
             if failure is not None:
-                return  # the harness was told the call failed already
-
+                for event in told:  # it failed either way: nothing was recorded
+                    yield event
+                return
             # The closing events (built above, to assemble the answer) are not sent.
             for event in translation.stream_refusal(f"{closed}; this answer was not recorded"):
                 yield event
             return
-        for event in closing:
+        for event in [*told, *closing]:
             yield event
 
     async def _abandon(
