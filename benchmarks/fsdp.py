@@ -70,7 +70,10 @@ def worker(backend_name: str, rows: int, length: int, steps: int, out: Path) -> 
     if backend_name != "fsdp" or dist.get_rank() == 0:
         out.write_text(json.dumps({"mean_s": sum(times) / len(times), "ranks": world}))
     if backend_name == "fsdp":
+        from reins.trainer.ranks import exit_rank
+
         dist.destroy_process_group()
+        exit_rank(0)  # as `reins train` ends a rank: gloo's threads can abort the finalization
 
 
 def _free_port() -> int:

@@ -273,6 +273,7 @@ def train(
 def _run_training(config: object, *, resume: bool) -> None:
     import asyncio
     import logging
+    import traceback
 
     from reins.serving import freeze_startup_objects
     from reins.trainer.config import TrainConfig
@@ -295,11 +296,30 @@ def _run_training(config: object, *, resume: bool) -> None:
             asyncio.run(train(config, resume=resume, reporter=reporter, on_serving=serving))
     except (FileExistsError, ValueError) as error:
         console.print(f"[red]error:[/red] {error}")
+        _end_rank(config, 1)
         raise typer.Exit(1) from error
+    except Exception:
+        if config.backend == "fsdp":
+            traceback.print_exc()
+            _end_rank(config, 1)
+        raise
     console.print(
         f"done: metrics in {config.run_dir / 'metrics.jsonl'}; "
         f"plots with `reins report --run {config.run_dir}`"
     )
+    _end_rank(config, 0)
+
+
+def _end_rank(config: object, code: int) -> None:
+    """A sharded run's rank (torchrun) ends its process here, without the interpreter's
+    finalization, which gloo's threads can abort (`ranks.exit_rank`)."""
+    from reins.trainer.config import TrainConfig
+
+    assert isinstance(config, TrainConfig)
+    if config.backend == "fsdp":
+        from reins.trainer.ranks import exit_rank
+
+        exit_rank(code)
 
 
 @app.command()

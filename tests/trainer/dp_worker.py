@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from reins.samples.batch import AdapterConfig, build_batch
 from reins.trainer.backend import BackendConfig, TorchBackend
+from reins.trainer.ranks import exit_rank
 from tests.trainer.reference import split_rollouts, stepped_gradient
 
 
@@ -43,3 +44,4 @@ def main() -> None:
 if __name__ == "__main__":
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     main()
+    exit_rank(0)  # as `reins train` ends a rank: gloo's threads can abort the finalization

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from reins.samples.batch import AdapterConfig, Batch, build_batch
 from reins.trainer.backend import BackendConfig, StepStats, TorchBackend
 from reins.trainer.fsdp import FSDPBackend
+from reins.trainer.ranks import exit_rank
 from tests.trainer.reference import split_rollouts
 
 
@@ -105,3 +106,4 @@ def main() -> None:
 if __name__ == "__main__":
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     main()
+    exit_rank(0)  # as `reins train` ends a rank: gloo's threads can abort the finalization
