@@ -206,6 +206,7 @@ def controller(
 ) -> None:
     """Run the Rollout Controller: launch an agent for each queued rollout, report how it ended."""
     from reins.controller.command import ControllerOptions, main, parse_values
+    from reins.controller.loop import KeyRefused
 
     if runner not in ("local", "kubernetes"):
         console.print(f"[red]error:[/red] --runner is `local` or `kubernetes`, not {runner!r}")
@@ -232,7 +233,7 @@ def controller(
             preload=preload,
         )
         main(options)
-    except ValueError as error:
+    except (ValueError, KeyRefused) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(2) from error
 

@@ -624,3 +624,18 @@ async def test_a_graceful_restart_does_not_use_up_an_attempt(
     assert report.data["outcome"] == "stopped"
     attempts = (await client.get_rollout("r")).attempts
     assert "stopped by the controller's shutdown" in (attempts[0].reason or "")
+
+
+def test_the_command_stops_when_the_gateway_refuses_its_key(gateway_url: str) -> None:
+    """A wrong admin key is no outage: the controller says so and exits, instead of logging a
+    401 and retrying forever."""
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "reins.cli", "controller", "--runner", "local",
+            "--gateway", gateway_url, "--api-key", "not-the-admin-key",
+            "--agent", "tests.controller.agents:succeed", "--poll-interval", "0.1",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "the gateway refuses this controller's key" in done.stderr, done.stderr[-2000:]

@@ -98,6 +98,11 @@ class LaunchError(Exception):
     """The agent cannot be launched for this rollout, and retrying will not help."""
 
 
+class KeyRefused(Exception):
+    """The gateway answered 401 or 403 to the controller: no retry can help, the controller
+    stops (a wrong or rotated admin key, or a gateway restarted with another one)."""
+
+
 class Reconciler(Protocol):
     """Runs agents somewhere (local processes, Kubernetes Jobs) for the controller.
 
@@ -279,7 +284,13 @@ class Controller:
                     await self.reconcile_once()
                     failures = 0
                 except GatewayError as error:
-                    # The gateway is down or refusing: keep what runs, try again with backoff.
+                    if error.status_code in (401, 403):
+                        raise KeyRefused(
+                            f"the gateway refuses this controller's key ({error.message}): "
+                            "give the controller the gateway's admin key (--api-key or "
+                            "REINS_API_KEY); its agents are stopped"
+                        ) from error
+                    # The gateway is down or failing: keep what runs, try again with backoff.
                     failures += 1
                     self.stats.errors += 1
                     log.warning("reconcile pass failed (%s); retrying", error)

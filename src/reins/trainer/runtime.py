@@ -15,9 +15,9 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -228,6 +228,30 @@ async def train(
             leader.release()
     finally:
         dist.destroy_process_group()
+
+
+T = TypeVar("T")
+
+
+async def _while_controller_runs(work: Coroutine[Any, Any, T], controller: asyncio.Task[None]) -> T:
+    """`work`'s result; if the rollout controller ends first (an error it does not retry, such
+    as a refused key or an agents folder it cannot write), `work` is cancelled and this fails
+    with the controller's error: no rollout would run again, and the trainer would wait for
+    them forever."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait({task, controller}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this run is cancelled (Ctrl-C): so is `work`, whose cleanup ends first
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    error = None if controller.cancelled() else controller.exception()
+    raise RuntimeError(f"the rollout controller stopped: {error!r}") from error
 
 
 def configure_allocator(config: TrainConfig) -> None:
@@ -446,7 +470,9 @@ async def _train(
             on_serving()
         started = time.monotonic()
         try:
-            records = await trainer.run(start_step, final_validation=final_validation)
+            records = await _while_controller_runs(
+                trainer.run(start_step, final_validation=final_validation), controller_task
+            )
         finally:
             # Stopping (done, an error, Ctrl-C): no rollout of this run stays queuing or running.
             # Swept before the controller stops (it then ends their agents) and once more after:
