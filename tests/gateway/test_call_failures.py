@@ -62,6 +62,25 @@ def first_chunk(content: str = "Hel", index: int = 0) -> dict[str, Any]:
 ENGINE_ERROR = {"error": {"message": "engine died midway", "type": "InternalServerError"}}
 
 
+def plain_answer(*finish_reasons: str | None) -> dict[str, Any]:
+    """A non-streamed chat answer with one choice per finish reason."""
+    choices = [
+        {
+            "index": index,
+            "message": {"role": "assistant", "content": "Hello"},
+            "token_ids": [72],
+            "finish_reason": finish_reason,
+        }
+        for index, finish_reason in enumerate(finish_reasons)
+    ]
+    return {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+            "prompt_token_ids": [1, 2, 3], "choices": choices}  # fmt: skip
+
+
+UNFINISHED = plain_answer(None)
+"""A truncated answer: the engine's one choice has no finish reason."""
+
+
 @pytest.fixture
 def gateway_settings(database_url: str) -> GatewaySettings:
     return GatewaySettings(
@@ -201,10 +220,14 @@ def test_a_plain_answer_that_breaks_off_after_its_headers_is_a_recorded_502(
 @pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize(
     ("answer", "says"),
-    [(ENGINE_ERROR, "engine died midway"), ({"id": "c", "choices": []}, "no choices")],
-    ids=["error", "no-choices"],
+    [
+        (ENGINE_ERROR, "engine died midway"),
+        ({"id": "c", "choices": []}, "no choices"),
+        (UNFINISHED, "no finish_reason for choice 0"),
+    ],
+    ids=["error", "no-choices", "no-finish-reason"],
 )
-def test_an_answer_that_is_an_error_or_empty_is_a_recorded_error_in_each_api(
+def test_an_answer_that_is_an_error_empty_or_unfinished_is_a_recorded_error_in_each_api(
     gateway: Gateway, token: str, script: Script, api: str, answer: dict[str, Any], says: str
 ) -> None:
     script.body = json.dumps(answer).encode()
@@ -258,6 +281,33 @@ def test_a_chat_stream_with_one_of_its_n_choices_unfinished_is_a_failed_call(
             pass
     assert "no finish_reason for choice 1" in str(failed.value)
     assert_one_failed_call(gateway, "chat", "no finish_reason for choice 1")
+
+
+@pytest.mark.parametrize(
+    ("finish_reasons", "unfinished"), [(("stop", None), "1"), (("stop",), "1, 2")]
+)
+def test_a_plain_chat_answer_with_one_of_its_n_choices_unfinished_or_missing_is_a_failed_call(
+    gateway: Gateway, token: str, script: Script, finish_reasons: tuple[str | None, ...],
+    unfinished: str,
+) -> None:  # fmt: skip
+    script.body = json.dumps(plain_answer(*finish_reasons)).encode()
+    client = openai.OpenAI(base_url=f"{base(gateway)}/openai/v1", api_key=token, max_retries=0)
+    with pytest.raises(openai.APIError) as failed:
+        client.chat.completions.create(model="m", messages=MESSAGES, n=3)
+    says = f"no finish_reason for choice {unfinished}"
+    assert says in str(failed.value)
+    assert_one_failed_call(gateway, "chat", says)
+
+
+def test_a_plain_chat_answer_whose_choices_all_finish_is_recorded_per_choice(
+    gateway: Gateway, token: str, script: Script
+) -> None:
+    script.body = json.dumps(plain_answer("stop", "length")).encode()
+    client = openai.OpenAI(base_url=f"{base(gateway)}/openai/v1", api_key=token, max_retries=0)
+    answer = client.chat.completions.create(model="m", messages=MESSAGES, n=2)
+    assert [choice.finish_reason for choice in answer.choices] == ["stop", "length"]
+    recorded = sorted(calls(gateway), key=lambda call: call["choice_index"])
+    assert [(c["status"], c["finish_reason"]) for c in recorded] == [(200, "stop"), (200, "length")]
 
 
 def test_a_chat_stream_whose_n_choices_all_finish_is_recorded_per_choice(

@@ -196,14 +196,40 @@ def error_text(error: Any) -> str:
     return str(message or error)
 
 
-def answer_failure(payload: dict[str, Any]) -> str | None:
-    """Why an engine's 200 answer is no answer (its `error`, or no choices); None when it is."""
+def answer_failure(payload: dict[str, Any], facts: CallFacts) -> str | None:
+    """Why an engine's 200 answer is no answer (its `error`, no choices, or a choice it owed
+    without a finish reason, the rule `StreamCapture.end` applies to a stream); None when it
+    is one."""
     if payload.get("error") is not None:
         return f"the engine answered an error: {error_text(payload['error'])}"
     choices = payload.get("choices")
     if not isinstance(choices, list) or not any(isinstance(c, dict) for c in choices):
         return "the engine answered with no choices"
+    finishes: dict[int, Any] = {}
+    for position, choice in enumerate(choices):
+        if isinstance(choice, dict):
+            index = choice.get("index", position)
+            finishes[index if isinstance(index, int) else position] = choice.get("finish_reason")
+    unfinished = unfinished_choices(finishes, owed_choices(facts))
+    if unfinished:
+        return (
+            "the engine's answer has no finish_reason for choice "
+            f"{', '.join(map(str, unfinished))}: it may be truncated"
+        )
     return None
+
+
+def owed_choices(facts: CallFacts) -> int:
+    """How many choices the engine owes a call: a chat or completions request's `n`, else 1
+    (the other wire APIs ask for one)."""
+    asked = facts.request.get("n") if facts.api is None else None
+    return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else 1
+
+
+def unfinished_choices(finishes: dict[int, Any], owed: int) -> list[int]:
+    """The choices (of the `owed` ones and any others seen) that did not end with a finish
+    reason, as vLLM and the embedded engine end each one."""
+    return [index for index in sorted(set(range(owed)) | set(finishes)) if not finishes.get(index)]
 
 
 def error_record(facts: CallFacts, status: int, error: str) -> ModelRequest:
@@ -350,13 +376,8 @@ class StreamRecorder:
         if not self.choices:
             self.fail("the engine's stream ended with no answer (no choices)")
             return
-        asked = self.facts.request.get("n") if self.facts.api is None else None
-        owed = asked if isinstance(asked, int) and not isinstance(asked, bool) else 1
-        unfinished = [
-            index
-            for index in sorted(set(range(owed)) | set(self.choices))
-            if index not in self.choices or self.choices[index].finish_reason is None
-        ]
+        finishes = {index: state.finish_reason for index, state in self.choices.items()}
+        unfinished = unfinished_choices(finishes, owed_choices(self.facts))
         if unfinished:
             self.fail(
                 "the engine's stream ended before its answer did (no finish_reason for choice "

@@ -459,7 +459,7 @@ class LLMProxy:
             failure = f"the engine at {facts.endpoint} answered 200 with a body that is not JSON"
             await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
             return _Failed(502, failure, "bad_upstream_answer")
-        no_answer = answer_failure(payload)
+        no_answer = answer_failure(payload, facts)
         if no_answer is not None:
             await self._record(rollout_id, attempt_id, [error_record(facts, 502, no_answer)])
             return _Failed(502, no_answer, "upstream_error")
