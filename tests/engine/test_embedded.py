@@ -215,6 +215,29 @@ def test_an_empty_prompt_is_400(embedded: ServedEngine) -> None:
         assert_openai_error(response, 400, "the prompt is empty")
 
 
+@pytest.mark.parametrize("prompt", [[True, 2], [1.0, 2], [[1, False]], [[1, 2.5]]])
+def test_token_ids_that_are_not_integers_are_400(embedded: ServedEngine, prompt: Any) -> None:
+    """Not read as IDs 1, 0, 2 (pydantic's lax mode would)."""
+    response = post(embedded, "/completions", {"model": embedded.name, "prompt": prompt})
+    assert_openai_error(response, 400, "prompt")
+
+
+@pytest.mark.parametrize("value", ["false", 0, None])
+def test_tokenize_takes_add_generation_prompt_as_a_boolean_only(
+    embedded: ServedEngine, value: Any
+) -> None:
+    body = {"messages": OPEN_QUESTION, "add_generation_prompt": value}
+    response = httpx.post(f"{embedded.server.url}/tokenize", json=body, timeout=60)
+    assert_openai_error(response, 400, "`add_generation_prompt` must be true or false")
+    without = {"messages": OPEN_QUESTION, "add_generation_prompt": False}
+    with_prompt = {"messages": OPEN_QUESTION, "add_generation_prompt": True}
+    counts = [
+        httpx.post(f"{embedded.server.url}/tokenize", json=b, timeout=60).json()["count"]
+        for b in (without, with_prompt)
+    ]
+    assert counts[0] < counts[1]
+
+
 def test_a_temperature_too_small_to_divide_by_is_greedy(embedded: ServedEngine) -> None:
     prompt = ids(embedded, "The capital of France is")
     tiny = complete(embedded, prompt, temperature=1e-45, max_tokens=6, logprobs=0)

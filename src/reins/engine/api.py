@@ -19,7 +19,7 @@ import uuid
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -72,14 +72,15 @@ class ChatRequest(_Request):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     logprobs: bool | None = False
-    reins_prefix_token_ids: list[int] | None = None
+    reins_prefix_token_ids: list[StrictInt] | None = None
     """Token reuse (the gateway's `token_reuse`): an earlier call's prompt and response IDs; when
     the messages' rendering starts with their text, the prompt is those IDs + the tokens of the
     rest (`chat.extend_prompt`), else the rendering as usual."""
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
+    """Token IDs are integers only: pydantic's lax mode would read `true` or `1.0` as an ID."""
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool | None = False
 
@@ -171,9 +172,12 @@ class _Api:
                 messages = prepare_messages(
                     chat.messages, tools, native_tools=self.native_tools, sampled=self.sampled
                 )
-                tokens = self._render(
-                    messages, tools, generation_prompt=body.get("add_generation_prompt", True)
-                )
+                generation_prompt = body.get("add_generation_prompt", True)
+                if not isinstance(generation_prompt, bool):
+                    raise EngineError(
+                        400, "`add_generation_prompt` must be true or false (a JSON boolean)"
+                    )
+                tokens = self._render(messages, tools, generation_prompt=generation_prompt)
             elif isinstance(body.get("prompt"), str):
                 tokens = self._completion_prompt(body["prompt"])
             else:
