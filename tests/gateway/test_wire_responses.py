@@ -741,6 +741,8 @@ def test_a_refused_stream_fails_with_a_code_the_sdk_knows_and_says_why() -> None
     assert events[-1].type == "response.failed"
     assert events[-1].response.error.code == "server_error"
     assert "this answer was not recorded" in events[-1].response.error.message
+    # Numbered after the last event sent: the closing events that were not sent leave no gap.
+    assert [e.sequence_number for e in events] == list(range(len(events)))
 
 
 def test_an_empty_stream_still_completes_with_an_empty_response() -> None:

@@ -533,6 +533,7 @@ class Translation:
         self._pending = ""  # whitespace that may yet start a message
         self._events: list[bytes] = []
         self._sequence = 0
+        self._closing_from: int | None = None  # the first sequence number `stream_end` used
         self._started = False
         self._finish_reason: Any = None
         self._usage: Any = None
@@ -592,12 +593,16 @@ class Translation:
         """The closing events: the open item's `.done` events, then `response.completed`."""
         if self._final is not None:
             return []
+        self._closing_from = self._sequence
         self._start()
         self._finish()
         return self._take()
 
     def stream_refusal(self, message: str) -> list[bytes]:
-        """`response.failed` in place of the `response.completed` that was not sent."""
+        """`response.failed` in place of the closing events `stream_end` built, which were not
+        sent: its number follows the last event sent."""
+        if self._closing_from is not None:
+            self._sequence = self._closing_from
         # `server_error`: the SDK's `ResponseError.code` has no conflict; the message says why.
         self._final = {
             **self._response("failed"),
