@@ -44,7 +44,7 @@ def controller(
 
 
 def start_cli_controller(
-    gateway_url: str, log_dir: Path, agent: str, max_parallel: int = 4
+    gateway_url: str, log_dir: Path, agent: str, max_parallel: int = 4, *flags: str
 ) -> subprocess.Popen[bytes]:
     """`reins controller --runner local` as a user starts it, in its own process."""
     return subprocess.Popen(
@@ -52,7 +52,7 @@ def start_cli_controller(
             sys.executable, "-m", "reins.cli", "controller", "--runner", "local",
             "--gateway", gateway_url, "--api-key", ADMIN_KEY, "--agent", agent,
             "--max-parallel", str(max_parallel), "--log-dir", str(log_dir),
-            "--poll-interval", "0.1",
+            "--poll-interval", "0.1", *flags,
         ],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -66,6 +66,10 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 async def test_agent_gets_its_environment_and_its_return_value_becomes_the_reward(
@@ -297,11 +301,14 @@ async def test_a_new_controller_adopts_running_agents_and_launches_nothing_twice
 async def test_an_agent_that_vanished_while_no_controller_ran_is_retried(
     client: GatewayClient, gateway_url: str, tmp_path: Path
 ) -> None:
+    """Its `sh` wrapper killed with it, nothing saw how it ended (a forked agent's zygote would
+    have: the next test)."""
     pid_file = tmp_path / "pids"
     task = {"pid_file": str(pid_file), "only_first": True}
     await client.create_rollouts([RolloutSpec(rollout_id="r-lost", input=task)])
     log_dir = tmp_path / "logs"
-    first = start_cli_controller(gateway_url, log_dir, f"{AGENTS}:spawn_and_hang")
+    agent = f"{AGENTS}:spawn_and_hang"
+    first = start_cli_controller(gateway_url, log_dir, agent, 4, "--no-preload")
     try:
         await wait_for(pid_file.exists, what="the agent starting")
     finally:
@@ -321,6 +328,64 @@ async def test_an_agent_that_vanished_while_no_controller_ran_is_retried(
     assert second_attempt.state == "succeeded"
     (lost_log,) = await client.get_events("r-lost", attempt_id=1, types=[AGENT_LOG])
     assert lost_log.data["outcome"] == "lost"
+
+
+async def test_a_forked_agent_killed_after_its_controller_died_keeps_its_exit_status(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    """The dead controller's zygote stays until its last agent has ended: one killed by a signal
+    meanwhile (it writes no `exit` itself) gets its real status, not `lost`."""
+    pid_file = tmp_path / "pids"
+    task = {"pid_file": str(pid_file), "only_first": True}
+    await client.create_rollouts([RolloutSpec(rollout_id="r-orphan", input=task)])
+    log_dir = tmp_path / "logs"
+    folder = log_dir / "r-orphan/attempt-1"
+    first = start_cli_controller(gateway_url, log_dir, f"{AGENTS}:spawn_and_hang")
+    try:
+        await wait_for(pid_file.exists, what="the agent starting")
+        agent_pid = int((folder / "pid").read_text())
+        zygote_pid = parent_of(agent_pid)
+    finally:
+        os.kill(first.pid, signal.SIGKILL)  # its zygote's stdin closes
+        first.wait(timeout=30)
+    assert (folder / "pid.start").read_text().strip()  # forked from the zygote
+    os.killpg(agent_pid, signal.SIGKILL)
+    await wait_for(lambda: (folder / "exit").exists(), what="the agent's exit status")
+    assert (folder / "exit").read_text().strip() == "137"
+    await wait_for(lambda: not alive(zygote_pid), what="the zygote's end after its last agent")
+
+    async with running(controller(client, gateway_url, log_dir, f"{AGENTS}:spawn_and_hang")):
+        rollouts = await wait_terminal(client, ["r-orphan"])
+    assert rollouts["r-orphan"].status.state == "succeeded"
+    first_attempt, _ = (await client.get_rollout("r-orphan")).attempts
+    assert "the agent exited with status 137" in (first_attempt.reason or "")
+    [report] = await client.get_events("r-orphan", attempt_id=1, types=[AGENT_LOG])
+    assert (report.data["outcome"], report.data["exit_code"]) == ("crashed", 137)
+
+
+async def test_a_forked_agent_that_outlived_its_killed_zygote_is_lost_saying_why(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    """A killed zygote cannot record how its agents end, and nothing else can see it."""
+    pid_file = tmp_path / "pids"
+    task = {"pid_file": str(pid_file), "only_first": True}
+    await client.create_rollouts([RolloutSpec(rollout_id="r-no-zygote", input=task)])
+    ctl = controller(client, gateway_url, tmp_path / "logs", f"{AGENTS}:spawn_and_hang")
+    async with running(ctl):
+        await wait_for(pid_file.exists, what="the agent starting")
+        zygote = ctl.reconciler._zygotes[f"{AGENTS}:spawn_and_hang"].process  # type: ignore[attr-defined]
+        assert zygote is not None
+        zygote.kill()
+        await zygote.wait()
+        os.killpg(int(pid_file.read_text().split()[0]), signal.SIGKILL)
+        rollouts = await wait_terminal(client, ["r-no-zygote"])
+    assert rollouts["r-no-zygote"].status.state == "succeeded"
+    first_attempt, _ = (await client.get_rollout("r-no-zygote")).attempts
+    assert "left no exit status; its zygote, which alone could see how it ended, was gone" in (
+        first_attempt.reason or ""
+    )
+    [report] = await client.get_events("r-no-zygote", attempt_id=1, types=[AGENT_LOG])
+    assert report.data["outcome"] == "lost"
 
 
 async def test_an_attempt_opened_but_never_launched_is_launched_once(
@@ -582,6 +647,44 @@ async def test_an_agent_that_cannot_be_started_is_a_failed_attempt_not_a_loop(
     assert "could not be started" in status.reason and says in status.reason
     detail = await client.get_rollout("r-unstartable")
     assert [a.attempt_id for a in detail.attempts] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("agent", "preload", "python", "says"),
+    [
+        ("true", False, sys.executable, "No such file or directory"),  # the workdir is gone
+        (f"{AGENTS}:succeed", True, "/bin/false", "zygote of agent"),  # it dies at once, twice
+    ],
+    ids=["plain-spawn", "zygote-dies"],
+)
+async def test_a_start_failure_reads_as_one_after_a_restart(
+    client: GatewayClient,
+    gateway_url: str,
+    tmp_path: Path,
+    agent: str,
+    preload: bool,
+    python: str,
+    says: str,
+) -> None:
+    await client.create_rollouts([RolloutSpec(rollout_id="r-unstarted", input={})])
+    logs = tmp_path / "logs"
+    workdir = ROOT if python == "/bin/false" else tmp_path / "gone"
+    unstartable = LocalReconciler(agent, 2, logs, workdir=workdir, preload=preload, python=python)
+    first = Controller(client, unstartable, gateway_url=gateway_url, poll_interval_s=0.1)
+    await first.reconcile_once()
+    await first.wait_idle()
+    assert first.stats.launched == 1
+    # The first controller stops dead here, before it reported the failed start.
+    reconciler = LocalReconciler(agent, 2, logs, workdir=ROOT, preload=preload)
+    second = Controller(client, reconciler, gateway_url=gateway_url, poll_interval_s=0.1)
+    async with running(second):
+        rollouts = await wait_terminal(client, ["r-unstarted"])
+    assert rollouts["r-unstarted"].status.state == "succeeded"
+    first_attempt, _ = (await client.get_rollout("r-unstarted")).attempts
+    reason = first_attempt.reason or ""
+    assert "the agent could not be started" in reason and says in reason, reason
+    [report] = await client.get_events("r-unstarted", attempt_id=1, types=[AGENT_LOG])
+    assert report.data["outcome"] == "crashed"
 
 
 async def test_the_largest_input_accepted_fits_in_the_environment(client: GatewayClient) -> None:

@@ -6,7 +6,8 @@ Each attempt gets a folder `LOG_DIR/<rollout id>/attempt-<n>/`:
 - `agent.log`: the agent's stdout and stderr, combined;
 - `pid`: written by a tiny `sh` wrapper as its first act (the wrapper leads the process group);
 - `exit`: the wrapper's last act writes the agent's exit status; the controller writes
-  `timeout`, `stopped` or `signal N` when it killed the group or the wrapper died.
+  `timeout`, `stopped` or `signal N` when it killed the group or the wrapper died, and
+  `not started: ERROR` when the process could not be started.
 
 The files are what lets a restarted controller converge: a live wrapper is adopted (watched until
 it exits, its deadline still enforced), an `exit` file is an outcome nobody reported yet, a `pid`
@@ -54,6 +55,8 @@ _ZOMBIE_WAITS = 500
 """How many times (10 ms apart) the watch waits for a zygote to reap its ended child."""
 _UNSTARTED_GRACE_S = 5.0
 """A `launch.json` this old without a `pid` means the wrapper never started."""
+_NOT_STARTED = "not started: "
+"""How `exit` begins for a process that could not be started; the error follows."""
 
 
 @dataclass
@@ -181,9 +184,7 @@ class LocalReconciler:
             if _alive(pid, folder):
                 return self._adopt(key, folder, pid, launched).ended or RUNNING
             await _reaped(pid, folder)
-            ended = _read_exit(folder) or Ended(
-                "lost", None, f"process (pid {pid}) is gone and left no exit status"
-            )
+            ended = _read_exit(folder) or _lost(pid, folder)
         assert ended is not None
         self._execs[key] = _Execution(key, folder, pid or 0, None, None, incarnation, ended=ended)
         return ended
@@ -270,10 +271,13 @@ class LocalReconciler:
         self, launch: Launch, folder: Path, deadline: float | None, error: Exception
     ) -> str:
         """An attempt whose process could not be started: it ended, crashed, with the error
-        (a failed attempt: retried up to max_attempts, not relaunched forever)."""
+        (a failed attempt: retried up to max_attempts, not relaunched forever). `exit` says so,
+        for a controller restarted before this one reported it."""
         detail = f"could not be started: {error}"
         with contextlib.suppress(OSError), (folder / "agent.log").open("a") as log:
             log.write(f"reins: the agent {detail}\n")
+        with contextlib.suppress(OSError):
+            _write_exit(folder, f"{_NOT_STARTED}{error}")
         key, incarnation = launch.key, launch.incarnation
         execution = _Execution(key, folder, 0, deadline, launch.timeout_s, incarnation)
         self._execs[key] = execution
@@ -406,9 +410,7 @@ class LocalReconciler:
                 os.close(pidfd)
         _killpg(execution.pid, signal.SIGKILL)
         await _reaped(execution.pid, execution.folder)
-        ended = _read_exit(execution.folder) or Ended(
-            "lost", None, f"process (pid {execution.pid}) is gone and left no exit status"
-        )
+        ended = _read_exit(execution.folder) or _lost(execution.pid, execution.folder)
         self._end(execution, ended)
 
     def _end(self, execution: _Execution, ended: Ended) -> None:
@@ -470,10 +472,22 @@ def _read_exit(folder: Path) -> Ended | None:
         return Ended("stopped", None, "was stopped by the controller's shutdown")
     if text.startswith("signal "):
         return Ended("crashed", None, f"was killed ({_signal_name(int(text.split()[1]))})")
+    if text.startswith(_NOT_STARTED):
+        return Ended("crashed", None, f"could not be started: {text.removeprefix(_NOT_STARTED)}")
     code = int(text)
     if code == 0:
         return Ended("succeeded", 0, "exited with status 0")
     return Ended("crashed", code, f"exited with status {code}")
+
+
+def _lost(pid: int, folder: Path) -> Ended:
+    """An agent that is gone without an `exit` file."""
+    detail = f"process (pid {pid}) is gone and left no exit status"
+    if _read_text(folder / "pid.start"):
+        # A forked agent that could not write `exit` gets it from its zygote, the only process
+        # that sees how it ended; the zygote waits for its agents unless killed itself.
+        detail += "; its zygote, which alone could see how it ended, was gone before it"
+    return Ended("lost", None, detail)
 
 
 def _write_exit(folder: Path, text: str) -> None:

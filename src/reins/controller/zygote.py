@@ -16,8 +16,11 @@ the zygote and every child die with their parent (`die_with_parent`): a SIGKILL 
 leaves no agent behind.
 
 Protocol: one JSON request per line on stdin, `{"folder": ..., "env": {...}, "cwd": ...}`, one
-answer per line on stdout, `{"pid": N}` or `{"error": "..."}`. The zygote exits when stdin closes.
-Anything else written to stdout (by the agent's module, say) goes to stderr instead.
+answer per line on stdout, `{"pid": N}` or `{"error": "..."}`. When stdin closes (the controller
+stopped, or died) the zygote forks no more, and exits once its last child has ended and has its
+`exit` file: only a parent sees how its child ended, so a zygote gone first would leave an agent
+that a restarted controller adopted without an outcome. Anything else written to stdout (by the
+agent's module, say) goes to stderr instead.
 
 Caveat (documented in docs/controller.md): a module that reads the environment at import time sees
 the controller's environment, not the attempt's; such agents can opt out (`reins controller
@@ -130,15 +133,17 @@ def _child(
             os._exit(code)
 
 
-def _reap(children: dict[int, Path]) -> None:
-    """Writes the `exit` file of every ended child that left none, then reaps it.
+def _reap(children: dict[int, Path], *, until_none_left: bool = False) -> None:
+    """Writes the `exit` file of every ended child that left none, then reaps it; with
+    `until_none_left`, waits for every child in `children` to end.
 
     The status is read without reaping (WNOWAIT) and the `exit` file written first: while the
     child is a zombie its pid (and start time) still name it, so the controller, which waits for
     the zombie to go before it reads `exit`, finds the file there."""
-    while True:
+    flags = os.WEXITED | os.WNOWAIT | (0 if until_none_left else os.WNOHANG)
+    while not until_none_left or children:
         try:
-            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            ended = os.waitid(os.P_ALL, 0, flags)
         except ChildProcessError:
             return
         if ended is None or ended.si_pid == 0:
@@ -210,6 +215,11 @@ def main(argv: list[str]) -> int:
         _write(folder / "pid", str(pid))
         out.write(json.dumps({"pid": pid}) + "\n")
         out.flush()
+    # Only the agents are waited for (a helper process the module started when imported may
+    # live as long as the zygote). SIGCHLD is blocked so that its handler cannot reap the last
+    # agent while this wait blocks.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    _reap(children, until_none_left=True)
     return 0
 
 
