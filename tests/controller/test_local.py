@@ -687,6 +687,45 @@ async def test_a_start_failure_reads_as_one_after_a_restart(
     assert report.data["outcome"] == "crashed"
 
 
+DIES_AFTER_ITS_FORK = """\
+import json, subprocess, sys
+from pathlib import Path
+from reins.controller.zygote import process_start_time
+
+request = json.loads(sys.stdin.readline())
+folder = Path(request["folder"])
+with Path(__file__).with_suffix(".forks").open("a") as forks:
+    forks.write(request["folder"] + "\\n")
+# The agent it forked: ends with status 0, as a wrapper's last act records it.
+ends = f"echo 0 > {folder}/exit.tmp && mv {folder}/exit.tmp {folder}/exit"
+agent = subprocess.Popen(["sh", "-c", ends])
+(folder / "pid.start").write_text(process_start_time(agent.pid) or "")
+(folder / "pid").write_text(str(agent.pid))
+agent.wait()
+sys.exit(1)  # dies before its answer
+"""
+
+
+async def test_a_zygote_that_died_after_its_fork_is_not_asked_again(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    """Its agent runs (or ran): a second zygote would start the same attempt twice."""
+    zygote = tmp_path / "zygote.py"
+    zygote.write_text(f"#!{sys.executable}\n{DIES_AFTER_ITS_FORK}")
+    zygote.chmod(0o755)
+    await client.create_rollouts([RolloutSpec(rollout_id="r-forked", input={})])
+    reconciler = LocalReconciler(
+        f"{AGENTS}:succeed", 2, tmp_path / "logs", workdir=ROOT, python=str(zygote)
+    )
+    ctl = Controller(
+        client, reconciler, gateway_url=gateway_url, max_attempts=1, poll_interval_s=0.1
+    )
+    async with running(ctl):
+        rollouts = await wait_terminal(client, ["r-forked"])
+    assert len(zygote.with_suffix(".forks").read_text().splitlines()) == 1
+    assert rollouts["r-forked"].status.state == "succeeded", rollouts["r-forked"].status
+
+
 async def test_the_largest_input_accepted_fits_in_the_environment(client: GatewayClient) -> None:
     """MAX_INPUT_BYTES counts what Linux counts: `REINS_INPUT=`, the value and its NUL."""
     from reins.controller.loop import MAX_INPUT_BYTES, LaunchError, agent_env

@@ -630,6 +630,11 @@ class _Zygote:
                 self.process = None
                 if process.returncode == 2:
                     raise _CannotLoad(self.agent)
+                forked = _read_text(folder / "pid")
+                if forked is not None and forked.isdigit():
+                    # It died after the fork, before its answer: the agent runs (or ran);
+                    # a second zygote would start the attempt twice.
+                    return int(forked)
             log = self.owner.log_dir / "zygote.log"
             raise _ZygoteFailed(
                 f"the zygote of agent {self.agent!r} exited ({process.returncode}); its log "
