@@ -149,6 +149,10 @@ class RolloutPage(_Wire):
     items: list[Rollout]
     next_cursor: int
     """Pass back as ``cursor`` to get the rollouts that changed after this page."""
+    database_id: str | None = None
+    """The gateway's database, a random id made with it. A cursor counts that database's
+    changes only: a follower that sees another id (the gateway restarted on a fresh SQLite file
+    or another PostgreSQL database) reads again from cursor 0. None from an older gateway."""
 
 
 class EventIn(_Wire):

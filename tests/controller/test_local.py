@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from reins.gateway import GatewaySettings
 from reins.schemas import AGENT_LAUNCH, AGENT_LOG, REWARD, RolloutConfig, RolloutSpec
 from tests.conftest import ADMIN_KEY, serve
 from tests.controller.conftest import ROOT, running, wait_for, wait_terminal
+from tests.support import GatewayProcess, PostgresServer, free_port
 
 AGENTS = "tests.controller.agents"
 
@@ -781,3 +783,40 @@ def test_the_command_stops_when_the_gateway_refuses_its_key(gateway_url: str) ->
     )  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
     assert "the gateway refuses this controller's key" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
+async def test_a_gateway_restarted_on_another_database_has_its_rollouts_run(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    def new_database(name: str) -> str:
+        if backend == "sqlite":
+            return f"sqlite+aiosqlite:///{tmp_path / name}.db"
+        server: PostgresServer = request.getfixturevalue("postgres")
+        return server.create_database(f"t_{uuid.uuid4().hex[:16]}")
+
+    port = free_port()
+    gateway = GatewayProcess(database_url=new_database("first"), api_key=ADMIN_KEY, port=port)
+    await asyncio.to_thread(gateway.start)
+    try:
+        async with GatewayClient(gateway.url, ADMIN_KEY) as client:
+            ctl = controller(client, gateway.url, tmp_path / "logs")
+            async with running(ctl):
+                old_ids = [f"old-{i}" for i in range(20)]
+                await client.create_rollouts([RolloutSpec(rollout_id=r, input={}) for r in old_ids])
+                await wait_terminal(client, old_ids)
+                # The controller has read the first database's changes: its cursor is past 20.
+                await wait_for(lambda: not ctl.active, what="the controller reading the ends")
+                await asyncio.to_thread(gateway.stop)
+                # The same URL, another database: its change counter starts again from 1.
+                gateway = GatewayProcess(
+                    database_url=new_database("second"), api_key=ADMIN_KEY, port=port
+                )
+                await asyncio.to_thread(gateway.start)
+                new_ids = [f"new-{i}" for i in range(3)]
+                await client.create_rollouts([RolloutSpec(rollout_id=r, input={}) for r in new_ids])
+                rollouts = await wait_terminal(client, new_ids, timeout_s=60)
+    finally:
+        await asyncio.to_thread(gateway.stop)
+    assert {r.status.state for r in rollouts.values()} == {"succeeded"}
+    assert ctl.stats.launched == 23

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
+from reins.gateway.store.sql import SqlStore
 from reins.schemas import VALID_TRANSITIONS
 from tests.conftest import Gateway
 
@@ -109,6 +111,20 @@ def test_cursor_streams_completions_in_terminal_order(gateway: Gateway) -> None:
     gateway.http.patch("/api/rollouts/r1", json={"status": {"state": "failed"}})
     body = gateway.http.get("/api/rollouts", params={**terminal, "cursor": cursor}).json()
     assert [item["rollout_id"] for item in body["items"]] == ["r1"]
+
+
+async def test_a_page_names_its_database_the_same_across_restarts(
+    database_url: str, tmp_path: Path
+) -> None:
+    # A cursor counts one database's changes: a follower tells a restart from another database.
+    database_ids = []
+    for url in (database_url, database_url, f"sqlite+aiosqlite:///{tmp_path / 'other.db'}"):
+        store = SqlStore(url)
+        await store.init()
+        database_ids.append((await store.list_rollouts()).database_id)
+        await store.close()
+    first, restarted, other = database_ids
+    assert first is not None and first == restarted != other
 
 
 STATES = ["queuing", "running", "succeeded", "failed"]

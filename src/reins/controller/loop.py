@@ -250,6 +250,9 @@ class Controller:
         self.stats = ControllerStats()
         self._active: dict[str, Rollout] = {}
         self._cursor: int | None = None
+        self._database_id: str | None = None
+        """The gateway's database `_cursor` counts the changes of (None: a gateway older than
+        database ids)."""
         self._opened: dict[str, int] = {}
         self._recorded: set[Key] = set()
         """Attempts whose `agent_launch` event this controller posted."""
@@ -391,27 +394,45 @@ class Controller:
         return self._active
 
     async def _refresh(self) -> None:
-        if self._cursor is None:
-            # First read: every active rollout, then every change after the head it was read at.
-            cursor = 0
-            while True:
-                page = await self.client.list_rollouts(
-                    states=("queuing", "running"), cursor=cursor, limit=1000
-                )
-                for rollout in page.items:
-                    self._observe(rollout)
-                cursor = page.next_cursor
-                if len(page.items) < 1000:
-                    break
-            self._cursor = cursor
-            return
+        # Without a cursor (the first pass, or the gateway's database changed): every active
+        # rollout, then every change after the head it was read at.
+        reading_active = self._cursor is None
+        cursor = self._cursor or 0
         while True:
-            page = await self.client.list_rollouts(cursor=self._cursor, limit=1000)
+            page = await self.client.list_rollouts(
+                states=("queuing", "running") if reading_active else (), cursor=cursor, limit=1000
+            )
+            if page.database_id != self._database_id:
+                self._forget_database(page.database_id)
+                if not (reading_active and cursor == 0):
+                    # The cursor counts the old database's changes: read the new one from 0.
+                    reading_active, cursor = True, 0
+                    continue
             for rollout in page.items:
                 self._observe(rollout)
-            self._cursor = page.next_cursor
+            cursor = page.next_cursor
+            if not reading_active:
+                self._cursor = cursor
             if len(page.items) < 1000:
+                self._cursor = cursor
                 return
+
+    def _forget_database(self, database_id: str | None) -> None:
+        """What this controller knows of the gateway's rollouts holds for one database: another
+        one (a gateway restarted on a fresh SQLite file) may reuse rollout ids and counts its
+        changes from 1."""
+        if self._database_id is not None:
+            log.warning(
+                "the gateway's database changed (%s, was %s): reading its rollouts from the start",
+                database_id,
+                self._database_id,
+            )
+        self._database_id = database_id
+        self._cursor = None
+        self._active.clear()
+        self._opened.clear()
+        self._recorded.clear()
+        self._backoff.clear()
 
     def _observe(self, rollout: Rollout) -> None:
         known = self._active.get(rollout.rollout_id)

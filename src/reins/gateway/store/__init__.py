@@ -124,7 +124,8 @@ class Store(Protocol):
         run: str | None = None,
         search: str | None = None,
     ) -> RolloutPage:
-        """Rollouts whose last change came after `cursor`, in the order of their changes.
+        """Rollouts whose last change came after `cursor`, in the order of their changes; the
+        page carries the database's `database_id`, since cursors count one database's changes.
 
         `run` keeps rollouts whose `metadata.run` equals it; `search` is a case-insensitive
         substring of the rollout id or of the input's JSON text.

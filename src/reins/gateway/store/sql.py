@@ -248,6 +248,9 @@ class SqlStore(DashboardReads):
         self._packer = Packer()
         self.board = ReplicaBoard(self.engine, self._insert, self._write)
         """What the gateway processes sharing this database tell each other."""
+        self.database_id: str | None = None
+        """A random id made with the database (read by `init`): pages of rollout changes carry
+        it, since their cursor counts this database's changes only."""
 
     @contextlib.asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
@@ -264,10 +267,15 @@ class SqlStore(DashboardReads):
                 .values(name=_ROLLOUT_CHANGE, value=0)
                 .on_conflict_do_nothing(index_elements=["name"])
             )
-            await conn.execute(
-                self._insert(meta)
-                .values(key="token_secret", value=secrets.token_hex(32))
-                .on_conflict_do_nothing(index_elements=["key"])
+            made_once = {"token_secret": secrets.token_hex(32), "database_id": uuid.uuid4().hex}
+            for key, value in made_once.items():
+                await conn.execute(
+                    self._insert(meta)
+                    .values(key=key, value=value)
+                    .on_conflict_do_nothing(index_elements=["key"])
+                )
+            self.database_id = await conn.scalar(
+                sa.select(meta.c.value).where(meta.c.key == "database_id")
             )
             await self.board.init(conn)
         if self._journal is not None:
@@ -452,7 +460,7 @@ class SqlStore(DashboardReads):
         # A short page saw every matching change up to the head, so the follower may skip the
         # changes that did not match its filter.
         next_cursor = items[-1].change_seq if len(items) == limit else max(head, cursor)
-        return RolloutPage(items=items, next_cursor=next_cursor)
+        return RolloutPage(items=items, next_cursor=next_cursor, database_id=self.database_id)
 
     async def get_rollout(self, rollout_id: str) -> RolloutDetail:
         async with self.engine.connect() as conn:
