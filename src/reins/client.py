@@ -58,6 +58,25 @@ class GatewayError(Exception):
         self.message = message
 
 
+class DatabaseChanged(Exception):
+    """The gateway's database is not the one a change cursor was following (a gateway restarted
+    on another database): that cursor's rollouts are not in it."""
+
+    def __init__(self, was: str, now: str) -> None:
+        super().__init__(
+            f"the gateway's database changed (was {was}, now {now}): the rollouts followed are "
+            "not in it; follow the new database from cursor 0"
+        )
+
+
+def check_database(followed: str | None, page: RolloutPage) -> str | None:
+    """The database a cursor follows after `page`: the page's, if it is the same one (or the
+    first known); raises `DatabaseChanged` if it is another."""
+    if followed is not None and page.database_id is not None and page.database_id != followed:
+        raise DatabaseChanged(followed, page.database_id)
+    return page.database_id or followed
+
+
 class GatewayClient:
     """Async client; use as `async with GatewayClient(url, api_key) as gateway: ...`."""
 
@@ -171,11 +190,14 @@ class GatewayClient:
         cursor: int = 0,
         poll_s: float = 0.2,
     ) -> AsyncIterator[Rollout]:
-        """Yields rollouts as they change (or reach `states`), in order, forever."""
+        """Yields rollouts as they change (or reach `states`), in order, forever; raises
+        `DatabaseChanged` if the gateway comes back on another database."""
+        database: str | None = None
         while True:
             page = await self.list_rollouts(
                 states=states, mode=mode, group_id=group_id, cursor=cursor, limit=1000
             )
+            database = check_database(database, page)
             for rollout in page.items:
                 yield rollout
             cursor = page.next_cursor

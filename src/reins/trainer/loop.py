@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from reins.client import GatewayClient, GatewayError
+from reins.client import DatabaseChanged, GatewayClient, GatewayError, check_database
 from reins.recordbatch import DecodedRollout, record_of
 from reins.samples.batch import AdapterConfig, Batch, build_batch
 from reins.samples.records import MissingRewardError, RolloutRecord
@@ -84,6 +84,7 @@ class CompletionWatch:
         cursor's polling (a page follows another at once; an empty one waits `poll_s`)."""
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._lost: DatabaseChanged | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._follow())
@@ -95,7 +96,7 @@ class CompletionWatch:
                 await self._task
 
     async def _follow(self) -> None:
-        cursor = 0
+        cursor, database = 0, None
         while True:
             try:
                 page = await self.client.list_rollouts(states=TERMINAL, cursor=cursor, limit=1000)
@@ -103,6 +104,14 @@ class CompletionWatch:
                 log.warning("cannot follow rollouts (%s); retrying", error)
                 await asyncio.sleep(1.0)
                 continue
+            try:
+                database = check_database(database, page)
+            except DatabaseChanged as error:
+                # The run's rollouts are gone with the old database: waiting for them would
+                # never end. `changed` raises it in the run.
+                self._lost = error
+                self._changed.set()
+                return
             now = time.monotonic()
             for rollout in page.items:
                 if rollout.rollout_id not in self.finished:
@@ -116,10 +125,15 @@ class CompletionWatch:
                 await asyncio.sleep(self.poll_s)
 
     async def changed(self, timeout_s: float) -> None:
-        """Returns when something finished, or after `timeout_s`."""
+        """Returns when something finished, or after `timeout_s`; raises `DatabaseChanged` once
+        the gateway is on another database."""
+        if self._lost is not None:
+            raise self._lost
         self._changed.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout_s)
+        if self._lost is not None:
+            raise self._lost
 
 
 def rollout_tail(finished_at: Sequence[float]) -> float:
