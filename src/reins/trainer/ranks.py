@@ -62,7 +62,7 @@ def exit_rank(code: int) -> NoReturn:
     with it its threads, alive past `destroy_process_group`. Dropping those tensors takes the
     GIL, and a thread that asks for the GIL while the interpreter finalizes is ended inside a
     destructor: `terminate called without an active exception`, SIGABRT, and torchrun reports
-    a finished run as failed (1 in 8 two-rank runs on 2 busy cores; pytorch/pytorch#179291)."""
+    a finished run as failed (9 of 85 two-rank runs on 2 busy cores; pytorch/pytorch#179291)."""
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
