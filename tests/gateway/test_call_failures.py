@@ -7,8 +7,9 @@ The harnesses are the real openai and anthropic SDKs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -115,6 +116,16 @@ def token(gateway: Gateway, script: Script) -> Iterator[str]:
         media = "text/event-stream" if streamed else "application/json"
         return StreamingResponse(body(), media_type=media)
 
+    with attempt_on_engine(gateway, chat) as attempt_token:
+        yield attempt_token
+
+
+@contextlib.contextmanager
+def attempt_on_engine(
+    gateway: Gateway, chat: Callable[[Request], Awaitable[Response]]
+) -> Iterator[str]:
+    """An engine serving chat completions with `chat`, registered as model `m`; rollout `r`'s
+    first attempt open: its token."""
     routes = [Route("/v1/chat/completions", chat, methods=["POST"])]
     engine = BackgroundServer(Starlette(routes=routes)).start()
     try:

@@ -10,15 +10,12 @@ from typing import Any
 
 import openai
 import pytest
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from reins.gateway import GatewaySettings
-from reins.serving import BackgroundServer
 from tests.conftest import ADMIN_KEY, Gateway
-from tests.gateway.test_call_failures import MESSAGES, base, calls
+from tests.gateway.test_call_failures import MESSAGES, attempt_on_engine, base, calls
 
 READ_TIMEOUT_S = 0.5
 
@@ -47,14 +44,8 @@ def token(gateway: Gateway, received: list[dict[str, Any]]) -> Iterator[str]:
         await asyncio.sleep(10 * READ_TIMEOUT_S)
         return JSONResponse({})
 
-    routes = [Route("/v1/chat/completions", chat, methods=["POST"])]
-    engine = BackgroundServer(Starlette(routes=routes)).start()
-    try:
-        gateway.http.post("/api/models", json={"model": "m", "endpoint": f"{engine.url}/v1"})
-        gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
-        yield str(gateway.http.post("/api/rollouts/r/attempts").json()["token"])
-    finally:
-        engine.stop()
+    with attempt_on_engine(gateway, chat) as attempt_token:
+        yield attempt_token
 
 
 def test_a_call_the_engine_took_and_did_not_answer_in_time_is_sent_once(
