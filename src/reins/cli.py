@@ -395,7 +395,7 @@ def export(
     """Write rollouts as JSONL, one per line: calls, rewards, events and agent logs."""
     import sys
 
-    from reins.client import GatewayError
+    from reins.client import DatabaseChanged, GatewayError
     from reins.monitor.export import export_to
 
     if not api_key:
@@ -407,7 +407,7 @@ def export(
             gateway_url, api_key, handle, run=run, states=status or (), mode=mode, search=search,
             tokens=tokens,
         )  # fmt: skip
-    except GatewayError as error:
+    except (GatewayError, DatabaseChanged) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from error
     finally:

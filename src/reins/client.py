@@ -13,7 +13,7 @@ import itertools
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from concurrent import futures
-from typing import Any, Self, TypeVar
+from typing import Any, Final, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -47,6 +47,10 @@ _packed_events = TypeAdapter(list[PackedEvent])
 _Paged = TypeVar("_Paged", Event, PackedEvent)
 _acks = TypeAdapter(list[EventAck])
 _models = TypeAdapter(list[Model])
+_NEWER: Final = "ignore"
+"""How answers are read: fields this client does not know (a newer gateway's) are left out,
+so a gateway can add to its answers without breaking the clients already deployed. The
+gateway itself refuses unknown fields in what it is sent."""
 
 
 class GatewayError(Exception):
@@ -59,21 +63,26 @@ class GatewayError(Exception):
 
 
 class DatabaseChanged(Exception):
-    """The gateway's database is not the one a change cursor was following (a gateway restarted
-    on another database): that cursor's rollouts are not in it."""
-
-    def __init__(self, was: str, now: str) -> None:
-        super().__init__(
-            f"the gateway's database changed (was {was}, now {now}): the rollouts followed are "
-            "not in it; follow the new database from cursor 0"
-        )
+    """The gateway's database is not the one a change cursor was following: another database
+    (a gateway restarted on a fresh SQLite file), or the same one gone back to an older copy
+    (restored from a backup): the cursor's rollouts are not in it, or not as they were."""
 
 
-def check_database(followed: str | None, page: RolloutPage) -> str | None:
-    """The database a cursor follows after `page`: the page's, if it is the same one (or the
-    first known); raises `DatabaseChanged` if it is another."""
+def check_database(followed: str | None, cursor: int, page: RolloutPage) -> str | None:
+    """The database a cursor follows after reading `page` at `cursor`: the page's, if it is the
+    same one (or the first known); raises `DatabaseChanged` if it is another, or if its changes
+    end before the cursor (the gateway answers a `next_cursor` below the cursor then)."""
     if followed is not None and page.database_id is not None and page.database_id != followed:
-        raise DatabaseChanged(followed, page.database_id)
+        raise DatabaseChanged(
+            f"the gateway's database changed (was {followed}, now {page.database_id}): the "
+            "rollouts followed are not in it; follow the new database from cursor 0"
+        )
+    if page.next_cursor < cursor:
+        raise DatabaseChanged(
+            f"the gateway's database went back: its changes end at {page.next_cursor}, before "
+            f"this cursor ({cursor}), as when it is restored from an older copy; the rollouts "
+            "followed may be gone or in earlier states: follow it again from cursor 0"
+        )
     return page.database_id or followed
 
 
@@ -161,7 +170,9 @@ class GatewayClient:
             ).model_dump(mode="json")
             for spec in specs
         ]
-        return _rollouts.validate_python(await self.request("POST", "/api/rollouts", json=body))
+        return _rollouts.validate_python(
+            await self.request("POST", "/api/rollouts", json=body), extra=_NEWER
+        )
 
     async def list_rollouts(
         self,
@@ -179,7 +190,9 @@ class GatewayClient:
             params["mode"] = mode
         if group_id:
             params["group_id"] = group_id
-        return RolloutPage.model_validate(await self.request("GET", "/api/rollouts", params=params))
+        return RolloutPage.model_validate(
+            await self.request("GET", "/api/rollouts", params=params), extra=_NEWER
+        )
 
     async def follow_rollouts(
         self,
@@ -197,7 +210,7 @@ class GatewayClient:
             page = await self.list_rollouts(
                 states=states, mode=mode, group_id=group_id, cursor=cursor, limit=1000
             )
-            database = check_database(database, page)
+            database = check_database(database, cursor, page)
             for rollout in page.items:
                 yield rollout
             cursor = page.next_cursor
@@ -205,7 +218,9 @@ class GatewayClient:
                 await asyncio.sleep(poll_s)
 
     async def get_rollout(self, rollout_id: str) -> RolloutDetail:
-        return RolloutDetail.model_validate(await self.request("GET", _rollout_path(rollout_id)))
+        return RolloutDetail.model_validate(
+            await self.request("GET", _rollout_path(rollout_id)), extra=_NEWER
+        )
 
     async def update_rollout(self, rollout_id: str, update: RolloutUpdate) -> Rollout:
         return Rollout.model_validate(
@@ -213,7 +228,8 @@ class GatewayClient:
                 "PATCH",
                 _rollout_path(rollout_id),
                 json=update.model_dump(mode="json", exclude_none=True),
-            )
+            ),
+            extra=_NEWER,
         )
 
     async def set_status(
@@ -233,7 +249,8 @@ class GatewayClient:
             attempt_id = len((await self.get_rollout(rollout_id)).attempts) + 1
         body = AttemptCreate(attempt_id=attempt_id, reason=reason).model_dump(exclude_none=True)
         return Attempt.model_validate(
-            await self.request("POST", f"{_rollout_path(rollout_id)}/attempts", json=body)
+            await self.request("POST", f"{_rollout_path(rollout_id)}/attempts", json=body),
+            extra=_NEWER,
         )
 
     # -- events ---------------------------------------------------------------------------
@@ -252,7 +269,8 @@ class GatewayClient:
         return _acks.validate_python(
             await self.request(
                 "POST", f"{_rollout_path(rollout_id)}/attempt/{attempt_id}/events", json=body
-            )
+            ),
+            extra=_NEWER,
         )
 
     async def post_event(
@@ -303,7 +321,8 @@ class GatewayClient:
         after = 0
         while True:
             page = adapter.validate_python(
-                await self.request("GET", path, params={**params, "after": after, "limit": 10_000})
+                await self.request("GET", path, params={**params, "after": after, "limit": 10_000}),
+                extra=_NEWER,
             )
             out.extend(page)
             if len(page) < 10_000:
@@ -337,10 +356,12 @@ class GatewayClient:
 
     async def register_models(self, endpoints: Sequence[ModelEndpointIn]) -> list[Model]:
         body = [endpoint.model_dump(mode="json") for endpoint in endpoints]
-        return _models.validate_python(await self.request("POST", "/api/models", json=body))
+        return _models.validate_python(
+            await self.request("POST", "/api/models", json=body), extra=_NEWER
+        )
 
     async def list_models(self) -> list[Model]:
-        return _models.validate_python(await self.request("GET", "/api/models"))
+        return _models.validate_python(await self.request("GET", "/api/models"), extra=_NEWER)
 
     async def delete_models(self, model: str | None = None) -> int:
         """How many endpoints it deleted (a retry after a lost reply counts those it found left)."""

@@ -148,7 +148,10 @@ class RolloutDetail(_Wire):
 class RolloutPage(_Wire):
     items: list[Rollout]
     next_cursor: int
-    """Pass back as ``cursor`` to get the rollouts that changed after this page."""
+    """Pass back as ``cursor`` to get the rollouts that changed after this page. Below the
+    ``cursor`` given only when the database's changes end before it (the gateway came back on
+    an older copy of its database): what the cursor's follower knows may no longer hold; read
+    again from cursor 0."""
     database_id: str | None = None
     """The gateway's database, a random id made with it. A cursor counts that database's
     changes only: a follower that sees another id (the gateway restarted on a fresh SQLite file

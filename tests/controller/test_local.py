@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -811,6 +812,43 @@ async def test_a_gateway_restarted_on_another_database_has_its_rollouts_run(
                 # The same URL, another database: its change counter starts again from 1.
                 gateway = GatewayProcess(
                     database_url=new_database("second"), api_key=ADMIN_KEY, port=port
+                )
+                await asyncio.to_thread(gateway.start)
+                new_ids = [f"new-{i}" for i in range(3)]
+                await client.create_rollouts([RolloutSpec(rollout_id=r, input={}) for r in new_ids])
+                rollouts = await wait_terminal(client, new_ids, timeout_s=60)
+    finally:
+        await asyncio.to_thread(gateway.stop)
+    assert {r.status.state for r in rollouts.values()} == {"succeeded"}
+    assert ctl.stats.launched == 23
+
+
+async def test_a_gateway_restored_from_an_older_copy_has_its_new_rollouts_run(
+    tmp_path: Path,
+) -> None:
+    """The same database restored from a backup keeps its id and counts its changes again from
+    where the copy ends, below the controller's cursor: the controller reads it from the start
+    rather than leave its new rollouts queuing until the counter passes its cursor again."""
+    port = free_port()
+    live, backup = tmp_path / "live.db", tmp_path / "backup.db"
+    gateway = GatewayProcess(
+        database_url=f"sqlite+aiosqlite:///{live}", api_key=ADMIN_KEY, port=port
+    )
+    await asyncio.to_thread(gateway.start)
+    await asyncio.to_thread(gateway.stop)
+    shutil.copyfile(live, backup)  # stopped: the WAL is checkpointed into the file
+    await asyncio.to_thread(gateway.start)
+    try:
+        async with GatewayClient(gateway.url, ADMIN_KEY) as client:
+            ctl = controller(client, gateway.url, tmp_path / "logs")
+            async with running(ctl):
+                old_ids = [f"old-{i}" for i in range(20)]
+                await client.create_rollouts([RolloutSpec(rollout_id=r, input={}) for r in old_ids])
+                await wait_terminal(client, old_ids)
+                await wait_for(lambda: not ctl.active, what="the controller reading the ends")
+                await asyncio.to_thread(gateway.stop)
+                gateway = GatewayProcess(
+                    database_url=f"sqlite+aiosqlite:///{backup}", api_key=ADMIN_KEY, port=port
                 )
                 await asyncio.to_thread(gateway.start)
                 new_ids = [f"new-{i}" for i in range(3)]

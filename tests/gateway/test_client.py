@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -64,6 +66,60 @@ async def test_a_full_rollout_round_trip(gateway: Gateway) -> None:
         assert [e.data["value"] for e in events] == [1.0]
         page = await gw.list_rollouts(states=["succeeded"])
         assert [r.rollout_id for r in page.items] == [rollout.rollout_id]
+
+
+class Newer(httpx.AsyncBaseTransport):
+    """Stub of a newer gateway: forwards for real, then adds a field this client does not know
+    to every JSON object of the answer (the page, each rollout, attempt, event, ack, model)."""
+
+    def __init__(self) -> None:
+        self.real = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.real.handle_async_request(request)
+        body = await response.aread()
+        if not response.headers.get("content-type", "").startswith("application/json"):
+            return httpx.Response(response.status_code, headers=response.headers, content=body)
+
+        def grow(value: object) -> object:
+            if isinstance(value, dict):
+                return {**{k: grow(v) for k, v in value.items()}, "added_later": {"x": 1}}
+            if isinstance(value, list):
+                return [grow(v) for v in value]
+            return value
+
+        answer = json.loads(body)
+        return httpx.Response(
+            response.status_code, json=answer if response.status_code >= 400 else grow(answer)
+        )
+
+
+async def test_answers_with_fields_from_a_newer_gateway_are_read(gateway: Gateway) -> None:
+    """A gateway may add fields to its answers without breaking the clients already deployed
+    (an older client refused `database_id` when it came)."""
+    async with client(gateway, Newer()) as gw:
+        (rollout,) = await gw.create_rollouts([RolloutSpec(input={"q": 1}, group_id="g")])
+        # Free-form JSON (a rollout's input, an event's data) is kept as the gateway sent it.
+        assert rollout.input == {"q": 1, "added_later": {"x": 1}}
+        attempt = await gw.open_attempt(rollout.rollout_id)
+        assert attempt.attempt_id == 1
+        (ack,) = await gw.post_events(
+            rollout.rollout_id, 1, [EventIn(type="reward", data={"value": 1.0})]
+        )
+        assert ack.seq > 0
+        done = await gw.set_status(rollout.rollout_id, "succeeded")
+        assert done.status.state == "succeeded"
+        (event,) = await gw.get_events(rollout.rollout_id, types=["reward"])
+        assert event.data["value"] == 1.0
+        assert len(await gw.get_packed_events(rollout.rollout_id)) == 1
+        page = await gw.list_rollouts(states=["succeeded"])
+        assert [r.rollout_id for r in page.items] == [rollout.rollout_id]
+        detail = await gw.get_rollout(rollout.rollout_id)
+        assert [a.state for a in detail.attempts] == ["succeeded"]
+        (model,) = await gw.register_models(
+            [ModelEndpointIn(model="m", endpoint="http://127.0.0.1:9/v1")]
+        )
+        assert [m.model for m in await gw.list_models()] == [model.model]
 
 
 async def test_transport_errors_are_retried(gateway: Gateway) -> None:

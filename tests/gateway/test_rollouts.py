@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import shutil
 from pathlib import Path
 
 import pytest
 
 from reins.gateway.store.sql import SqlStore
-from reins.schemas import VALID_TRANSITIONS
+from reins.schemas import VALID_TRANSITIONS, RolloutSpec
 from tests.conftest import Gateway
 
 
@@ -125,6 +126,37 @@ async def test_a_page_names_its_database_the_same_across_restarts(
         await store.close()
     first, restarted, other = database_ids
     assert first is not None and first == restarted != other
+
+
+async def test_a_cursor_past_an_older_copy_of_the_database_gets_its_head_back(
+    tmp_path: Path,
+) -> None:
+    """A gateway restored from a backup keeps its `database_id` and counts changes again from
+    where the copy ends: a follower's cursor past that head gets the head (below the cursor:
+    the sign a follower reads), and the page after it holds the changes made since."""
+    live, backup = tmp_path / "live.db", tmp_path / "backup.db"
+    store = SqlStore(f"sqlite+aiosqlite:///{live}")
+    await store.init()
+    await store.create_rollouts([RolloutSpec(rollout_id="early")])
+    await store.close()
+    shutil.copyfile(live, backup)  # closed: the WAL is checkpointed into the file
+    store = SqlStore(f"sqlite+aiosqlite:///{live}")
+    await store.init()
+    await store.create_rollouts([RolloutSpec(rollout_id=f"late-{i}") for i in range(5)])
+    cursor = (await store.list_rollouts(limit=1000)).next_cursor
+    await store.close()
+
+    restored = SqlStore(f"sqlite+aiosqlite:///{backup}")
+    await restored.init()
+    try:
+        page = await restored.list_rollouts(cursor=cursor)
+        assert (page.items, page.next_cursor) == ([], 1)
+        assert page.database_id == store.database_id
+        await restored.create_rollouts([RolloutSpec(rollout_id="after-restore")])
+        after = await restored.list_rollouts(cursor=page.next_cursor)
+        assert [r.rollout_id for r in after.items] == ["after-restore"]
+    finally:
+        await restored.close()
 
 
 STATES = ["queuing", "running", "succeeded", "failed"]

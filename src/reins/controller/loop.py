@@ -402,8 +402,9 @@ class Controller:
             page = await self.client.list_rollouts(
                 states=("queuing", "running") if reading_active else (), cursor=cursor, limit=1000
             )
-            if page.database_id != self._database_id:
-                self._forget_database(page.database_id)
+            went_back = page.next_cursor < cursor  # an older copy of the same database
+            if page.database_id != self._database_id or went_back:
+                self._forget_database(page.database_id, went_back)
                 if not (reading_active and cursor == 0):
                     # The cursor counts the old database's changes: read the new one from 0.
                     reading_active, cursor = True, 0
@@ -417,11 +418,17 @@ class Controller:
                 self._cursor = cursor
                 return
 
-    def _forget_database(self, database_id: str | None) -> None:
-        """What this controller knows of the gateway's rollouts holds for one database: another
-        one (a gateway restarted on a fresh SQLite file) may reuse rollout ids and counts its
-        changes from 1."""
-        if self._database_id is not None:
+    def _forget_database(self, database_id: str | None, went_back: bool = False) -> None:
+        """What this controller knows of the gateway's rollouts holds for one database as it
+        is: another one (a gateway restarted on a fresh SQLite file) may reuse rollout ids and
+        counts its changes from 1, and an older copy of it (restored from a backup) has its
+        rollouts in earlier states and counts its changes again from where the copy ends."""
+        if went_back:
+            log.warning(
+                "the gateway's database went back to an older copy (its changes end before the "
+                "controller's cursor): reading its rollouts from the start"
+            )
+        elif self._database_id is not None:
             log.warning(
                 "the gateway's database changed (%s, was %s): reading its rollouts from the start",
                 database_id,

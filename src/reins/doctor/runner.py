@@ -163,7 +163,10 @@ def _open_attempt(
     created.raise_for_status()
     opened = http.post(f"/api/rollouts/{rollout_id}/attempts")
     opened.raise_for_status()
-    return Rollout.model_validate(created.json()[0]), Attempt.model_validate(opened.json())
+    return (
+        Rollout.model_validate(created.json()[0], extra="ignore"),
+        Attempt.model_validate(opened.json(), extra="ignore"),
+    )
 
 
 def _wait(check: Callable[[], bool], limit_s: float) -> None:

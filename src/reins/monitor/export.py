@@ -16,9 +16,9 @@ import math
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from reins.client import GatewayClient
+from reins.client import GatewayClient, check_database
 from reins.monitor.rollout import decisions
-from reins.schemas import AGENT_LOG, MODEL_REQUEST, REWARD, Event, RolloutDetail
+from reins.schemas import AGENT_LOG, MODEL_REQUEST, REWARD, Event, RolloutDetail, RolloutPage
 
 PAGE = 1000
 
@@ -148,11 +148,17 @@ async def export_rollouts(
         params["mode"] = mode
     if search:
         params["q"] = search
-    cursor = 0
+    cursor, database = 0, None
     written = 0
     seen: set[str] = set()
     while True:
         page = await client.request("GET", "/api/rollouts", params={**params, "cursor": cursor})
+        # Lines already written came from one database: one from another (the gateway restarted
+        # on it meanwhile) or from an older copy would mix two histories in one file.
+        head = RolloutPage(
+            items=[], next_cursor=page["next_cursor"], database_id=page.get("database_id")
+        )
+        database = check_database(database, cursor, head)
         ids = [item["rollout_id"] for item in page["items"] if item["rollout_id"] not in seen]
         for start in range(0, len(ids), concurrency):
             for line in await _lines(client, ids[start : start + concurrency], tokens):

@@ -105,7 +105,7 @@ class CompletionWatch:
                 await asyncio.sleep(1.0)
                 continue
             try:
-                database = check_database(database, page)
+                database = check_database(database, cursor, page)
             except DatabaseChanged as error:
                 # The run's rollouts are gone with the old database: waiting for them would
                 # never end. `changed` raises it in the run.

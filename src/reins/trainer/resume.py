@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from reins.client import GatewayClient, GatewayError
+from reins.client import DatabaseChanged, GatewayClient, GatewayError, check_database
 from reins.trainer import checkpoint
 from reins.trainer.checkpoint import TrainerState
 from reins.trainer.config import TrainConfig
@@ -126,17 +126,28 @@ class VersionLedger:
         staging.replace(self.path)
 
 
+PAGE = 1000
+"""Rollouts per page of the leftover sweep."""
+
+
 async def cancel_leftovers(client: GatewayClient, run_name: str, reason: str) -> list[str]:
     """Fails the run's queuing and running rollouts (all of them belong to an earlier
     incarnation or to a run that is stopping); returns their ids."""
     cancelled: list[str] = []
-    cursor = 0
+    cursor, database = 0, None
     ids: list[str] = []
     while True:
-        page = await client.list_rollouts(states=("queuing", "running"), cursor=cursor, limit=1000)
+        page = await client.list_rollouts(states=("queuing", "running"), cursor=cursor, limit=PAGE)
+        try:
+            database = check_database(database, cursor, page)
+        except DatabaseChanged:
+            # The gateway came back on another database (or an older copy) between two pages:
+            # the sweep is of that database's rollouts, from the start.
+            cursor, database, ids = 0, None, []
+            continue
         ids += [r.rollout_id for r in page.items if r.metadata.get("run") == run_name]
         cursor = page.next_cursor
-        if len(page.items) < 1000:
+        if len(page.items) < PAGE:
             break
     for rollout_id in ids:
         try:

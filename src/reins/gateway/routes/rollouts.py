@@ -61,7 +61,9 @@ async def list_rollouts(
     """Rollouts in the order of their last change, after `cursor`.
 
     Following `next_cursor` with `status=succeeded&status=failed` streams completions in the
-    order they became terminal, so a trainer never polls rollouts one by one.
+    order they became terminal, so a trainer never polls rollouts one by one. A `next_cursor`
+    below `cursor` means the database went back (restored from an older copy): read again from
+    0, as after a `database_id` change.
     """
     return await store.list_rollouts(
         states=status or (),

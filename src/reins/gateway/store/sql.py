@@ -458,8 +458,10 @@ class SqlStore(DashboardReads):
             query = query.where(rollouts.c.change_seq <= head)
             items = [rollout_of(row) for row in await conn.execute(query)]
         # A short page saw every matching change up to the head, so the follower may skip the
-        # changes that did not match its filter.
-        next_cursor = items[-1].change_seq if len(items) == limit else max(head, cursor)
+        # changes that did not match its filter. A cursor past the head counts changes this
+        # database does not have (restored from an older copy): the head, below the cursor,
+        # says so, and the next page holds the changes made since.
+        next_cursor = items[-1].change_seq if len(items) == limit else head
         return RolloutPage(items=items, next_cursor=next_cursor, database_id=self.database_id)
 
     async def get_rollout(self, rollout_id: str) -> RolloutDetail:
