@@ -70,6 +70,25 @@ def spawn_and_hang(task: dict[str, Any]) -> float:
     return 1.0
 
 
+def escape(task: dict[str, Any]) -> float:
+    """Starts processes that leave the attempt's process group, their pids in task['pid_file']:
+    a tool in its own session (`start_new_session=True`) and a daemon (a double fork, then
+    `setsid`: its parent is gone, it is no descendant of the agent). Then ends (task['then']:
+    `exit`) or hangs until killed (`hang`)."""
+    tool = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    daemon = subprocess.run(
+        ["sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo $!"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    daemon_pid = int(daemon.stdout)
+    parent = int(Path(f"/proc/{daemon_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    pids = {"agent": os.getpid(), "tool": tool.pid, "daemon": daemon_pid, "daemon_parent": parent}
+    Path(task["pid_file"]).write_text(json.dumps(pids))
+    if task["then"] == "hang":
+        time.sleep(1000)
+    return 1.0
+
+
 def timed(task: dict[str, Any]) -> float:
     """Sleeps `task['sleep']` seconds, appending `start end` to task['log']."""
     start = time.time()

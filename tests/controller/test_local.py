@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -189,6 +190,42 @@ async def test_a_timeout_kills_the_whole_process_group(
     (agent_log,) = await client.get_events("r-slow", types=[AGENT_LOG])
     assert agent_log.data["outcome"] == "timeout" and agent_log.data["exit_code"] is None
     assert "hanging" in agent_log.data["tail"]
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["zygote", "plain"])
+@pytest.mark.parametrize("then", ["exit", "hang"])
+async def test_processes_that_left_the_group_end_with_the_attempt(
+    client: GatewayClient, gateway_url: str, tmp_path: Path, preload: bool, then: str
+) -> None:
+    """A tool started in its own session and a daemon (double fork, setsid) are outside the
+    attempt's process group: found by the attempt's mark in their environment, they end when
+    the agent exits, and on a timeout."""
+    pid_file = tmp_path / "pids"
+    timeout = RolloutConfig(timeout_s=5.0 if then == "hang" else None)
+    spec = RolloutSpec(
+        rollout_id="r-escape", input={"pid_file": str(pid_file), "then": then}, config=timeout
+    )
+    await client.create_rollouts([spec])
+    reconciler = LocalReconciler(
+        f"{AGENTS}:escape", 4, tmp_path / "logs", workdir=ROOT, kill_grace_s=0.5, preload=preload
+    )
+    ctl = Controller(
+        client, reconciler, gateway_url=gateway_url, max_attempts=1, poll_interval_s=0.1
+    )
+    try:
+        async with running(ctl):
+            rollouts = await wait_terminal(client, ["r-escape"])
+        expected = "succeeded" if then == "exit" else "failed"
+        assert rollouts["r-escape"].status.state == expected
+        pids = json.loads(pid_file.read_text())
+        assert pids["daemon_parent"] != pids["agent"]  # the daemon is no descendant of it
+        ended = lambda: not alive(pids["tool"]) and not alive(pids["daemon"])  # noqa: E731
+        await wait_for(ended, what="the end of what left the group", timeout_s=10)
+    finally:
+        if pid_file.exists():
+            for name in ("tool", "daemon"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(json.loads(pid_file.read_text())[name], signal.SIGKILL)
 
 
 async def test_async_functions_self_reports_and_bad_return_values(

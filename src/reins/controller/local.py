@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ from reins.controller.loop import (
     State,
     agent_command,
 )
+from reins.controller.marks import ATTEMPT_MARK, marked_processes, signal_marked
 from reins.controller.zygote import DIE_WITH_PARENT, die_with_parent, pdeathsig_call
 
 # Runs the agent as its child so that the exit status is written even when no controller is
@@ -72,6 +74,8 @@ class _Execution:
     """None for an agent adopted from a previous controller (not our child)."""
     monitor: asyncio.Task[None] | None = None
     ended: Ended | None = None
+    mark: str | None = None
+    """The attempt's `marks.ATTEMPT_MARK`: its processes outside its group are found by it."""
 
 
 class LocalReconciler:
@@ -186,6 +190,9 @@ class LocalReconciler:
             await _reaped(pid, folder)
             ended = _read_exit(folder) or _lost(pid, folder)
         assert ended is not None
+        # It ended while no controller watched: what it left outside its group goes now.
+        mark = launched.get("mark")
+        signal_marked(str(mark) if mark else None, signal.SIGKILL, pid)
         self._execs[key] = _Execution(key, folder, pid or 0, None, None, incarnation, ended=ended)
         return ended
 
@@ -208,6 +215,7 @@ class LocalReconciler:
         argv = agent_command(agent, self.python)
         folder.mkdir(parents=True, exist_ok=True)
         started = time.time()
+        mark = uuid.uuid4().hex
         _write_json(
             folder / "launch.json",
             {
@@ -218,10 +226,12 @@ class LocalReconciler:
                 "started_at": started,
                 "timeout_s": launch.timeout_s,
                 "incarnation": launch.incarnation,
+                "mark": mark,
             },
         )
         env = self._base_env()
         env.update(launch.env)
+        env[ATTEMPT_MARK] = mark
         deadline = started + launch.timeout_s if launch.timeout_s else None
         try:
             pid = await self._fork(agent, folder, env, deadline) if self.preload else None
@@ -236,7 +246,7 @@ class LocalReconciler:
             return self._not_started(launch, folder, deadline, error)
         if pid is not None:
             execution = _Execution(
-                key, folder, pid, deadline, launch.timeout_s, launch.incarnation, None
+                key, folder, pid, deadline, launch.timeout_s, launch.incarnation, mark=mark
             )
             self._execs[key] = execution
             execution.monitor = asyncio.create_task(self._watch_adopted(execution))
@@ -261,8 +271,9 @@ class LocalReconciler:
         except OSError as error:  # E2BIG, EMFILE, EAGAIN, a missing workdir
             return self._not_started(launch, folder, deadline, error)
         execution = _Execution(
-            key, folder, process.pid, deadline, launch.timeout_s, launch.incarnation, process
-        )
+            key, folder, process.pid, deadline, launch.timeout_s, launch.incarnation, process,
+            mark=mark,
+        )  # fmt: skip
         self._execs[key] = execution
         execution.monitor = asyncio.create_task(self._watch_child(execution, process))
         return self._where(folder, process.pid)
@@ -358,10 +369,11 @@ class LocalReconciler:
             if timeout_s is not None and isinstance(started, int | float)
             else None
         )
-        incarnation = launched.get("incarnation")
+        incarnation, mark = launched.get("incarnation"), launched.get("mark")
         execution = _Execution(
-            key, folder, pid, deadline, timeout_s, str(incarnation) if incarnation else None
-        )
+            key, folder, pid, deadline, timeout_s, str(incarnation) if incarnation else None,
+            mark=str(mark) if mark else None,
+        )  # fmt: skip
         self._execs[key] = execution
         execution.monitor = asyncio.create_task(self._watch_adopted(execution))
         return execution
@@ -376,7 +388,7 @@ class LocalReconciler:
             await self._kill_group(execution)
             self._end(execution, _timeout(execution))
             return
-        _killpg(execution.pid, signal.SIGKILL)  # what the agent left behind in its group
+        _kill_leftovers(execution)
         ended = _read_exit(execution.folder)
         if ended is None:
             # The wrapper itself died (a signal from outside): say so for a later controller.
@@ -408,7 +420,7 @@ class LocalReconciler:
         finally:
             if pidfd is not None:
                 os.close(pidfd)
-        _killpg(execution.pid, signal.SIGKILL)
+        _kill_leftovers(execution)
         await _reaped(execution.pid, execution.folder)
         ended = _read_exit(execution.folder) or _lost(execution.pid, execution.folder)
         self._end(execution, ended)
@@ -429,8 +441,10 @@ class LocalReconciler:
             execution.ended = Ended("stopped", None, f"was {why} by the controller")
 
     async def _kill_group(self, execution: _Execution) -> None:
-        """SIGTERM to the whole group, SIGKILL after the grace period; records why in `exit`."""
+        """SIGTERM to the whole group and the attempt's processes outside it, SIGKILL after the
+        grace period; records why in `exit`."""
         _killpg(execution.pid, signal.SIGTERM)
+        signal_marked(execution.mark, signal.SIGTERM, execution.pid)
         deadline = time.monotonic() + self.kill_grace_s
         process = execution.process
         while time.monotonic() < deadline:
@@ -441,16 +455,27 @@ class LocalReconciler:
             if not _alive(execution.pid, execution.folder):
                 break
             await asyncio.sleep(0.05)
-        _killpg(execution.pid, signal.SIGKILL)
+        _kill_leftovers(execution)
         if process is not None:
             await process.wait()
         # SIGKILL is delivered, not yet acted on: let the group die before saying it is dead.
         for _ in range(100):
-            if not _group_exists(execution.pid):
+            if not _group_exists(execution.pid) and not _marked_alive(execution):
                 break
             await asyncio.sleep(0.01)
         is_timeout = execution.deadline is not None and time.time() >= execution.deadline
         _write_exit(execution.folder, "timeout" if is_timeout else "stopped")
+
+
+def _kill_leftovers(execution: _Execution) -> None:
+    """SIGKILL to what is left of the attempt: its process group, and its processes that left
+    the group (`reins.controller.marks`)."""
+    _killpg(execution.pid, signal.SIGKILL)
+    signal_marked(execution.mark, signal.SIGKILL, execution.pid)
+
+
+def _marked_alive(execution: _Execution) -> bool:
+    return bool(execution.mark and marked_processes(execution.mark))
 
 
 def _timeout(execution: _Execution) -> Ended:
