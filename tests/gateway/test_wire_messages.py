@@ -160,9 +160,38 @@ def test_count_tokens_request_is_the_conversation_and_tools_without_max_tokens()
     sent = dict(captured("opencode-anthropic-tool.jsonl")[2])
     del sent["max_tokens"]
     chat = count_tokens_request(sent)
-    assert set(chat) == {"messages", "tools"}
-    assert chat["messages"] == translate({**sent, "max_tokens": 1}).chat_request()["messages"]
+    assert set(chat) == {"messages", "tools", "tool_choice"}
+    called = translate({**sent, "max_tokens": 1}).chat_request()
+    assert chat == {key: called[key] for key in ("messages", "tools", "tool_choice")}
     assert count_tokens_request({"messages": [user()]}) == {"messages": [user()]}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tools": [BASH], "tool_choice": {"type": "none"}},
+        {"tools": [BASH], "tool_choice": {"type": "tool", "name": "Bash"}},
+        {"thinking": {"type": "disabled"}},
+        {"thinking": {"type": "enabled", "budget_tokens": 1024}},
+    ],
+    ids=["tool-choice-none", "tool-choice-named", "thinking-off", "thinking-on"],
+)
+def test_count_tokens_request_has_every_field_that_shapes_the_calls_prompt(
+    fields: dict[str, Any],
+) -> None:
+    """The count is of the prompt the same request would get: the tool choice (the embedded
+    engine renders no tools for `none`) and the thinking switch (a Qwen3-style template renders
+    it) are sent to `/tokenize` as they are to the chat call; the sampling fields are not."""
+    sent = body(user(), **fields, temperature=0.5, stop_sequences=["x"])
+    called = translate(sent).chat_request()
+    counted = count_tokens_request({k: v for k, v in sent.items() if k != "max_tokens"})
+    prompt_fields = ("messages", "tools", "tool_choice", "chat_template_kwargs")
+    assert counted == {key: called[key] for key in prompt_fields if key in called}
+
+
+def test_count_tokens_refuses_a_bad_thinking_field_as_the_call_does() -> None:
+    with pytest.raises(WireError, match="thinking"):
+        count_tokens_request({"messages": [user()], "thinking": "x"})
 
 
 # ---- requests: each rule ---------------------------------------------------------------------

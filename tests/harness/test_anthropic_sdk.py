@@ -153,6 +153,25 @@ def test_count_tokens_is_the_engine_prompt_length(rollout: Rollout) -> None:
     assert counted.input_tokens == len(call["prompt_token_ids"])
 
 
+@pytest.mark.parametrize("choice", ["auto", "none"])
+def test_count_tokens_with_tools_is_the_prompt_length_of_the_same_call(
+    val_rollout: Rollout, choice: str
+) -> None:
+    """`tool_choice: none` leaves the tools out of the embedded engine's prompt: the count of the
+    same request must leave them out too."""
+    sdk = client(val_rollout)
+    request: dict[str, Any] = {
+        "model": val_rollout.model,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [WEATHER_TOOL],
+        "tool_choice": {"type": choice},
+    }
+    counted = sdk.messages.count_tokens(**request)
+    answer = sdk.messages.create(**request, max_tokens=2)
+    (call,) = val_rollout.calls()
+    assert counted.input_tokens == answer.usage.input_tokens == len(call["prompt_token_ids"])
+
+
 def test_bad_input_is_a_recorded_400_in_anthropic_shape(rollout: Rollout) -> None:
     sdk = client(rollout)
     with pytest.raises(anthropic.BadRequestError) as raised:

@@ -97,15 +97,14 @@ def translate(body: dict[str, Any]) -> Translation:
     max_tokens = body.get("max_tokens")
     if not _is_int(max_tokens) or max_tokens < 1:
         raise _fail("required: a positive integer (the most tokens to generate)", "max_tokens")
-    messages = _conversation(body, notes)
+    chat = _prompt(body, notes)
     if body["messages"][-1].get("role") == "assistant":
         raise _fail(
             "the last message is the assistant's (a prefill to continue); the engine can only "
             "start a new turn: end with a user message",
             f"messages[{len(body['messages']) - 1}]",
         )
-    chat: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens}
-    _tools_and_choice(body, chat, notes)
+    chat["max_tokens"] = max_tokens
     for field in ("temperature", "top_p"):
         value = body.get(field)
         if value is not None:
@@ -129,25 +128,33 @@ def translate(body: dict[str, Any]) -> Translation:
     chat["stream"] = bool(stream)
     if stream:
         chat["stream_options"] = {"include_usage": True}
-    thinking = _thinking(body.get("thinking"), notes)
-    if thinking is not None:
-        chat["chat_template_kwargs"] = {"enable_thinking": thinking}
     _note_ignored(body, notes)
+    thinking = chat.get("chat_template_kwargs", {}).get("enable_thinking")
     return Translation(
         chat, notes, model=model, stream=bool(stream), thinking=bool(thinking), stops=stops or []
     )
 
 
 def count_tokens_request(body: dict[str, Any]) -> dict[str, Any]:
-    """The chat request (messages and tools) whose prompt length answers
-    `POST /v1/messages/count_tokens`. No `max_tokens` is needed there."""
+    """The chat request whose prompt length answers `POST /v1/messages/count_tokens`: the same
+    prompt fields as `translate` sends (messages, tools, the tool choice, the thinking switch:
+    each can change the rendered prompt, as `tool_choice: none` leaves the tools out of it on
+    the embedded engine), without the sampling ones. No `max_tokens` is needed there."""
     if not isinstance(body, dict):
         raise WireError("the request body must be a JSON object")
-    notes: list[str] = []
+    chat = _prompt(body, [])
+    chat.pop("parallel_tool_calls", None)  # a sampling constraint: the prompt is the same
+    return chat
+
+
+def _prompt(body: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The fields of the chat request that make its prompt: the conversation, the tools and
+    tool choice, the thinking switch."""
     chat: dict[str, Any] = {"messages": _conversation(body, notes)}
     _tools_and_choice(body, chat, notes)
-    chat.pop("tool_choice", None)
-    chat.pop("parallel_tool_calls", None)
+    thinking = _thinking(body.get("thinking"), notes)
+    if thinking is not None:
+        chat["chat_template_kwargs"] = {"enable_thinking": thinking}
     return chat
 
 
