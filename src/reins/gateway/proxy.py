@@ -336,7 +336,9 @@ class LLMProxy:
         """The prompt length of a chat request, counted by the engine's own tokenizer and chat
         template (`POST /tokenize`, as vLLM and the embedded engine serve it).
 
-        Raises `WireError` (502/404) when no engine can count."""
+        Raises `WireError`: 400 with the engine's message when it refuses the request (400 or
+        422, as its chat completions would refuse the same prompt: the harness's to fix, not to
+        retry); 502/404 when no engine can count."""
         target = await self.directory.target(chat.get("model"), rollout_id)
         if target is None:
             raise WireError(_NO_MODEL, status=404, kind="not_found_error")
@@ -355,6 +357,8 @@ class LLMProxy:
                         count = json.loads(text).get("count")
                         if isinstance(count, int):
                             return count
+                    elif response.status in (400, 422):
+                        raise WireError(_error_message(text))
                     failure = f"the engine at {endpoint} could not count tokens: {text[:500]}"
             except (aiohttp.ClientError, TimeoutError, ValueError) as error:
                 failure = f"the engine at {endpoint} could not count tokens: {error!r}"
