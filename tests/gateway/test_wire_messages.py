@@ -189,6 +189,39 @@ def test_count_tokens_request_has_every_field_that_shapes_the_calls_prompt(
     assert counted == {key: called[key] for key in prompt_fields if key in called}
 
 
+@pytest.mark.parametrize("empty", ["", [], [{"type": "text", "text": ""}]], ids=repr)
+def test_an_empty_last_assistant_message_is_no_prefill_and_is_dropped(empty: Any) -> None:
+    """Anthropic accepts an empty last assistant message: there is nothing to continue, so the
+    answer is the new turn (noted), and the count is of that same prompt."""
+    sent = body(user(), {"role": "assistant", "content": empty})
+    translation = translate(sent)
+    assert (
+        translation.chat_request()["messages"] == translate(body(user())).chat_request()["messages"]
+    )
+    assert translation.notes == ["messages[1]: an empty last assistant message dropped"]
+    assert count_tokens_request(sent)["messages"] == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        [{"type": "text", "text": "The answer is"}],
+        [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {}}],
+        [{"type": "thinking", "thinking": "hm", "signature": ""}],
+    ],
+    ids=["text", "tool_use", "thinking"],
+)
+def test_a_last_assistant_message_with_content_is_still_a_refused_prefill(last: Any) -> None:
+    with pytest.raises(WireError, match="prefill"):
+        translate(body(user(), {"role": "assistant", "content": last}))
+
+
+def test_an_empty_assistant_message_after_an_assistant_one_is_still_a_refused_prefill() -> None:
+    assistant = {"role": "assistant", "content": "The answer is"}
+    with pytest.raises(WireError, match="prefill"):
+        translate(body(user(), assistant, {"role": "assistant", "content": ""}))
+
+
 def test_count_tokens_refuses_a_bad_thinking_field_as_the_call_does() -> None:
     with pytest.raises(WireError, match="thinking"):
         count_tokens_request({"messages": [user()], "thinking": "x"})

@@ -172,6 +172,24 @@ def test_count_tokens_with_tools_is_the_prompt_length_of_the_same_call(
     assert counted.input_tokens == answer.usage.input_tokens == len(call["prompt_token_ids"])
 
 
+def test_an_empty_last_assistant_message_is_answered_as_a_new_turn(val_rollout: Rollout) -> None:
+    """Anthropic accepts an empty last assistant message (no prefill): so does the proxy, with
+    the prompt of the same conversation without it."""
+    sdk = client(val_rollout)
+    question = {"role": "user", "content": "Name a colour."}
+    for messages in ([question, {"role": "assistant", "content": ""}], [question]):
+        message = sdk.messages.create(
+            model=val_rollout.model,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=4,
+            extra_body={"temperature": 0},
+        )
+        assert message.stop_reason in ("end_turn", "max_tokens")
+    with_empty, without = val_rollout.calls()
+    assert with_empty["status"] == without["status"] == 200
+    assert with_empty["prompt_token_ids"] == without["prompt_token_ids"]
+
+
 def test_bad_input_is_a_recorded_400_in_anthropic_shape(rollout: Rollout) -> None:
     sdk = client(rollout)
     with pytest.raises(anthropic.BadRequestError) as raised:

@@ -23,7 +23,8 @@ Request, block by block:
 - `thinking` (enabled/adaptive/disabled) is passed as `chat_template_kwargs.enable_thinking`, the
   switch of templates that have one; a template without it (the default model's) ignores it
   (noted). A last message from the assistant (a prefill to continue) is refused: engines start
-  a new turn. Fields this engine cannot honour (`output_config`, `context_management`,
+  a new turn; an empty one after a user message (nothing to continue; Anthropic accepts it) is
+  dropped, noted. Fields this engine cannot honour (`output_config`, `context_management`,
   `mcp_servers`, unknown ones) are noted; `metadata`, `service_tier`, `container` are ignored.
 
 Answer: the engine's call ids are kept as the `tool_use` ids (the harness sends them back and the
@@ -98,7 +99,7 @@ def translate(body: dict[str, Any]) -> Translation:
     if not _is_int(max_tokens) or max_tokens < 1:
         raise _fail("required: a positive integer (the most tokens to generate)", "max_tokens")
     chat = _prompt(body, notes)
-    if body["messages"][-1].get("role") == "assistant":
+    if chat["messages"][-1].get("role") == "assistant":
         raise _fail(
             "the last message is the assistant's (a prefill to continue); the engine can only "
             "start a new turn: end with a user message",
@@ -151,6 +152,17 @@ def _prompt(body: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """The fields of the chat request that make its prompt: the conversation, the tools and
     tool choice, the thinking switch."""
     chat: dict[str, Any] = {"messages": _conversation(body, notes)}
+    raw = body["messages"]
+    if (
+        len(raw) > 1
+        and raw[-1].get("role") == "assistant"
+        and raw[-2].get("role") == "user"
+        and chat["messages"][-1] == {"role": "assistant", "content": ""}
+    ):
+        # An empty last assistant message (Anthropic accepts one) has nothing to continue: the
+        # answer is the new turn the engine starts anyway.
+        chat["messages"].pop()
+        notes.append(f"messages[{len(raw) - 1}]: an empty last assistant message dropped")
     _tools_and_choice(body, chat, notes)
     thinking = _thinking(body.get("thinking"), notes)
     if thinking is not None:
