@@ -206,6 +206,25 @@ def test_bad_input_is_a_recorded_400_in_anthropic_shape(rollout: Rollout) -> Non
     assert (call["status"], call["kind"]) == (400, "messages")
 
 
+def test_a_prompt_beyond_the_context_is_said_as_claude_code_compacts_on_it(
+    rollout: Rollout,
+) -> None:
+    """Claude Code reads `prompt is too long: N tokens > M maximum` (N and M, for its compaction);
+    the engine's own count of the prompt is N, its context M."""
+    sdk = client(rollout)
+    long = [{"role": "user", "content": "word " * (rollout.engine.engine.max_model_len + 100)}]
+    counted = sdk.messages.count_tokens(model=rollout.model, messages=long)  # type: ignore[arg-type]
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        sdk.messages.create(model=rollout.model, max_tokens=8, messages=long)  # type: ignore[arg-type]
+    message = raised.value.body["error"]["message"]  # type: ignore[index]
+    limit = rollout.engine.engine.max_model_len
+    assert message.startswith(
+        f"prompt is too long: {counted.input_tokens} tokens > {limit} maximum"
+    )
+    (call,) = rollout.calls()
+    assert (call["status"], call["kind"]) == (400, "messages")  # recorded, not trainable
+
+
 def test_unknown_route_and_bad_token_answer_in_anthropic_shape(rollout: Rollout) -> None:
     import httpx
 

@@ -86,9 +86,11 @@ class CompletionRequest(_Request):
 
 
 class EngineError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+    def __init__(
+        self, status: int, message: str, kind: str = "BadRequestError", code: str | None = None
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+        self.status, self.message, self.kind, self.code = status, message, kind, code
 
 
 def create_engine_app(engine: EmbeddedEngine) -> Starlette:
@@ -107,15 +109,18 @@ def create_engine_app(engine: EmbeddedEngine) -> Starlette:
     )
 
 
-def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+def _error(
+    status: int, message: str, kind: str = "BadRequestError", code: str | None = None
+) -> JSONResponse:
+    """vLLM's error shape (its code is the status), or OpenAI's `code` where one is known."""
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code or status}}
     return JSONResponse(body, status_code=status)
 
 
 def _refused(error: EngineError | ChatRequestError) -> JSONResponse:
     """A request refused: its status and error type (a chat that cannot be rendered is 400)."""
     if isinstance(error, EngineError):
-        return _error(error.status, error.message, error.kind)
+        return _error(error.status, error.message, error.kind, error.code)
     return _error(400, str(error))
 
 
@@ -335,6 +340,7 @@ class _Api:
                 400,
                 f"This model's maximum context length is {self.engine.max_model_len} tokens; "
                 f"the prompt has {prompt_length}.",
+                code="context_length_exceeded",  # OpenAI's code: clients compact on it
             )
         # More than the context has room for is served up to the context's end (finish_reason
         # `length`): coding-agent CLIs send max_tokens of 32k-64k whatever the model.

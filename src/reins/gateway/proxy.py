@@ -45,6 +45,7 @@ from reins.gateway.reuse import PREFIX_FIELD, REUSE_HEADER, TokenReuse
 from reins.gateway.reuse_vllm import ReusedAnswer, VllmReuse
 from reins.gateway.store import Conflict, Store
 from reins.gateway.wire import Translation, WireApi, WireError
+from reins.gateway.wire.overflow import Overflow, openai_body, read_overflow
 from reins.schemas import MODEL_REQUEST, EventIn, Model, ModelRequest
 
 WEIGHT_VERSION_HEADER = "x-reins-weight-version"
@@ -81,6 +82,8 @@ class _Failed:
     content: bytes | None = None
     """The engine's own error body, when it answered one."""
     media: str | None = None
+    overflow: Overflow | None = None
+    """The engine refused the prompt as too long for its context (said in each API's words)."""
 
 
 _NO_MODEL = "no model is registered at the gateway; the trainer registers one: POST /api/models"
@@ -221,6 +224,9 @@ class LLMProxy:
             started = time.perf_counter()
             upstream = await self._call(kind, target, sent, facts, started, rollout_id, attempt_id)
             if isinstance(upstream, _Failed):
+                if upstream.overflow is not None:
+                    param = "messages" if kind == "chat" else "prompt"
+                    return JSONResponse(openai_body(upstream.overflow, param), 400)
                 if upstream.content is not None:  # the engine's own error, passed on as it is
                     return Response(upstream.content, upstream.status, media_type=upstream.media)
                 return openai_error(upstream.status, upstream.message, upstream.kind)
@@ -300,6 +306,8 @@ class LLMProxy:
                 "chat", target, sent, facts, started, rollout_id, attempt_id
             )
             if isinstance(upstream, _Failed):
+                if upstream.overflow is not None:
+                    return JSONResponse(api.overflow_body(upstream.overflow), 400)
                 return failure(upstream.status, upstream.message)
             if translation.stream:
                 streaming = True
@@ -433,7 +441,12 @@ class LLMProxy:
         text = content.decode(errors="replace")
         await self._record(rollout_id, attempt_id, [error_record(facts, upstream.status, text)])
         return _Failed(
-            upstream.status, _error_message(text), "upstream_error", content, media or None
+            upstream.status,
+            _error_message(text),
+            "upstream_error",
+            content,
+            media or None,
+            read_overflow(upstream.status, text),
         )
 
     async def _json_answer(

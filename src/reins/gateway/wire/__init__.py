@@ -11,7 +11,10 @@ request and the answer as the harness saw them and `kind` naming the API.
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from reins.gateway.wire.overflow import Overflow
 
 
 class WireError(Exception):
@@ -93,6 +96,11 @@ class WireApi(Protocol):
     ) -> dict[str, Any]:
         """An error in this API's own shape (`param`: the request field at fault, where the
         shape has a place for it)."""
+        ...
+
+    def overflow_body(self, overflow: Overflow) -> dict[str, Any]:
+        """The error this API answers for a prompt too long for the model's context, in the
+        words its clients react to (`reins.gateway.wire.overflow`)."""
         ...
 
     def translate(self, body: dict[str, Any]) -> Translation:

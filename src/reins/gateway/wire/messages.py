@@ -47,6 +47,7 @@ import uuid
 from typing import Any, TypeGuard
 
 from reins.gateway.wire import WireError, sse, tool_call_index
+from reins.gateway.wire.overflow import Overflow, anthropic_message
 
 KIND = "messages"
 
@@ -81,6 +82,12 @@ def error_body(
     if kind is None:
         kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def overflow_body(overflow: Overflow) -> dict[str, Any]:
+    """Anthropic's answer to a prompt too long for the model, in the words Claude Code compacts
+    its conversation on (or lowers `max_tokens` on, when only the answer's room ran out)."""
+    return error_body(400, anthropic_message(overflow))
 
 
 def _fail(message: str, param: str) -> WireError:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from reins.gateway.wire import WireError, sse, tool_call_index
+from reins.gateway.wire.overflow import Overflow, openai_body
 
 KIND = "responses"
 SEPARATOR = "__"
@@ -85,6 +86,12 @@ def error_body(
     kind = kind or _ERROR_TYPES.get(status, "server_error" if status >= 500 else None)
     error = {"message": message, "type": kind or "invalid_request_error", "param": param}
     return {"error": error | {"code": None}}
+
+
+def overflow_body(overflow: Overflow) -> dict[str, Any]:
+    """OpenAI's answer to an input too long for the model: code `context_length_exceeded`
+    (Codex reads it), the engine's words."""
+    return openai_body(overflow, "input")
 
 
 @dataclass(frozen=True)
