@@ -130,3 +130,21 @@ def test_tool_turn_runs_the_models_own_call(gateway: CliGateway, tmp_path: Path)
     assert any("notes.txt" in output for output in tool_results(run))  # Claude Code ran it
     assert len(answers) >= 2 and answers[-1].tool_calls == ()
     assert answers[-1].text and result(run)["result"] == answers[-1].text
+
+
+def test_a_prompt_beyond_the_context_is_one_claude_code_understands(
+    gateway: CliGateway, tmp_path: Path
+) -> None:
+    """The proxy says an overflow in Anthropic's words: Claude Code reads the engine's count and
+    context from them (its compaction works from those; a first turn has nothing to compact)."""
+    rollout = gateway.open_rollout()
+    limit = rollout.engine.engine.max_model_len
+    run = run_claude(rollout, tmp_path, "Summarize: " + "word " * limit)
+    assert run.returncode == 1 and run.outbound == []
+    (call,) = rollout.calls()
+    assert call["status"] == 400
+    prompt = int(call["error"].split("the prompt has ")[1].split(".")[0])
+    final = result(run)
+    assert final["is_error"] is True and final["api_error_status"] == 400
+    assert final["result"].startswith(f"Prompt is too long · the request is ~{prompt} tokens "
+                                      f"(limit {limit})")  # fmt: skip
