@@ -47,10 +47,11 @@ _packed_events = TypeAdapter(list[PackedEvent])
 _Paged = TypeVar("_Paged", Event, PackedEvent)
 _acks = TypeAdapter(list[EventAck])
 _models = TypeAdapter(list[Model])
-_NEWER: Final = "ignore"
-"""How answers are read: fields this client does not know (a newer gateway's) are left out,
-so a gateway can add to its answers without breaking the clients already deployed. The
-gateway itself refuses unknown fields in what it is sent."""
+_NEWER: Final = "allow"
+"""How answers are read: fields this client does not know (a newer gateway's) are accepted and
+kept aside unread (`model_extra`), so a gateway can add to its answers without breaking the
+clients already deployed. Not "ignore": that would also drop the keys a rollout's `config` keeps
+for custom runners. The gateway itself refuses unknown fields in what it is sent."""
 
 
 class GatewayError(Exception):

@@ -98,7 +98,9 @@ async def test_answers_with_fields_from_a_newer_gateway_are_read(gateway: Gatewa
     """A gateway may add fields to its answers without breaking the clients already deployed
     (an older client refused `database_id` when it came)."""
     async with client(gateway, Newer()) as gw:
-        (rollout,) = await gw.create_rollouts([RolloutSpec(input={"q": 1}, group_id="g")])
+        spec = RolloutSpec(input={"q": 1}, group_id="g", config={"runner_key": "kept"})
+        (rollout,) = await gw.create_rollouts([spec])
+        assert rollout.config.model_extra == {"runner_key": "kept", "added_later": {"x": 1}}
         # Free-form JSON (a rollout's input, an event's data) is kept as the gateway sent it.
         assert rollout.input == {"q": 1, "added_later": {"x": 1}}
         attempt = await gw.open_attempt(rollout.rollout_id)

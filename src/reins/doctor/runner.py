@@ -164,8 +164,8 @@ def _open_attempt(
     opened = http.post(f"/api/rollouts/{rollout_id}/attempts")
     opened.raise_for_status()
     return (
-        Rollout.model_validate(created.json()[0], extra="ignore"),
-        Attempt.model_validate(opened.json(), extra="ignore"),
+        Rollout.model_validate(created.json()[0], extra="allow"),
+        Attempt.model_validate(opened.json(), extra="allow"),
     )
 
 
