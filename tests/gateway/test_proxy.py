@@ -8,6 +8,8 @@ import time
 from typing import Any
 
 import httpx
+import openai
+import pydantic
 import pytest
 
 from tests.conftest import Gateway
@@ -415,3 +417,38 @@ def test_usage_is_the_same_streamed_or_not_and_counted_when_the_engine_sends_non
     stub.app.state.usage = False
     assert usage(stream=False) == engines
     assert usage(stream=True) == engines
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_responses_text_format_reaches_the_engine_as_its_response_format(
+    gateway: Gateway, stub: StubEngine, token: str, stream: bool
+) -> None:
+    """A JSON schema in a Responses call's `text.format` reaches the engine as the chat
+    `response_format` that the openai SDK's chat `.parse` sends, so the engine constrains the
+    answer as it would for chat (the stub model does not: its requests are compared)."""
+
+    class Colour(pydantic.BaseModel):
+        colour: str
+
+    client = openai.OpenAI(base_url=proxy(gateway), api_key=token, max_retries=0)
+    chat = client.chat.completions.parse(
+        model="x",
+        messages=MESSAGES,
+        response_format=Colour,
+        extra_body={"stub_reply": '{"colour": "red"}'},
+    )
+    assert chat.choices[0].message.parsed == Colour(colour="red")
+    asked = stub.requests[-1]["response_format"]
+    assert asked["type"] == "json_schema" and asked["json_schema"]["name"] == "Colour"
+    form = {"type": "json_schema", **asked["json_schema"]}
+    if stream:
+        events = client.responses.create(
+            model="x", input="A colour?", text={"format": form}, stream=True
+        )
+        assert [event.type for event in events][-1] == "response.completed"
+    else:
+        client.responses.create(model="x", input="A colour?", text={"format": form})
+    assert stub.requests[-1]["response_format"] == asked
+    recorded = calls(gateway)[-1]
+    assert recorded["kind"] == "responses" and recorded["request"]["text"]["format"] == form
+    assert not recorded.get("notes")

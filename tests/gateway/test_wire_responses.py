@@ -304,7 +304,6 @@ def test_ignored_settings_are_noted_and_hosted_tools_dropped() -> None:
     notes = " | ".join(translation.notes)
     for expected in (
         "store: true",
-        "json_schema",
         "verbosity",
         "reasoning",
         "web_search_preview",
@@ -314,6 +313,44 @@ def test_ignored_settings_are_noted_and_hosted_tools_dropped() -> None:
         assert expected in notes
     assert "prompt_cache_key" not in notes
     assert [t["function"]["name"] for t in translation.chat_request()["tools"]] == ["exec_command"]
+
+
+SCHEMA = {"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"]}
+
+
+@pytest.mark.parametrize(
+    ("form", "expected"),
+    [
+        (
+            {"type": "json_schema", "name": "Colour", "schema": SCHEMA, "strict": True},
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "Colour", "schema": SCHEMA, "strict": True},
+            },
+        ),
+        (
+            {"type": "json_schema", "name": "C", "schema": SCHEMA, "description": "one colour"},
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "C", "schema": SCHEMA, "description": "one colour"},
+            },
+        ),
+        ({"type": "json_object"}, {"type": "json_object"}),
+    ],
+)
+def test_a_structured_text_format_is_the_chat_response_format(
+    form: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    """Constrained decoding is kept, as a chat call's `response_format` is (docs/proxy.md): the
+    engine is asked for it, so the harness can parse its answer."""
+    translation = translate(body(text={"format": form}))
+    assert translation.chat_request()["response_format"] == expected
+    assert not any("text.format" in note for note in translation.notes)
+
+
+@pytest.mark.parametrize("text", [None, {}, {"format": {"type": "text"}}, {"verbosity": "low"}])
+def test_plain_text_asks_for_no_response_format(text: Any) -> None:
+    assert "response_format" not in translate(body(text=text)).chat_request()
 
 
 @pytest.mark.parametrize(
@@ -360,6 +397,23 @@ def test_ignored_settings_are_noted_and_hosted_tools_dropped() -> None:
         ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice", "web_search_preview"),
         ({"tool_choice": "required"}, "tool_choice", "required"),
         ({"input": []}, "input", "required"),
+        ({"text": "json"}, "text", "`text` must be an object"),
+        ({"text": {"format": {"type": "yaml"}}}, "text.format", "yaml"),
+        (
+            {"text": {"format": {"type": "json_schema", "schema": SCHEMA}}},
+            "text.format.name",
+            "name",
+        ),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x"}}},
+            "text.format.schema",
+            "schema",
+        ),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": "{}"}}},
+            "text.format.schema",
+            "JSON schema object",
+        ),
     ],
 )
 def test_a_request_that_cannot_be_served_is_a_400_naming_the_field(

@@ -23,6 +23,8 @@ Invariants and decisions:
   name, `namespace` the namespace's. The map back is built from the request's own tools, and
   two tools with one chat name are a 400, so the mapping is never ambiguous. Hosted tools
   (web_search, file_search, mcp, ...) are dropped with a note.
+- `text.format` json_schema / json_object is the chat `response_format` (constrained decoding is
+  kept, as in chat completions: the harness must be able to parse its answer).
 - Output items: reasoning and text in the order they arrived, one open at a time, then the tool
   calls. Streamed tool calls are held until the engine's finish (the pieces of parallel calls
   may interleave, text may come between them), then sent whole in index order with the engine's
@@ -133,6 +135,9 @@ def translate(body: dict[str, Any]) -> Translation:
     for key in ("temperature", "top_p"):
         if _get(body, key, (int, float), "a number") is not None:
             chat[key] = body[key]
+    form = _response_format(body.get("text"))
+    if form is not None:
+        chat["response_format"] = form
     _note_ignored(body, notes)
     return Translation(chat, _echo(body), tools, notes, stream=stream)
 
@@ -175,14 +180,44 @@ def _note_ignored(body: dict[str, Any], notes: list[str]) -> None:
     if isinstance(reasoning, dict) and any(v is not None for v in reasoning.values()):
         notes.append("`reasoning` settings are ignored: the model reasons as its template makes it")
     text = body.get("text")
-    form = text.get("format") if isinstance(text, dict) else None
-    if isinstance(form, dict) and form.get("type") in ("json_schema", "json_object"):
-        notes.append(f"`text.format` {form['type']} is not enforced")
     if isinstance(text, dict) and text.get("verbosity") is not None:
         notes.append("`text.verbosity` is ignored")
     unknown = sorted(key for key in body if key not in _KNOWN)
     if unknown:
         notes.append(f"unknown fields ignored: {', '.join(unknown)}")
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    """The chat `response_format` of `text.format`: structured output is constrained as a chat
+    call's `response_format` is (the engine enforces it, as vLLM does), so the harness can parse
+    its answer (docs/proxy.md, "Sampling per mode"); None for plain text."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise _bad("text", f"`text` must be an object, not {_show(text)}")
+    form = text.get("format")
+    if form is None:
+        return None
+    kind = form.get("type") if isinstance(form, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema":
+        raise _bad(
+            "text.format",
+            f"`text.format` must be a text, json_object or json_schema format, not {_show(form)}",
+        )
+    assert isinstance(form, dict)
+    schema = _get(form, "schema", dict, "a JSON schema object", "text.format")
+    if schema is None:
+        raise _bad("text.format.schema", "`text.format` json_schema has no `schema`")
+    chat = {"name": _need(form, "name", "text.format"), "schema": schema}
+    if _get(form, "description", str, "a string", "text.format") is not None:
+        chat["description"] = form["description"]
+    if _get(form, "strict", bool, "true or false", "text.format") is not None:
+        chat["strict"] = form["strict"]
+    return {"type": "json_schema", "json_schema": chat}
 
 
 def _echo(body: dict[str, Any]) -> dict[str, Any]:
