@@ -40,7 +40,7 @@ class SamplingPolicy(BaseModel):
     set: dict[str, JsonValue] = Field(default_factory=dict)
     """Request fields set on every call of this mode (e.g. `{"temperature": 1.0}`)."""
     keep_harness: list[str] = Field(default_factory=list)
-    """Of those fields, the ones where a value the harness sent wins."""
+    """Of those fields, the ones where a value the harness sent wins (`null` is no value)."""
 
 
 def upstream_body(
@@ -50,7 +50,9 @@ def upstream_body(
     out = dict(body)
     out["model"] = model
     for key, value in policy.set.items():
-        if key in policy.keep_harness and key in body:
+        # A harness's `null` is no value of its own (the openai SDK sends `temperature=None`
+        # as null): the mode's value applies, not the engine's default.
+        if key in policy.keep_harness and body.get(key) is not None:
             continue
         out[key] = value
     out["return_token_ids"] = True
