@@ -452,3 +452,39 @@ def test_a_responses_text_format_reaches_the_engine_as_its_response_format(
     recorded = calls(gateway)[-1]
     assert recorded["kind"] == "responses" and recorded["request"]["text"]["format"] == form
     assert not recorded.get("notes")
+
+
+@pytest.mark.parametrize("kind", ["chat", "completions"])
+def test_a_streamed_call_is_recorded_with_the_logprobs_the_harness_asked_for(
+    gateway: Gateway, token: str, kind: str
+) -> None:
+    """The recorded `response` is the answer as the harness received it: a stream whose harness
+    asked for logprobs is assembled with them, as the same call answered whole is."""
+    client = openai.OpenAI(base_url=proxy(gateway), api_key=token, max_retries=0)
+    if kind == "chat":
+        whole = client.chat.completions.create(model="x", messages=MESSAGES, logprobs=True)
+        pieces = client.chat.completions.create(
+            model="x", messages=MESSAGES, logprobs=True, stream=True
+        )
+        entries = [
+            entry.model_dump()
+            for chunk in pieces
+            for choice in chunk.choices
+            if choice.logprobs is not None
+            for entry in choice.logprobs.content or ()
+        ]
+        assert len(entries) == len(encode(DEFAULT_REPLY))
+        streamed: Any = {"content": entries}
+        assert whole.choices[0].logprobs is not None
+        answered: Any = whole.choices[0].logprobs.model_dump(exclude_none=True)
+    else:
+        answered = client.completions.create(model="x", prompt="hi", logprobs=0).choices[0]
+        answered = answered.model_dump()["logprobs"]
+        (chunk,) = client.completions.create(model="x", prompt="hi", logprobs=0, stream=True)
+        streamed = chunk.choices[0].model_dump()["logprobs"]
+    plain, stream = calls(gateway)
+    assert plain["response"]["choices"][0]["logprobs"] == answered
+    assert stream["response"]["choices"][0]["logprobs"] == streamed == answered
+    # Not asked for: not shown, and not in the record (as a whole answer's `null`).
+    client.chat.completions.create(model="x", messages=MESSAGES, stream=True)
+    assert "logprobs" not in calls(gateway)[-1]["response"]["choices"][0]

@@ -339,6 +339,10 @@ def _notes(facts: CallFacts) -> dict[str, Any]:
     return {"notes": list(facts.notes)} if facts.notes else {}
 
 
+_COMPLETION_LOGPROBS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+"""A text completion's logprobs: parallel lists, one entry per token."""
+
+
 @dataclass
 class _ChoiceState:
     token_ids: list[int] = field(default_factory=list)
@@ -351,6 +355,9 @@ class _ChoiceState:
     stop_reason: str | int | None = None
     last_call: int | None = None
     """The index of the tool call the last tool-call delta added to."""
+    shown_logprobs: dict[str, Any] | None = None
+    """The logprobs the harness was sent, when it asked for them: chat's `content` entries, or
+    completions' parallel lists (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`)."""
 
 
 class StreamRecorder:
@@ -364,6 +371,8 @@ class StreamRecorder:
         self.usage: Any = None
         self.error: str | None = None
         """Why the stream failed (an engine error chunk, a break-off), once it has."""
+        self.shows_logprobs = facts.api is None and _asked_logprobs(facts.request, facts.kind)
+        """The harness asked for logprobs: the assembled answer carries those it was sent."""
 
     def fail(self, error: str) -> None:
         """The stream failed: its call is recorded as failed (the first reason is kept)."""
@@ -400,6 +409,8 @@ class StreamRecorder:
             state = self.choices.setdefault(int(choice.get("index", 0)), _ChoiceState())
             state.token_ids.extend(choice.get("token_ids") or ())
             state.logprobs.extend(_logprobs_of(choice, self.facts.kind))
+            if self.shows_logprobs:
+                self._keep_shown_logprobs(state, choice.get("logprobs"))
             if choice.get("prompt_token_ids"):
                 state.prompt_token_ids = list(choice["prompt_token_ids"])
             if choice.get("finish_reason"):
@@ -423,6 +434,23 @@ class StreamRecorder:
                 slot["function"]["name"] += function.get("name") or ""
                 slot["function"]["arguments"] += function.get("arguments") or ""
 
+    def _keep_shown_logprobs(self, state: _ChoiceState, logprobs: Any) -> None:
+        """Adds a chunk's logprobs (as the harness is sent them) to its choice's."""
+        if not isinstance(logprobs, dict):
+            return
+        if state.shown_logprobs is None:
+            state.shown_logprobs = {}
+        kept = state.shown_logprobs
+        keys = ("content",) if self.facts.kind == "chat" else _COMPLETION_LOGPROBS
+        for key in keys:  # the entries are not changed after (`strip_for_harness` keeps them)
+            value, current = logprobs.get(key), kept.get(key)
+            if isinstance(value, list):
+                if not isinstance(current, list):
+                    kept[key] = current = []
+                current.extend(value)
+            elif key not in kept:
+                kept[key] = None if key == "top_logprobs" else []
+
     def assembled(self, index: int, state: _ChoiceState) -> dict[str, Any]:
         """The answer as the harness received it, as one non-streamed response would be."""
         if self.facts.kind == "completions":
@@ -440,6 +468,8 @@ class StreamRecorder:
                 message["tool_calls"] = [state.tool_calls[i] for i in sorted(state.tool_calls)]
             choice = {"index": index, "message": message, "finish_reason": state.finish_reason}
             kind = "chat.completion"
+        if self.shows_logprobs:
+            choice["logprobs"] = state.shown_logprobs
         return {**self.head, "object": kind, "choices": [choice], "usage": self.usage}
 
     def records(self) -> list[ModelRequest]:
