@@ -18,20 +18,28 @@ GREEDY = SamplingPolicy(
 )
 """The docs' example `val` policy: greedy unless the harness says otherwise, and a default
 length."""
+CAPPED = SamplingPolicy(set={"temperature": 1.0, "top_p": 1.0, "max_tokens": 5})
+"""A `train` policy that caps every call's length, whatever the harness asks."""
 
 
 @pytest.fixture
 def gateway_settings(database_url: str) -> GatewaySettings:
-    return GatewaySettings(database_url=database_url, api_key=ADMIN_KEY, val_sampling=GREEDY)
+    return GatewaySettings(
+        database_url=database_url, api_key=ADMIN_KEY, val_sampling=GREEDY, train_sampling=CAPPED
+    )
+
+
+def open_client(gateway: Gateway, stub: StubEngine, mode: str) -> openai.OpenAI:
+    gateway.http.post("/api/models", json={"model": "policy", "endpoint": stub.base_url})
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": mode, "mode": mode}])
+    token = gateway.http.post(f"/api/rollouts/{mode}/attempts").json()["token"]
+    base = f"{gateway.url}/proxy/rollout/{mode}/attempt/1/mode/{mode}/openai/v1"
+    return openai.OpenAI(base_url=base, api_key=token, max_retries=0)
 
 
 @pytest.fixture
 def client(gateway: Gateway, stub: StubEngine) -> openai.OpenAI:
-    gateway.http.post("/api/models", json={"model": "policy", "endpoint": stub.base_url})
-    gateway.http.post("/api/rollouts", json=[{"rollout_id": "v", "mode": "val"}])
-    token = gateway.http.post("/api/rollouts/v/attempts").json()["token"]
-    base = f"{gateway.url}/proxy/rollout/v/attempt/1/mode/val/openai/v1"
-    return openai.OpenAI(base_url=base, api_key=token, max_retries=0)
+    return open_client(gateway, stub, "val")
 
 
 @pytest.mark.parametrize("kind", ["chat", "completions"])
@@ -54,3 +62,27 @@ def test_a_null_the_harness_sends_is_no_value_of_its_own(
     assert sent(temperature=None, max_tokens=None) == {"temperature": 0.0, "max_tokens": 9}
     assert sent() == {"temperature": 0.0, "max_tokens": 9}
     assert sent(temperature=0.3, max_tokens=4) == {"temperature": 0.3, "max_tokens": 4}
+
+
+def test_a_length_the_mode_sets_applies_under_either_name(
+    gateway: Gateway, stub: StubEngine
+) -> None:
+    """`max_completion_tokens` is chat's newer name for `max_tokens` (the openai SDK's, which
+    vLLM and the embedded engine take first): a policy that sets the length sets it whichever
+    name the harness used, and one that keeps the harness's keeps it under either name."""
+
+    def length(client: openai.OpenAI, **asked: Any) -> int | None:
+        messages: Any = [{"role": "user", "content": "hi"}]
+        client.chat.completions.create(model="x", messages=messages, **asked)
+        sent = stub.requests[-1]
+        # What the engines generate up to (vLLM and the embedded engine alike).
+        return sent.get("max_completion_tokens") or sent.get("max_tokens")
+
+    train = open_client(gateway, stub, "train")
+    assert length(train, max_completion_tokens=500) == 5
+    assert length(train, max_tokens=500, max_completion_tokens=400) == 5
+    assert length(train, max_tokens=500) == 5
+    val = open_client(gateway, stub, "val")
+    assert length(val, max_completion_tokens=500) == 500
+    assert length(val, max_completion_tokens=None) == 9
+    assert length(val) == 9

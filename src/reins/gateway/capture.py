@@ -43,6 +43,15 @@ class SamplingPolicy(BaseModel):
     """Of those fields, the ones where a value the harness sent wins (`null` is no value)."""
 
 
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "max_tokens": ("max_completion_tokens",),
+    "max_completion_tokens": ("max_tokens",),
+}
+"""Request fields that are one setting under two names: chat's `max_completion_tokens` is its
+newer `max_tokens`, and vLLM and the embedded engine take it first. A mode's policy that sets one
+sets the setting, whichever name the harness used."""
+
+
 def upstream_body(
     body: dict[str, Any], *, kind: Kind, model: str, policy: SamplingPolicy
 ) -> dict[str, Any]:
@@ -50,11 +59,15 @@ def upstream_body(
     out = dict(body)
     out["model"] = model
     for key, value in policy.set.items():
+        names = (key, *_ALIASES.get(key, ()))
         # A harness's `null` is no value of its own (the openai SDK sends `temperature=None`
         # as null): the mode's value applies, not the engine's default.
-        if key in policy.keep_harness and body.get(key) is not None:
+        if key in policy.keep_harness and any(body.get(name) is not None for name in names):
             continue
         out[key] = value
+        for alias in names[1:]:
+            if alias not in policy.set:  # else the engine would take the harness's instead
+                out.pop(alias, None)
     out["return_token_ids"] = True
     if kind == "chat":
         out["logprobs"] = True
