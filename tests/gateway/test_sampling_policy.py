@@ -86,3 +86,24 @@ def test_a_length_the_mode_sets_applies_under_either_name(
     assert length(val, max_completion_tokens=500) == 500
     assert length(val, max_completion_tokens=None) == 9
     assert length(val) == 9
+
+
+def test_a_null_distribution_field_is_no_change_to_note(gateway: Gateway, stub: StubEngine) -> None:
+    """Train mode removes the fields that change the sampled distribution and notes each in the
+    call's record; a `null` one (the SDK sends `presence_penalty=None` as null) changed nothing
+    and is not noted as dropped, while one with a value is."""
+    train = open_client(gateway, stub, "train")
+    messages: Any = [{"role": "user", "content": "hi"}]
+    train.chat.completions.create(
+        model="x", messages=messages, presence_penalty=None, logit_bias=None, top_p=None
+    )
+    train.chat.completions.create(
+        model="x", messages=messages, presence_penalty=0.5, frequency_penalty=None
+    )
+    assert not {"presence_penalty", "logit_bias", "frequency_penalty"} & set(stub.requests[-1])
+    events = gateway.http.get("/api/rollouts/train/events").json()
+    notes = [event["data"].get("notes") for event in events if event["type"] == "model_request"]
+    assert notes == [
+        None,
+        ["presence_penalty dropped: train mode samples from the policy's own distribution"],
+    ]

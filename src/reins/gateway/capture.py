@@ -91,12 +91,14 @@ choice) masks it too, but is kept: the harness needs an answer it can parse."""
 def without_distribution_changes(sent: dict[str, Any], policy: SamplingPolicy) -> list[str]:
     """Train mode samples the policy's own distribution, so the tokens it trains on are drawn
     from the probabilities it trains with: removes, in place, the distribution-changing fields
-    the harness sent (those the mode's policy sets stay); the names removed, for the record's
-    notes."""
+    the harness sent (those the mode's policy sets stay); the names of those that had a value,
+    for the record's notes (a `null`, as the openai SDK sends `presence_penalty=None`, changed
+    nothing)."""
     removed = [name for name in DISTRIBUTION_CHANGING if name in sent and name not in policy.set]
+    changing = [name for name in removed if sent[name] is not None]
     for name in removed:
         del sent[name]
-    return removed
+    return changing
 
 
 def _asked_logprobs(body: dict[str, Any], kind: Kind) -> bool:
