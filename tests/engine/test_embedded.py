@@ -838,6 +838,17 @@ def test_the_largest_seed_serves_several_choices(embedded: ServedEngine) -> None
     assert len(answer["choices"]) == 2
 
 
+@pytest.mark.parametrize("route", ["/chat/completions", "/completions"])
+def test_a_null_n_is_one_choice(embedded: ServedEngine, route: str) -> None:
+    """`n: null` is the default, as OpenAI and vLLM take it: the openai SDK sends `n=None` as
+    null, which must not be a 400."""
+    body: dict[str, Any] = {"model": embedded.name, "max_tokens": 2, "n": None}
+    body |= {"messages": OPEN_QUESTION} if route == "/chat/completions" else {"prompt": "Hi"}
+    response = post(embedded, route, body)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"]) == 1
+
+
 def test_models_lists_the_served_name(embedded: ServedEngine) -> None:
     models = httpx.get(f"{embedded.base_url}/models").json()
     assert [m["id"] for m in models["data"]] == [embedded.name]

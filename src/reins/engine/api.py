@@ -19,7 +19,7 @@ import uuid
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -65,6 +65,13 @@ class _Request(BaseModel):
     n: int = Field(default=1, ge=1, le=16)
     stream: bool | None = False
     stream_options: dict[str, Any] | None = None
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _null_n_is_one(cls, value: Any) -> Any:
+        """`n: null` is the default, one choice, as OpenAI and vLLM take it (the openai SDK
+        sends `n=None` as null)."""
+        return 1 if value is None else value
 
 
 class ChatRequest(_Request):
