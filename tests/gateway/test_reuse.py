@@ -126,6 +126,20 @@ def test_the_proxy_side_sends_the_prefix_and_records_the_engines_word() -> None:
     assert records[0].model_dump()["token_reuse"] == "reused"
 
 
+def test_a_null_n_is_one_choice_and_reused_several_are_not() -> None:
+    """The openai SDK sends `n=None` as null: one choice, as absent, so the call is reused;
+    a call for several choices is not."""
+    for n, reused in [(None, True), (1, True), (2, False)]:
+        reuse = TokenReuse()
+        first = chat(user("Hi"))
+        reuse.prepare(KEY, first, dict(first), "http://engine/v1")
+        reuse.recorded([record(first, [1], [2])])
+        second = chat(user("Hi"), assistant("x"), user("y"), n=n)
+        sent = dict(second)
+        reuse.prepare(KEY, second, sent, "http://engine/v1")
+        assert (sent.get(PREFIX_FIELD) == [1, 2]) is reused, n
+
+
 def test_an_engine_that_ignores_the_field_is_not_sent_it_again() -> None:
     reuse = TokenReuse()
     first = chat(user("Hi"))

@@ -197,7 +197,9 @@ class TokenReuse:
         if ticket is None:
             return
         outcome: Outcome = "none"
-        if prefix is not None and endpoint not in self.unsupported and sent.get("n", 1) == 1:
+        # One choice: `n` 1, absent or null (the openai SDK sends `n=None` as null).
+        one = sent.get("n") in (None, 1)
+        if prefix is not None and endpoint not in self.unsupported and one:
             sent[PREFIX_FIELD] = prefix
             outcome = "asked"
         self._pending[id(request)] = _Pending(request, ticket, outcome)

@@ -133,7 +133,8 @@ class VllmReuse:
         root = endpoint.rstrip("/").removesuffix("/v1")
         chat = {**sent, "model": model}
         stream = bool(chat.get("stream"))
-        if chat.get("n", 1) != 1 or (stream and (shows_logprobs or _stops(chat.get("stop")))):
+        several = chat.get("n") not in (None, 1)  # null is one choice, as absent
+        if several or (stream and (shows_logprobs or _stops(chat.get("stop")))):
             return "none"
         try:
             rendered = await self._post(root, RENDER, chat)
