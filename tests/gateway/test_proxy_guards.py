@@ -94,6 +94,30 @@ def test_a_call_on_a_superseded_attempt_is_409(
     assert len(calls(gateway, 1)) == earlier_calls and calls(gateway, 2) == []
 
 
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_the_sdks_do_not_retry_a_call_on_a_closed_attempt(
+    gateway: Gateway, token: str, api: str
+) -> None:
+    """The SDKs retry a 409 (twice by default, with back-off) unless told it cannot succeed."""
+    gateway.http.patch("/api/rollouts/r", json={"status": {"state": "succeeded"}})
+    sent: list[str] = []
+    hooks: Any = {"request": [lambda request: sent.append(request.url.path)]}
+    base = f"{gateway.url}/proxy/rollout/r/attempt/1/mode/train"
+    with pytest.raises((openai.ConflictError, anthropic.ConflictError)):
+        if api == "messages":  # its own HTTP client class (the SDK refuses httpx's)
+            http = anthropic.DefaultHttpxClient(event_hooks=hooks)
+            sdk = anthropic.Anthropic(base_url=f"{base}/anthropic", api_key=token, http_client=http)
+            sdk.messages.create(model="m", messages=MESSAGES, max_tokens=8)  # type: ignore[arg-type]
+        else:
+            http = openai.DefaultHttpxClient(event_hooks=hooks)
+            chat = openai.OpenAI(base_url=f"{base}/openai/v1", api_key=token, http_client=http)
+            if api == "chat":
+                chat.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+            else:
+                chat.responses.create(model="m", input="hi", store=False)
+    assert len(sent) == 1, sent
+
+
 @pytest.mark.parametrize("earlier_calls", [0, 1])
 @pytest.mark.parametrize("api", ["chat", "messages", "responses"])
 def test_a_stream_whose_attempt_closes_before_its_end_ends_in_an_error_in_each_api(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from reins.gateway import guards, jsonrule
@@ -59,7 +59,9 @@ def error_for_path(path: str, status: int, message: str) -> Response | None:
     if not path.startswith("/proxy/"):
         return None
     kind: ProxyKind = "messages" if "/anthropic" in path else "chat"
-    return error_shape(kind)(status, message)
+    # Both APIs answer an invalid request with 400 (their SDKs' BadRequestError); neither has
+    # the gateway's own 422.
+    return error_shape(kind)(400 if status == 422 else status, message)
 
 
 async def _body(request: Request, kind: ProxyKind) -> dict[str, Any] | Response:
@@ -112,7 +114,10 @@ async def forward_call(
     # A superseded attempt, or a terminal rollout's, makes no more calls (409 saying why).
     closed = await guards.proxy_refusal(store, rollout_id, attempt_id)
     if closed is not None:
-        return error_shape(kind)(*closed)
+        refusal = error_shape(kind)(*closed)
+        # The attempt stays closed: the SDKs' retry of a 409 (openai, anthropic) cannot succeed.
+        refusal.headers["x-should-retry"] = "false"
+        return refusal
     # A harness that hangs up or times out before its answer: the call is cancelled at the
     # engine and recorded as abandoned (`LLMProxy.unless_abandoned`).
     if kind in ("responses", "messages"):
@@ -247,3 +252,39 @@ async def anthropic_base(
 ) -> Response:
     """Claude Code's reachability check of its base URL."""
     return Response(status_code=200)
+
+
+@anthropic_router.get("/v1/models")
+async def anthropic_models(
+    rollout_id: RolloutIdPath,
+    attempt_id: AttemptIdPath,
+    mode: ModePath,
+    proxy: ProxyDep,
+    _: AttemptCaller,
+    after_id: str | None = None,
+    before_id: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+) -> Response:
+    """The registered models in the shape of Anthropic's model list (`client.models.list()`)."""
+    names = [model.model for model in await proxy.directory.models()]
+    try:
+        page = messages.model_list(names, after_id=after_id, before_id=before_id, limit=limit)
+    except WireError as error:
+        return JSONResponse(messages.error_body(400, error.message), 400)
+    return JSONResponse(page)
+
+
+@anthropic_router.get("/v1/models/{model_id}")
+async def anthropic_model(
+    model_id: str,
+    rollout_id: RolloutIdPath,
+    attempt_id: AttemptIdPath,
+    mode: ModePath,
+    proxy: ProxyDep,
+    _: AttemptCaller,
+) -> Response:
+    """One registered model, as Anthropic's `GET /v1/models/{model_id}` answers it."""
+    if model_id not in {model.model for model in await proxy.directory.models()}:
+        message = f"model: {model_id} is not served here (GET .../anthropic/v1/models lists them)"
+        return JSONResponse(messages.error_body(404, message), 404)
+    return JSONResponse(messages.model_info(model_id))

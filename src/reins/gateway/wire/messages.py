@@ -90,6 +90,48 @@ def overflow_body(overflow: Overflow) -> dict[str, Any]:
     return error_body(400, anthropic_message(overflow))
 
 
+_UNKNOWN_RELEASE = "1970-01-01T00:00:00Z"
+"""A model's `created_at` (its release date, which the gateway does not know): the epoch, as the
+API's own answer does for an unknown date."""
+
+
+def model_info(name: str) -> dict[str, Any]:
+    """One served model in the shape of Anthropic's `GET /v1/models/{id}`."""
+    return {
+        "type": "model",
+        "id": name,
+        "display_name": name,
+        "created_at": _UNKNOWN_RELEASE,
+        "lifecycle": "active",
+    }
+
+
+def model_list(
+    names: list[str], *, after_id: str | None, before_id: str | None, limit: int
+) -> dict[str, Any]:
+    """A page of Anthropic's `GET /v1/models`: the models after `after_id` (or the last `limit`
+    before `before_id`), as the SDK's paging follows `has_more` and `last_id`. A cursor that
+    names no served model is a `WireError` (a 400 naming it)."""
+    for param, cursor in (("after_id", after_id), ("before_id", before_id)):
+        if cursor is not None and cursor not in names:
+            raise _fail(f"no served model has the id {cursor!r}", param)
+    low = names.index(after_id) + 1 if after_id is not None else 0
+    high = names.index(before_id) if before_id is not None else len(names)
+    if before_id is None:  # the first `limit` of the window
+        start, end = low, min(high, low + limit)
+        has_more = end < high
+    else:  # the last `limit` of the window, the page just before `before_id`
+        start, end = max(low, high - limit), high
+        has_more = start > low
+    page = names[start:end]
+    return {
+        "data": [model_info(name) for name in page],
+        "has_more": has_more,
+        "first_id": page[0] if page else None,
+        "last_id": page[-1] if page else None,
+    }
+
+
 def _fail(message: str, param: str) -> WireError:
     return WireError(f"{param}: {message}", param=param)
 
