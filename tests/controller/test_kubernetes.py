@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import watch as k8s_watch
 
 from reins.agent import AgentContext, report_reward
 from reins.client import GatewayClient
@@ -317,6 +318,43 @@ async def test_a_watch_cut_mid_run_with_410_gone_relists(
 
     assert {r.status.state for r in rollouts.values()} == {"succeeded"}
     assert rec.expired_watches >= 1 and rec.relists > relists
+
+
+class WatchWithBlankLines(k8s_watch.Watch):  # type: ignore[misc]
+    """The client's watch, with a None before each event: what it yields for a line that is not
+    an event (an empty line, JSON cut short)."""
+
+    def stream(self, func: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for event in super().stream(func, *args, **kwargs):
+            yield None
+            yield event
+
+
+async def test_a_watch_line_that_is_no_event_is_skipped(
+    cluster: KubeCluster,
+    kube: tuple[Any, Any],
+    ns: str,
+    client: GatewayClient,
+    gateway_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(k8s_watch, "Watch", WatchWithBlankLines)
+    core, _ = kube
+    ids = ["r-a", "r-b"]
+    await client.create_rollouts(
+        [RolloutSpec(rollout_id=rid, input={"plan": ["wait"]}) for rid in ids]
+    )
+    plan = Plan()
+    # No periodic list: the Jobs end after the first list, so only the watch can see them end.
+    rec = reconciler(cluster, ns, gateway_url, tmp_path, resync_s=3600)
+    with FakeKubelet(core, ns, plan) as kubelet:
+        async with running(controller(client, rec, gateway_url)):
+            await wait_for(lambda: len(kubelet.pods_seen) == 2, timeout_s=60, what="two pods")
+            plan.released.set()
+            rollouts = await wait_terminal(client, ids, timeout_s=60)
+    assert {r.status.state for r in rollouts.values()} == {"succeeded"}
+    assert rec.relists == 1  # the start's list only: the watch saw the Jobs end
 
 
 async def test_a_restarted_controller_adopts_reports_and_cleans_up(

@@ -483,7 +483,13 @@ class KubernetesReconciler:
                     _request_timeout=(10, self.watch_timeout_s + 15),
                 ):
                     failures = 0
-                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                    # The client yields None for a line that is not an event (an empty line,
+                    # JSON cut short): nothing to apply.
+                    if isinstance(event, dict) and event["type"] in (
+                        "ADDED",
+                        "MODIFIED",
+                        "DELETED",
+                    ):
                         self.watch_events += 1
                         self._call_soon(self._apply_event, event["type"], event["object"])
                     resource_version = watch.resource_version or resource_version
@@ -504,6 +510,11 @@ class KubernetesReconciler:
                     return
                 failures += 1
                 log.warning("Job watch broke (%r); resuming", error)
+            except Exception:  # a thread that dies ends the watch unseen: never let it
+                if self._stop.is_set():
+                    return
+                failures += 1
+                log.exception("Job watch failed unexpectedly; resuming")
             self._stop.wait(min(5.0, 0.1 * 2**failures))
 
     def _relist(self) -> str:
@@ -525,6 +536,8 @@ class KubernetesReconciler:
                 await asyncio.to_thread(self._list)
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
                 log.warning("periodic Job list failed (%r)", error)
+            except Exception:  # the next list may succeed: a task that ends lists no more
+                log.exception("periodic Job list failed unexpectedly")
 
     def _call_soon(self, function: Callable[..., None], *args: Any) -> None:
         loop = self._loop
