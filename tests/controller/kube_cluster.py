@@ -208,6 +208,16 @@ class KubeCluster:
                 parts.append(f"--- {name}\n{(self.root / f'{name}.log').read_text()[-2000:]}")
         return "\n".join(parts)
 
+    @contextlib.contextmanager
+    def controller_manager_stopped(self) -> Iterator[None]:
+        """The controller manager frozen (SIGSTOP) for the block: no Job controller acts."""
+        process = self.processes["kube-controller-manager"]
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+
     def compact_etcd(self) -> int:
         """Compacts etcd at its current revision: watches from before it get 410 Gone."""
         base = f"http://127.0.0.1:{self.etcd_port}/v3"

@@ -271,6 +271,40 @@ async def test_timeouts_failures_and_cancelled_rollouts(
     assert rollouts["r-cancel"].status.reason == "cancelled by the trainer"
 
 
+async def test_a_job_whose_deadline_the_job_controller_misses_is_ended_by_the_controller(
+    cluster: KubeCluster,
+    kube: tuple[Any, Any],
+    ns: str,
+    client: GatewayClient,
+    gateway_url: str,
+    tmp_path: Path,
+) -> None:
+    _, batch = kube
+    await client.create_rollouts(
+        [
+            RolloutSpec(
+                rollout_id="r-stuck",
+                input={"plan": ["hang"]},
+                config=RolloutConfig(timeout_s=2, max_attempts=1),
+            )
+        ]
+    )
+    rec = reconciler(cluster, ns, gateway_url, tmp_path, deadline_grace_s=1.0)
+    with cluster.controller_manager_stopped():  # as a Kubernetes release that misses deadlines
+        async with running(controller(client, rec, gateway_url)):
+            rollouts = await wait_terminal(client, ["r-stuck"], timeout_s=60)
+            left = [j.metadata.name for j in jobs(batch, ns) if not j.metadata.deletion_timestamp]
+    (attempt,) = (await client.get_rollout("r-stuck")).attempts
+    assert rollouts["r-stuck"].status.state == "failed"
+    assert attempt.state == "failed" and attempt.reason is not None
+    assert attempt.reason.startswith(
+        "attempt 1 of 1: the agent timed out after 2 s (the Job controller had not ended the Job "
+        "1 s later: deleted by the reins controller)"
+    ), attempt.reason
+    assert rec.overdue_jobs == 1
+    assert left == []  # deleted by the controller (no Job controller ran)
+
+
 async def test_a_watch_cut_mid_run_with_410_gone_relists(
     cluster: KubeCluster,
     kube: tuple[Any, Any],

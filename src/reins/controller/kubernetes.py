@@ -12,6 +12,10 @@ template says, every Job gets the reins labels and annotations, `backoffLimit: 0
 is a failed attempt: retries are the controller's, as new attempts), `restartPolicy: Never`,
 `activeDeadlineSeconds` from the rollout's timeout, `ttlSecondsAfterFinished`, and the agent's
 environment in every container. A NetworkPolicy lets agent pods reach only the gateway (and DNS).
+
+The Job controller ends a Job at its deadline, but some Kubernetes releases miss deadlines
+(kubernetes#105572, #110239; a stopped or overloaded controller manager too): a Job still running
+`deadline_grace_s` past its deadline is deleted by this controller and its attempt timed out.
 """
 
 from __future__ import annotations
@@ -86,6 +90,10 @@ class _Job:
     before the Job was created from calling it deleted."""
     log: AgentLog | None = None
     collecting: bool = False
+    deadline_s: int | None = None
+    """The Job's `activeDeadlineSeconds`."""
+    deadline: float | None = None
+    """When they run out (wall clock, from the Job's start time)."""
 
 
 class KubernetesReconciler:
@@ -109,6 +117,7 @@ class KubernetesReconciler:
         creations_per_s: float = 10.0,
         resync_s: float = 30.0,
         watch_timeout_s: int = 60,
+        deadline_grace_s: float = 10.0,
         log_dir: Path | None = None,
         python: str = "python",
     ) -> None:
@@ -129,6 +138,11 @@ class KubernetesReconciler:
         self.ttl_after_finished_s = ttl_after_finished_s
         self.resync_s = resync_s
         self.watch_timeout_s = watch_timeout_s
+        self.deadline_grace_s = deadline_grace_s
+        """How long past a Job's deadline the Job controller may take to end it before this
+        controller deletes it."""
+        self.overdue_jobs = 0
+        """Jobs this controller ended because the Job controller had not at their deadline."""
         self.log_dir = Path(log_dir).resolve() if log_dir else None
         self.python = python
         self.relists = 0
@@ -149,6 +163,7 @@ class KubernetesReconciler:
         self._watch: Any = None
         self._watch_thread: threading.Thread | None = None
         self._resync_task: asyncio.Task[None] | None = None
+        self._deadline_task: asyncio.Task[None] | None = None
         self._collecting: set[asyncio.Task[None]] = set()
         self.selector = f"{MANAGED_BY}=reins,{CONTROLLER_LABEL}={_label_value(controller_name)}"
         self._check_templates()
@@ -173,16 +188,18 @@ class KubernetesReconciler:
         )
         self._watch_thread.start()
         self._resync_task = asyncio.create_task(self._resync_forever())
+        self._deadline_task = asyncio.create_task(self._end_overdue_forever())
 
     async def close(self) -> None:
         """Stops watching. Jobs keep running: a next controller adopts them."""
         self._stop.set()
         if self._watch is not None:
             self._watch.stop()  # shuts the watch's socket, so its thread returns now
-        if self._resync_task is not None:
-            self._resync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._resync_task
+        for task in (self._resync_task, self._deadline_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for task in list(self._collecting):
             task.cancel()
         await asyncio.gather(*self._collecting, return_exceptions=True)
@@ -571,6 +588,7 @@ class KubernetesReconciler:
             incarnation = (job.metadata.annotations or {}).get(INCARNATION_ANNOTATION)
             known = self._jobs[key] = _Job(name, uid, incarnation, RUNNING, seen_at)
         known.seen_at = max(known.seen_at, seen_at)
+        known.deadline_s, known.deadline = _deadline_of(job)
         ended = _job_outcome(job)
         if ended is not None and known.state == RUNNING and not known.collecting:
             known.collecting = True
@@ -578,6 +596,49 @@ class KubernetesReconciler:
             self._collecting.add(task)
             task.add_done_callback(self._collecting.discard)
         return key
+
+    async def _end_overdue_forever(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.time()
+            for key, job in list(self._jobs.items()):
+                overdue = job.deadline is not None and now > job.deadline + self.deadline_grace_s
+                if overdue and job.state == RUNNING and not job.collecting:
+                    job.collecting = True
+                    task = asyncio.get_running_loop().create_task(self._end_overdue(key, job))
+                    self._collecting.add(task)
+                    task.add_done_callback(self._collecting.discard)
+
+    async def _end_overdue(self, key: Key, job: _Job) -> None:
+        """The Job controller missed this Job's deadline: its log is kept, the Job deleted (its
+        pods go too), and the attempt timed out."""
+        log.warning(
+            "Job %s/%s is still running %g s past its %s s deadline: deleting it",
+            self.namespace,
+            job.name,
+            self.deadline_grace_s,
+            job.deadline_s,
+        )
+        detail = (
+            f"timed out after {job.deadline_s} s (the Job controller had not ended the Job "
+            f"{self.deadline_grace_s:g} s later: deleted by the reins controller)"
+        )
+        await self._collect(key, job, Ended("timeout", None, detail))
+        self.overdue_jobs += 1
+        self._removed.add(job.uid)  # its late events (the deletion's) are not a new outcome
+        try:
+            await asyncio.to_thread(
+                self._batch.delete_namespaced_job,
+                job.name,
+                self.namespace,
+                body={"preconditions": {"uid": job.uid}},
+                propagation_policy="Background",
+            )
+        except ApiException as error:
+            if error.status not in (404, 409):
+                log.warning("deleting overdue Job %s failed: %s", job.name, _api_message(error))
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            log.warning("deleting overdue Job %s failed: %r", job.name, error)
 
     def _gone(self, key: Key, job: _Job) -> None:
         job.state = Ended("lost", None, f"Job {self.namespace}/{job.name} was deleted")
@@ -685,6 +746,18 @@ def _job_outcome(job: Any) -> Ended | None:
                 return Ended("timeout", None, f"timed out after {deadline} s ({message})")
             return Ended("crashed", None, f"failed ({message})")
     return None
+
+
+def _deadline_of(job: Any) -> tuple[int | None, float | None]:
+    """A Job's `activeDeadlineSeconds`, and when they run out: counted, as the Job controller
+    counts them, from its start time (its creation until the Job controller sets that)."""
+    seconds = job.spec.active_deadline_seconds if job.spec is not None else None
+    if seconds is None:
+        return None, None
+    started = (job.status.start_time if job.status is not None else None) or (
+        job.metadata.creation_timestamp
+    )
+    return int(seconds), (started.timestamp() + seconds if started is not None else None)
 
 
 def _key_of(job: Any) -> Key | None:
