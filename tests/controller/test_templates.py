@@ -1,13 +1,15 @@
-"""Job and NetworkPolicy templates, rendered without a cluster."""
+"""Job and NetworkPolicy templates rendered, and Job deadlines read, without a cluster."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 
 import pytest
+from kubernetes.client import V1Job, V1JobSpec, V1JobStatus, V1ObjectMeta, V1PodTemplateSpec
 
-from reins.controller.kubernetes import KubernetesReconciler
+from reins.controller.kubernetes import KubernetesReconciler, _deadline_of
 from reins.controller.loop import Launch, LaunchError, agent_command
 from reins.controller.templates import TemplateError, placeholders, render
 
@@ -194,3 +196,24 @@ spec:
         render('a: "{{nope.x}}"', {})
     with pytest.raises(ValueError, match=r"--set registry=\.\.\."):
         reconciler(job_template=template)._check_templates()
+
+
+def job_started(at: datetime.datetime | None, deadline_s: int | None = 30) -> V1Job:
+    created = datetime.datetime(2026, 12, 5, 12, 0, 0, tzinfo=datetime.UTC)
+    return V1Job(
+        metadata=V1ObjectMeta(name="j", creation_timestamp=created),
+        spec=V1JobSpec(active_deadline_seconds=deadline_s, template=V1PodTemplateSpec()),
+        status=V1JobStatus(start_time=at),
+    )
+
+
+def test_a_jobs_deadline_counts_from_its_start_and_never_before_it_was_seen() -> None:
+    created = datetime.datetime(2026, 12, 5, 12, 0, 0, tzinfo=datetime.UTC).timestamp()
+    started = datetime.datetime(2026, 12, 5, 12, 0, 4, tzinfo=datetime.UTC)
+    # Seen when created (this machine's clock as the apiserver's): from the start time.
+    assert _deadline_of(job_started(started), created) == (30, created + 4 + 30)
+    # Not started yet: from its creation.
+    assert _deadline_of(job_started(None), created) == (30, created + 30)
+    # An apiserver clock 60 s behind this machine's: from when this controller saw it.
+    assert _deadline_of(job_started(started), created + 60) == (30, created + 60 + 30)
+    assert _deadline_of(job_started(started, deadline_s=None), created) == (None, None)

@@ -93,7 +93,9 @@ class _Job:
     deadline_s: int | None = None
     """The Job's `activeDeadlineSeconds`."""
     deadline: float | None = None
-    """When they run out (wall clock, from the Job's start time)."""
+    """When they run out (this machine's clock, never before `deadline_s` after `first_seen`)."""
+    first_seen: float = 0.0
+    """When this controller first saw the Job (this machine's clock)."""
 
 
 class KubernetesReconciler:
@@ -587,8 +589,9 @@ class KubernetesReconciler:
         if known is None or known.uid != uid:  # new, or a new Job under this name
             incarnation = (job.metadata.annotations or {}).get(INCARNATION_ANNOTATION)
             known = self._jobs[key] = _Job(name, uid, incarnation, RUNNING, seen_at)
+            known.first_seen = time.time()
         known.seen_at = max(known.seen_at, seen_at)
-        known.deadline_s, known.deadline = _deadline_of(job)
+        known.deadline_s, known.deadline = _deadline_of(job, known.first_seen)
         ended = _job_outcome(job)
         if ended is not None and known.state == RUNNING and not known.collecting:
             known.collecting = True
@@ -748,16 +751,19 @@ def _job_outcome(job: Any) -> Ended | None:
     return None
 
 
-def _deadline_of(job: Any) -> tuple[int | None, float | None]:
+def _deadline_of(job: Any, first_seen: float) -> tuple[int | None, float | None]:
     """A Job's `activeDeadlineSeconds`, and when they run out: counted, as the Job controller
-    counts them, from its start time (its creation until the Job controller sets that)."""
+    counts them, from its start time (its creation until the Job controller sets that), and
+    never before they ran out since this controller first saw the Job: the apiserver's clock may
+    be behind this machine's, and a Job ended early is a rollout's work lost."""
     seconds = job.spec.active_deadline_seconds if job.spec is not None else None
     if seconds is None:
         return None, None
     started = (job.status.start_time if job.status is not None else None) or (
         job.metadata.creation_timestamp
     )
-    return int(seconds), (started.timestamp() + seconds if started is not None else None)
+    by_apiserver = started.timestamp() if started is not None else first_seen
+    return int(seconds), max(by_apiserver, first_seen) + seconds
 
 
 def _key_of(job: Any) -> Key | None:
