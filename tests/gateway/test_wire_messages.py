@@ -538,6 +538,20 @@ def test_error_bodies_use_anthropics_type_names(status: int, kind: str) -> None:
     assert error_body(status, "nope", "api_error")["error"]["type"] == "api_error"
 
 
+@pytest.mark.parametrize(
+    ("status", "code", "kind"),
+    [(404, "model_not_found", "not_found_error"), (503, "paused", "overloaded_error")],
+)
+def test_the_proxys_own_error_codes_become_anthropics_types(
+    status: int, code: str, kind: str
+) -> None:
+    """The proxy names some failures with OpenAI-style codes; the Anthropic shape has only its
+    own types (the SDK's `ErrorResponse` refuses any other)."""
+    body = error_body(status, "nope", code)
+    assert body == {"type": "error", "error": {"type": kind, "message": "nope"}}
+    TypeAdapter(anthropic.types.ErrorResponse).validate_python(body)
+
+
 # ---- the real SDK over a mock transport ---------------------------------------------------------
 
 

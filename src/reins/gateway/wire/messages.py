@@ -54,14 +54,18 @@ KIND = "messages"
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    402: "billing_error",
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",
     503: "overloaded_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
+_ANTHROPIC_TYPES = frozenset(_ERROR_TYPES.values())
+"""The error types Anthropic's API answers with (its SDK's `ErrorObject`, and 413's)."""
 _MEDIA = frozenset({"image", "document"})
 # The fields read, or ignored without a note.
 # fmt: off
@@ -77,9 +81,11 @@ _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 def error_body(
     status: int, message: str, kind: str | None = None, *, param: str | None = None
 ) -> dict[str, Any]:
-    """An error in Anthropic's shape, typed by status unless `kind` says otherwise. The shape
-    has no `param`: the message names the field (`_fail`)."""
-    if kind is None:
+    """An error in Anthropic's shape, typed by status unless `kind` is one of Anthropic's error
+    types: the proxy's own codes (`model_not_found`, `paused`) are OpenAI-style codes the
+    Anthropic SDK's error types do not know, so a 404 says `not_found_error` as the API does.
+    The shape has no `param`: the message names the field (`_fail`)."""
+    if kind not in _ANTHROPIC_TYPES:
         kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
 
