@@ -35,7 +35,7 @@ class Engine:
 
 @pytest.fixture
 def engine(gateway: Gateway) -> Iterator[Engine]:
-    """The scripted engine, registered as model `m`; rollout `r`'s first attempt is open."""
+    """The scripted engine, registered as model `m`; rollout `r` created."""
     script = Engine()
 
     async def chat(request: Request) -> Response:
@@ -53,6 +53,7 @@ def engine(gateway: Gateway) -> Iterator[Engine]:
     server = BackgroundServer(Starlette(routes=routes)).start()
     try:
         gateway.http.post("/api/models", json={"model": "m", "endpoint": f"{server.url}/v1"})
+        gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
         yield script
     finally:
         server.stop()
@@ -79,3 +80,58 @@ def test_no_registered_model_is_anthropics_not_found_error(gateway: Gateway) -> 
     error = ERROR_RESPONSE.validate_python(raised.value.body)
     assert error.error.type == "not_found_error"
     assert "no model is registered" in error.error.message
+
+
+def tool_answer(arguments: str) -> dict[str, Any]:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    choice = {"index": 0, "message": message, "finish_reason": "tool_calls", "token_ids": [7]}
+    return {"id": "c", "object": "chat.completion", "prompt_token_ids": [1], "choices": [choice]}
+
+
+def tool_chunks(arguments: str) -> list[dict[str, Any]]:
+    """The call streamed as vLLM may: its leading whitespace, if any, in a delta of its own."""
+    rest = arguments.lstrip()
+    pieces = [arguments[: len(arguments) - len(rest)], rest]
+    chunks = []
+    for number, piece in enumerate(p for p in pieces if p):
+        call = {"index": 0, "function": {"arguments": piece}}
+        if number == 0:
+            call = {**call, "id": "call_1", "function": {"name": "f", "arguments": piece}}
+        choice = {"index": 0, "delta": {"tool_calls": [call]}, "token_ids": [7]}
+        chunks.append({"id": "c", "object": "chat.completion.chunk", "choices": [choice]})
+    chunks[0]["prompt_token_ids"] = [1]
+    choice = {"index": 0, "delta": {}, "finish_reason": "tool_calls", "token_ids": []}
+    return [*chunks, {"id": "c", "object": "chat.completion.chunk", "choices": [choice]}]
+
+
+TOOLS: Any = [{"name": "f", "input_schema": {"type": "object"}}]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize(
+    ("arguments", "content"),
+    [
+        ('{"x": NaN}', [{"type": "text", "text": '{"x": NaN}'}]),
+        ('\n {"x": 1}', [{"type": "tool_use", "id": "call_1", "name": "f", "input": {"x": 1}}]),
+    ],
+    ids=["nan", "leading-space"],
+)
+def test_tool_arguments_reach_the_sdk_as_recorded(
+    gateway: Gateway, engine: Engine, streamed: bool, arguments: str, content: Any
+) -> None:
+    """Arguments with `NaN` (a model can write it; Python's `json` reads it) are no JSON object:
+    shown as text, and recorded (before: a 400 for the plain call, a broken stream, nothing
+    recorded). Arguments that start with whitespace reach the stream helper as an input it can
+    parse (before: the SDK raised)."""
+    engine.answer, engine.chunks = tool_answer(arguments), tool_chunks(arguments)
+    client = sdk(gateway)
+    if streamed:
+        with client.messages.stream(model="m", max_tokens=8, messages=MESSAGES, tools=TOOLS) as s:
+            message = s.get_final_message()
+    else:
+        message = client.messages.create(model="m", max_tokens=8, messages=MESSAGES, tools=TOOLS)
+    assert [block.model_dump(exclude_none=True) for block in message.content] == content
+    (call,) = recorded(gateway)
+    assert (call["status"], call["error"]) == (200, None)  # a trainable call
+    assert call["response"]["content"] == content

@@ -740,7 +740,7 @@ def test_vllm_style_incremental_tool_call_deltas() -> None:
         for d in datas
         if d["type"] == "content_block_delta" and d["index"] == 0
     ]
-    assert pieces == ['{"command": ', '"ls -la", "timeout": 5}']
+    assert pieces == ['{"command": "ls -la", "timeout": 5}']  # the input, parsed and written
     assert [
         (b.type, b.id, b.name, b.input)
         for b in final.content
@@ -753,6 +753,43 @@ def test_vllm_style_incremental_tool_call_deltas() -> None:
 
 
 BASH_TOOL = {"name": "Bash", "input_schema": {"type": "object"}}
+
+
+@pytest.mark.parametrize("first", [" ", "\n", "\t "])
+def test_arguments_that_start_with_whitespace_are_read_by_the_sdk(first: str) -> None:
+    """The SDK's accumulator parses the joined `partial_json` after every delta, and whitespace
+    alone is no JSON it can read (it raised "Unable to parse tool parameter JSON")."""
+    head = {"index": 0, "id": "call_w", "type": "function"}
+    chunks = [
+        chunk({"tool_calls": [{**head, "function": {"name": "Bash", "arguments": first}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"command": "ls"}'}}]}),
+        chunk({}, "tool_calls"),
+    ]
+    _, final = check_stream(translate(body(stream=True, tools=[BASH_TOOL])), chunks)
+    assert [(b.type, b.id, b.input) for b in final.content] == [  # type: ignore[union-attr]
+        ("tool_use", "call_w", {"command": "ls"})
+    ]
+    blank = [chunk({"tool_calls": [{**head, "function": {"name": "Bash", "arguments": first}}]})]
+    _, final = check_stream(translate(body(stream=True, tools=[BASH_TOOL])), blank)
+    assert [(b.type, b.input) for b in final.content] == [("tool_use", {})]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("arguments", ['{"x": NaN}', '{"x": -Infinity}', '{"x": 1e400}'])
+def test_arguments_json_cannot_carry_are_shown_as_text(arguments: str) -> None:
+    """Python's `json` reads these; no answer can carry them (the SDK's JSON is RFC 8259's, the
+    store refuses them): they are no JSON object, as any other bad arguments."""
+    for streamed in (False, True):
+        translation = translate(body(stream=streamed, tools=[BASH_TOOL]))
+        answer = engine_answer(None, calls=[("c1", "Bash", arguments)], finish="tool_calls")
+        if streamed:
+            call = {"index": 0, "id": "c1", "function": {"name": "Bash", "arguments": arguments}}
+            _, final = check_stream(translation, [chunk({"tool_calls": [call]}, "tool_calls")])
+            message = final.model_dump(exclude_none=True)
+        else:
+            message = translation.answer(answer)
+        assert message["content"] == [{"type": "text", "text": arguments}]
+        assert message["stop_reason"] == "end_turn"
+        assert any("not a JSON object" in note for note in translation.notes)
 
 
 def test_tool_call_deltas_without_an_index_join_the_last_call_in_every_reader() -> None:

@@ -32,12 +32,14 @@ next request maps them to the same `tool_call_id`); an engine call without an id
 Tool arguments that are not a JSON object are shown as text, with a note. The engine's reasoning
 becomes a `thinking` block (empty signature) only when the request enabled thinking. Streamed tool
 calls are held until the call is complete (a delta without an `index` belongs to the call the
-last delta added to, as every reader of a stream counts it), then sent as `tool_use` with the
-engine's argument pieces as `input_json_delta`s, so the pieces always join to the `input` (and
-a call that does not parse can still become text). A plain answer is built by the same code, as
-a stream of one chunk. An engine error chunk becomes an `error` event that ends the stream (an
-engine error answered whole, the error body). Notes found while answering are appended to
-`notes`.
+last delta added to, as every reader of a stream counts it), then parsed by the gateway's JSON
+rule (`jsonrule`: arguments with `NaN` or `Infinity` are not a JSON object, and become text) and
+sent as `tool_use` with that `input` written again as one `input_json_delta`: the SDK's
+accumulator then reads exactly the recorded `input` (the engine's own pieces may start with
+whitespace, which it cannot parse, or hold numbers it reads otherwise). A plain answer is built
+by the same code, as a stream of one chunk. An engine error chunk becomes an `error` event that
+ends the stream (an engine error answered whole, the error body). Notes found while answering
+are appended to `notes`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import json
 import uuid
 from typing import Any, TypeGuard
 
+from reins.gateway import jsonrule
 from reins.gateway.wire import WireError, sse, tool_call_index
 from reins.gateway.wire.overflow import Overflow, anthropic_message
 
@@ -727,20 +730,21 @@ class Translation:
             tool_use = {"type": "tool_use", "id": call_id, "name": held["name"], "input": {}}
             events += self._begin(tool_use)
             tool_use["input"] = parsed
-            for piece in held["pieces"]:
-                delta = {"type": "input_json_delta", "partial_json": piece}
-                events.append(self._block_delta(delta))
+            written = json.dumps(parsed, ensure_ascii=False)
+            events.append(self._block_delta({"type": "input_json_delta", "partial_json": written}))
             events += self._close()
         self._calls.clear()
         return events
 
 
 def _json_object(arguments: str) -> dict[str, Any] | None:
-    """The arguments as an object ({} for none); None when they are not a JSON object."""
+    """The arguments as an object ({} for none); None when they are not a JSON object by the
+    gateway's rule: `json.loads` reads `NaN` and `1e400`, which no answer can carry (the record
+    of the call is refused) and the SDK cannot read back."""
     if not arguments.strip():
         return {}
     try:
-        parsed = json.loads(arguments)
-    except ValueError:
+        parsed = jsonrule.parse(arguments, loc=("arguments",))
+    except jsonrule.JsonRuleError:
         return None
     return parsed if isinstance(parsed, dict) else None
