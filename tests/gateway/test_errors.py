@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anthropic
+import httpx
+import pytest
+
 from reins.gateway import GatewaySettings
 from tests.conftest import ADMIN_KEY, Gateway, serve
 
@@ -38,8 +42,6 @@ def test_an_oversize_body_is_413_naming_the_limit(tmp_path: Path) -> None:
     settings = GatewaySettings(
         database_url=str(tmp_path / "g.db"), api_key=ADMIN_KEY, max_body_bytes=4096
     )
-    import httpx
-
     with serve(settings) as server:
         response = httpx.post(
             f"http://127.0.0.1:{server.port}/api/rollouts",
@@ -54,7 +56,6 @@ def test_an_oversize_chunked_body_is_413(tmp_path: Path) -> None:
     settings = GatewaySettings(
         database_url=str(tmp_path / "g.db"), api_key=ADMIN_KEY, max_body_bytes=4096
     )
-    import httpx
 
     def chunks() -> object:
         yield b'[{"input": "'
@@ -69,6 +70,36 @@ def test_an_oversize_chunked_body_is_413(tmp_path: Path) -> None:
             headers={"Authorization": f"Bearer {ADMIN_KEY}", "content-type": "application/json"},
         )
     assert response.status_code == 413
+
+
+def test_an_oversize_body_on_the_proxy_is_413_in_the_harness_apis_shape(tmp_path: Path) -> None:
+    """The SDKs send a Content-Length, which the limit answers before any route: Anthropic's
+    SDK reads `request_too_large`, the OpenAI one `error.message`, from their own shapes only."""
+    settings = GatewaySettings(
+        database_url=str(tmp_path / "g.db"), api_key=ADMIN_KEY, max_body_bytes=4096
+    )
+    limit = (
+        "the request body is larger than the limit of 4096 bytes "
+        "(the gateway's REINS_MAX_BODY_BYTES)"
+    )
+    messages = [{"role": "user", "content": "x" * 5000}]
+    with serve(settings) as server:
+        base = f"http://127.0.0.1:{server.port}/proxy/rollout/r/attempt/1/mode/train"
+        sdk = anthropic.Anthropic(base_url=f"{base}/anthropic", api_key=ADMIN_KEY, max_retries=0)
+        with pytest.raises(anthropic.APIStatusError) as raised:
+            sdk.messages.create(model="m", max_tokens=8, messages=messages)  # type: ignore[arg-type]
+        openai_answer = httpx.post(
+            f"{base}/openai/v1/chat/completions",
+            json={"model": "m", "messages": messages},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        )
+    assert raised.value.status_code == 413
+    assert raised.value.body == {
+        "type": "error",
+        "error": {"type": "request_too_large", "message": limit},
+    }
+    assert openai_answer.status_code == 413
+    assert openai_answer.json()["error"]["message"] == limit
 
 
 def test_the_openapi_schema_needs_the_admin_key(gateway: Gateway) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -226,10 +225,11 @@ class BodySizeLimit:
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
             if not declared.isdigit():
-                await _send_json(send, 400, "the Content-Length header is not a number")
+                message = "the Content-Length header is not a number"
+                await _send_error(scope, receive, send, 400, message)
                 return
             if int(declared) > self.max_bytes:
-                await _send_json(send, 413, self._too_large())
+                await _send_error(scope, receive, send, 413, self._too_large())
                 return
         received = 0
         started = False
@@ -252,7 +252,7 @@ class BodySizeLimit:
             await self.app(scope, limited_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await _send_json(send, 413, self._too_large())
+                await _send_error(scope, receive, send, 413, self._too_large())
 
     def _too_large(self) -> str:
         return (
@@ -268,16 +268,11 @@ class _BodyTooLarge(HTTPException):
         super().__init__(413, message)
 
 
-async def _send_json(send: Send, status_code: int, message: str) -> None:
-    body = json.dumps({"error": message, "detail": message}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status_code,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+async def _send_error(
+    scope: Scope, receive: Receive, send: Send, status_code: int, message: str
+) -> None:
+    """An error answered before any route runs: under /proxy/, in the shape of the harness's
+    API, as the exception handlers answer (Anthropic's SDK reads `error.type`, e.g.
+    `request_too_large` for a 413, from that shape only)."""
+    shaped = proxy.error_for_path(scope["path"], status_code, message)
+    await (shaped or _error(status_code, message))(scope, receive, send)
