@@ -825,6 +825,21 @@ def test_tool_call_deltas_without_an_index_join_the_last_call_in_every_reader() 
     assert [block["id"] for block in answered["content"]] == ["c1", "c2"]
 
 
+def test_a_stop_sequence_after_tool_calls_is_a_tool_use_answer_naming_no_sequence() -> None:
+    """Anthropic names `stop_sequence` only with `stop_reason: stop_sequence`."""
+    call = {"index": 0, "id": "c1", "function": {"name": "Bash", "arguments": "{}"}}
+    stopped = chunk({"tool_calls": [call]}, "stop")
+    stopped["choices"][0]["stop_reason"] = "END"
+    translation = translate(body(stream=True, tools=[BASH_TOOL], stop_sequences=["END"]))
+    datas, final = check_stream(translation, [stopped])
+    assert datas[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    assert (final.stop_reason, final.stop_sequence) == ("tool_use", None)
+    answer = translate(body(tools=[BASH_TOOL], stop_sequences=["END"])).answer(
+        engine_answer(None, calls=[("c1", "Bash", "{}")], stop_reason="END")
+    )
+    assert (answer["stop_reason"], answer["stop_sequence"]) == ("tool_use", None)
+
+
 def test_a_streamed_answer_cut_by_max_tokens() -> None:
     chunks = [
         chunk({"role": "assistant", "content": "a long"}),

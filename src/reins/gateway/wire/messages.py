@@ -595,7 +595,7 @@ class Translation:
         usage: dict[str, Any] = {"output_tokens": self._output_count()}
         if self._input_tokens is not None:
             usage["input_tokens"] = self._input_tokens
-        delta = {"stop_reason": self._stop, "stop_sequence": self._stop_string}
+        delta = {"stop_reason": self._stop, "stop_sequence": self._stop_sequence(self._stop)}
         events.append(
             sse("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
         )
@@ -624,7 +624,7 @@ class Translation:
             "model": self._model,
             "content": blocks,
             "stop_reason": stop_reason,
-            "stop_sequence": self._stop_string if stop_reason else None,
+            "stop_sequence": self._stop_sequence(stop_reason),
             "usage": {
                 "input_tokens": self._input_tokens or 0,
                 "output_tokens": output_tokens,
@@ -639,6 +639,11 @@ class Translation:
         if choice.get("finish_reason") == "stop" and matched in self._stops:
             return str(matched)
         return None
+
+    def _stop_sequence(self, stop_reason: str | None) -> str | None:
+        """The matched stop sequence, named only beside `stop_reason: stop_sequence`, as
+        Anthropic's API does: an answer whose tool calls make it `tool_use` names none."""
+        return self._stop_string if stop_reason == "stop_sequence" else None
 
     def _stop_reason(self) -> str:
         if self._finish == "length":
