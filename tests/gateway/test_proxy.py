@@ -486,5 +486,5 @@ def test_a_streamed_call_is_recorded_with_the_logprobs_the_harness_asked_for(
     assert plain["response"]["choices"][0]["logprobs"] == answered
     assert stream["response"]["choices"][0]["logprobs"] == streamed == answered
     # Not asked for: not shown, and not in the record (as a whole answer's `null`).
-    client.chat.completions.create(model="x", messages=MESSAGES, stream=True)
+    list(client.chat.completions.create(model="x", messages=MESSAGES, stream=True))  # read whole
     assert "logprobs" not in calls(gateway)[-1]["response"]["choices"][0]
