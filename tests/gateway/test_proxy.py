@@ -488,3 +488,19 @@ def test_a_streamed_call_is_recorded_with_the_logprobs_the_harness_asked_for(
     # Not asked for: not shown, and not in the record (as a whole answer's `null`).
     list(client.chat.completions.create(model="x", messages=MESSAGES, stream=True))  # read whole
     assert "logprobs" not in calls(gateway)[-1]["response"]["choices"][0]
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_no_registered_model_is_openais_model_not_found_code(gateway: Gateway, api: str) -> None:
+    """OpenAI's API says it with `code: model_not_found`; a harness that checks `error.code`
+    reads it so (not the status in `code` and the code in `type`)."""
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    client = openai.OpenAI(base_url=proxy(gateway), api_key=gateway.api_key, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as raised:
+        if api == "chat":
+            client.chat.completions.create(model="x", messages=MESSAGES)  # type: ignore[arg-type]
+        else:
+            client.responses.create(model="x", input="hi", store=False)
+    assert raised.value.code == "model_not_found"
+    assert raised.value.type in ("invalid_request_error", "not_found_error")
+    assert "no model is registered" in raised.value.message

@@ -55,12 +55,16 @@ Upstream = aiohttp.ClientResponse | ReusedAnswer
 
 
 def openai_error(
-    status: int, message: str, kind: str, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    kind: str,
+    headers: dict[str, str] | None = None,
+    code: str | None = None,
 ) -> JSONResponse:
-    """An error shaped as OpenAI's, so SDKs show its message."""
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "code": status}}, status, headers=headers
-    )
+    """An error shaped as OpenAI's, so SDKs show its message: `code` is the proxy's own code
+    for it (`model_not_found`, as OpenAI's API says it), else the status, as vLLM answers."""
+    error = {"message": message, "type": kind, "code": status if code is None else code}
+    return JSONResponse({"error": error}, status, headers=headers)
 
 
 @dataclass
@@ -105,9 +109,10 @@ def _error_message(text: str) -> str:
     return text[:2000]
 
 
-def _openai_failure(status: int, message: str, kind: str | None = None) -> Response:
+def _openai_failure(status: int, message: str, code: str | None = None) -> Response:
     headers = {"Retry-After": "30"} if status == 503 else None
-    return openai_error(status, message, kind or "invalid_request_error", headers=headers)
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return openai_error(status, message, kind, headers=headers, code=code)
 
 
 class ModelDirectory:
@@ -256,10 +261,14 @@ class LLMProxy:
         and the answer as the harness saw them and `kind` naming the API."""
 
         def failure(
-            status: int, message: str, kind: str | None = None, param: str | None = None
+            status: int,
+            message: str,
+            kind: str | None = None,
+            param: str | None = None,
+            code: str | None = None,
         ) -> Response:
             headers = {"Retry-After": "30"} if status == 503 else None
-            body = api.error_body(status, message, kind, param=param)
+            body = api.error_body(status, message, kind, param=param, code=code)
             return JSONResponse(body, status, headers=headers)
 
         facts = CallFacts(
@@ -383,11 +392,11 @@ class LLMProxy:
         try:
             await self.gate.enter()
         except AdmissionTimeout as timeout:
-            return failure(503, f"{timeout}; retry later", "paused")
+            return failure(503, f"{timeout}; retry later", code="paused")
         target = await self.directory.target(requested, rollout_id)
         if target is None:
             self.gate.exit()
-            return failure(404, _NO_MODEL, "model_not_found")
+            return failure(404, _NO_MODEL, code="model_not_found")
         return target
 
     async def _call(

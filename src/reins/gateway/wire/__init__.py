@@ -92,10 +92,16 @@ class WireApi(Protocol):
     """The recorded `kind` of its calls."""
 
     def error_body(
-        self, status: int, message: str, kind: str | None = None, *, param: str | None = None
+        self,
+        status: int,
+        message: str,
+        kind: str | None = None,
+        *,
+        param: str | None = None,
+        code: str | None = None,
     ) -> dict[str, Any]:
-        """An error in this API's own shape (`param`: the request field at fault, where the
-        shape has a place for it)."""
+        """An error in this API's own shape (`param`: the request field at fault, `code`: the
+        proxy's code for it, e.g. `model_not_found`, where the shape has a place for them)."""
         ...
 
     def overflow_body(self, overflow: Overflow) -> dict[str, Any]:

@@ -82,12 +82,17 @@ _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
 def error_body(
-    status: int, message: str, kind: str | None = None, *, param: str | None = None
+    status: int,
+    message: str,
+    kind: str | None = None,
+    *,
+    param: str | None = None,
+    code: str | None = None,
 ) -> dict[str, Any]:
     """An error in Anthropic's shape, typed by status unless `kind` is one of Anthropic's error
-    types: the proxy's own codes (`model_not_found`, `paused`) are OpenAI-style codes the
-    Anthropic SDK's error types do not know, so a 404 says `not_found_error` as the API does.
-    The shape has no `param`: the message names the field (`_fail`)."""
+    types (an engine's or a caller's other types, `BadRequestError`, are not: the SDK's error
+    types do not know them), so a 404 says `not_found_error` as the API does. The shape has no
+    `param` or `code`: the message names the field (`_fail`)."""
     if kind not in _ANTHROPIC_TYPES:
         kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
     return {"type": "error", "error": {"type": kind, "message": message}}

@@ -82,12 +82,17 @@ _KNOWN = {
 
 
 def error_body(
-    status: int, message: str, kind: str | None = None, *, param: str | None = None
+    status: int,
+    message: str,
+    kind: str | None = None,
+    *,
+    param: str | None = None,
+    code: str | None = None,
 ) -> dict[str, Any]:
     """An error as the OpenAI API answers one: `{"error": {message, type, param, code}}`."""
     kind = kind or _ERROR_TYPES.get(status, "server_error" if status >= 500 else None)
     error = {"message": message, "type": kind or "invalid_request_error", "param": param}
-    return {"error": error | {"code": None}}
+    return {"error": error | {"code": code}}
 
 
 def overflow_body(overflow: Overflow) -> dict[str, Any]:
