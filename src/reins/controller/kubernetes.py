@@ -504,13 +504,10 @@ class KubernetesReconciler:
                     failures = 0
                     # The client yields None for a line that is not an event (an empty line,
                     # JSON cut short): nothing to apply.
-                    if isinstance(event, dict) and event["type"] in (
-                        "ADDED",
-                        "MODIFIED",
-                        "DELETED",
-                    ):
+                    kind = event.get("type") if isinstance(event, dict) else None
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
                         self.watch_events += 1
-                        self._call_soon(self._apply_event, event["type"], event["object"])
+                        self._call_soon(self._apply_event, kind, event["object"])
                     resource_version = watch.resource_version or resource_version
                     if self._stop.is_set():
                         return
