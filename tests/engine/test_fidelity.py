@@ -392,6 +392,27 @@ def test_parallel_tool_calls_stay_one_turn(scripted: ServedEngine) -> None:
     assert answer["token_ids"] == [*ids(scripted, sampled), eos]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream"])
+def test_parallel_tool_calls_false_ends_the_turn_at_the_first_call(
+    scripted: ServedEngine, stream: bool
+) -> None:
+    """OpenAI and vLLM answer `parallel_tool_calls: false` with one call at most (langchain's
+    `with_structured_output(method="function_calling")` sends it): the first `</tool_call>`
+    ends the response, in what is shown and in the token IDs the proxy records."""
+    eos = scripted.tokenizer.eos_token_id
+    first = f"<tool_call>\n{CALL_JSON}\n</tool_call>"
+    lyon = CALL_JSON.replace("Paris", "Lyon")
+    script = [*ids(scripted, f"{first}\n<tool_call>\n{lyon}\n</tool_call>"), eos]
+    say(scripted, QUESTION, script, tools=[WEATHER_TOOL])
+    fields = {"tools": [WEATHER_TOOL], "parallel_tool_calls": False}
+    answer = (streamed_chat if stream else chat)(scripted, QUESTION, **fields)
+    assert calls_of(answer) == [("get_weather", {"city": "Paris"})]
+    assert scripted.engine.decode(answer["token_ids"]) == first
+    assert (answer["finish_reason"], answer["stop_reason"]) == ("tool_calls", "</tool_call>")
+    # Generation ended there: the second call was never sampled.
+    assert answer["usage"]["completion_tokens"] < len(script)
+
+
 def test_tool_call_content_leaves_out_only_the_whitespace_around_the_calls() -> None:
     content, calls = parse_tool_calls(f"  Let me see.\n\n<tool_call>\n{CALL_JSON}\n</tool_call>\n")
     assert (content, len(calls)) == ("  Let me see.", 1)

@@ -78,6 +78,9 @@ class ChatRequest(_Request):
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    """False: one tool call at most (the first `</tool_call>` ends the answer), as OpenAI and
+    vLLM answer; null or true: as many as the model writes."""
     logprobs: bool | None = False
     reins_prefix_token_ids: list[StrictInt] | None = None
     """Token reuse (the gateway's `token_reuse`): an earlier call's prompt and response IDs; when
@@ -232,7 +235,12 @@ class _Api:
             reused = prompt_ids is not None
             if prompt_ids is None:
                 prompt_ids = self._tokens(text)
-            params = self._params(body, len(prompt_ids), tool_calls=bool(tools))
+            params = self._params(
+                body,
+                len(prompt_ids),
+                tool_calls=bool(tools),
+                parallel_tool_calls=body.parallel_tool_calls is not False,
+            )
         except ValidationError as error:
             return _error(400, _validation_message(error))
         except (EngineError, ChatRequestError) as error:
@@ -337,7 +345,12 @@ class _Api:
         raise EngineError(400, "`prompt` must be one string or one list of token IDs (no batches)")
 
     def _params(
-        self, body: _Request, prompt_length: int, *, tool_calls: bool = False
+        self,
+        body: _Request,
+        prompt_length: int,
+        *,
+        tool_calls: bool = False,
+        parallel_tool_calls: bool = True,
     ) -> list[SamplingParams]:
         if prompt_length < 1:
             raise EngineError(400, "the prompt is empty: it needs at least one token")
@@ -364,6 +377,7 @@ class _Api:
                 stop=tuple(s for s in stop if s),
                 stop_token_ids=self.stop_token_ids,
                 tool_calls=tool_calls,
+                parallel_tool_calls=parallel_tool_calls,
                 # Wrapped, as the generator wraps negative seeds: the last seed's n choices fit.
                 seed=None if body.seed is None else (body.seed + index) % 2**64,
             )
@@ -403,7 +417,9 @@ class _Call:
         self.body = body
         self.prompt_ids = prompt_ids
         self.parse_tools = params.tool_calls
-        self.rules = ResponseRules(params.stop, params.stop_token_ids, params.tool_calls)
+        self.rules = ResponseRules(
+            params.stop, params.stop_token_ids, params.tool_calls, params.parallel_tool_calls
+        )
         self.sampled = sampled
         self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())

@@ -17,8 +17,10 @@ harness's next prompt, rendered from what it was shown, starts with the recorded
   stop string starts inside a token, the characters of that token before it are not shown); a
   special token other than end-of-turn (`<|im_start|>` sampled mid-answer) ends it before that
   token; when tools are offered, text after a `</tool_call>` that does not open another call ends
-  it after that `</tool_call>` (the Hermes convention: the calls end the turn). The end-of-turn
-  token itself stays: the template writes it back after the content.
+  it after that `</tool_call>` (the Hermes convention: the calls end the turn); with
+  `parallel_tool_calls: false` the first `</tool_call>` ends it, as OpenAI and vLLM answer such a
+  request with one call at most. The end-of-turn token itself stays: the template writes it back
+  after the content.
 - A tool-call answer's content is the text outside the calls, without the whitespace that
   separates it from them, streamed or not. `SampledTurns` remembers each tool-call answer's text by
   its call IDs: when the harness sends that assistant message back unchanged (its calls may be
@@ -202,6 +204,8 @@ class ResponseRules:
     """Special tokens that end the response and are not part of it (all but end-of-turn)."""
     tool_calls: bool = False
     """Tools are offered: text after a `</tool_call>` that opens no other call ends the turn."""
+    parallel_tool_calls: bool = True
+    """False (the request's `parallel_tool_calls: false`): the first `</tool_call>` ends it."""
 
     @property
     def hold(self) -> int:
@@ -219,13 +223,17 @@ class Settled:
     """The stop string, the special token ID, or `</tool_call>` that ended the response."""
 
 
-def tool_turn_end(text: str, *, final: bool) -> int | None:
+def tool_turn_end(text: str, *, final: bool, parallel: bool = True) -> int | None:
     """Where a tool-call turn ended: the end of the first `</tool_call>` followed, whitespace
     aside, by text that does not open another call (None: no such text). Unless `final`, text
-    that may still become `<tool_call>` does not end the turn."""
+    that may still become `<tool_call>` does not end the turn. Not `parallel`: the end of the
+    first `</tool_call>`, whatever follows (one call at most, as OpenAI and vLLM answer a
+    request with `parallel_tool_calls: false`; the second call is never sampled)."""
     start = 0
     while (found := text.find(TOOL_CALL_CLOSE, start)) >= 0:
         end = found + len(TOOL_CALL_CLOSE)
+        if not parallel:
+            return end
         rest = text[end:].lstrip()
         opening = rest.startswith(TOOL_CALL_OPEN) or (not final and TOOL_CALL_OPEN.startswith(rest))
         if rest and not opening:
@@ -261,7 +269,11 @@ def settle(
     text = decode(tokens)
     found = [(text.find(stop), stop) for stop in rules.stops if stop in text]
     before, stop = min(found) if found else (None, None)
-    after = tool_turn_end(text, final=final) if rules.tool_calls else None
+    after = (
+        tool_turn_end(text, final=final, parallel=rules.parallel_tool_calls)
+        if rules.tool_calls
+        else None
+    )
     if after is not None and (before is None or after <= before):
         count = _covering(tokens, decode, text, after)
         return Settled(count, decode(tokens[:count]), TOOL_CALL_CLOSE)

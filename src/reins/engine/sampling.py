@@ -32,6 +32,9 @@ class SamplingParams:
     tool_calls: bool = False
     """Tools are offered: text after a `</tool_call>` that opens no other call ends the response
     (`chat.tool_turn_end`, checked on the last `TOOL_TURN_TOKENS` tokens)."""
+    parallel_tool_calls: bool = True
+    """False (the request's `parallel_tool_calls: false`): the first `</tool_call>` ends the
+    response, so the answer has one call at most."""
     seed: int | None = None
 
     def generator(self) -> torch.Generator | None:

@@ -484,7 +484,10 @@ class BatchScheduler:
         tail = self.decode(sequence.output_ids[-(window + 2) :])
         if any(stop in tail for stop in params.stop):
             return True
-        return params.tool_calls and tool_turn_end(tail, final=False) is not None
+        return (
+            params.tool_calls
+            and tool_turn_end(tail, final=False, parallel=params.parallel_tool_calls) is not None
+        )
 
     def _join(self, joining: list[Sequence], cache: DynamicCache, mask: torch.Tensor) -> None:
         if self._cache is None or self._mask is None or not self._active:
