@@ -23,8 +23,9 @@ Invariants and decisions:
   name, `namespace` the namespace's. The map back is built from the request's own tools, and
   two tools with one chat name are a 400, so the mapping is never ambiguous. Hosted tools
   (web_search, file_search, mcp, ...) are dropped with a note.
-- `text.format` json_schema / json_object is the chat `response_format` (constrained decoding is
-  kept, as in chat completions: the harness must be able to parse its answer).
+- `text.format` json_schema / json_object is the chat `response_format`, and a function tool's
+  `strict` its chat function's `strict` (constrained decoding is kept, as in chat completions: the
+  harness must be able to parse its answer).
 - Output items: reasoning and text in the order they arrived, one open at a time, then the tool
   calls. Streamed tool calls are held until the engine's finish (the pieces of parallel calls
   may interleave, text may come between them), then sent whole in index order with the engine's
@@ -309,6 +310,11 @@ def _chat_tool(
     if kind == "function":
         parameters = _get(tool, "parameters", dict, "a JSON schema object", path)
         function["parameters"] = parameters or {"type": "object", "properties": {}}
+        # The arguments' constraint, kept as a chat call's is (the Agents SDK sends `strict:
+        # true` on every function tool): an engine that enforces it (vLLM's structured
+        # outputs) sees it, as for `text.format`.
+        if _get(tool, "strict", bool, "true or false", path) is not None:
+            function["strict"] = tool["strict"]
     else:
         function["parameters"] = {
             "type": "object",
