@@ -31,6 +31,8 @@ class Engine:
 
     answer: dict[str, Any] = field(default_factory=dict)
     chunks: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    """The chat requests it received, in order."""
 
 
 @pytest.fixture
@@ -39,7 +41,9 @@ def engine(gateway: Gateway) -> Iterator[Engine]:
     script = Engine()
 
     async def chat(request: Request) -> Response:
-        if not (await request.json()).get("stream"):
+        body = await request.json()
+        script.requests.append(body)
+        if not body.get("stream"):
             return JSONResponse(script.answer)
 
         async def events() -> AsyncIterator[bytes]:
@@ -135,3 +139,17 @@ def test_tool_arguments_reach_the_sdk_as_recorded(
     (call,) = recorded(gateway)
     assert (call["status"], call["error"]) == (200, None)  # a trainable call
     assert call["response"]["content"] == content
+
+
+def test_a_strict_tool_reaches_the_engine_as_a_strict_function(
+    gateway: Gateway, engine: Engine
+) -> None:
+    """Strict tool use (`strict: true`: the input must follow the schema) is the harness's
+    constraint: the engine gets it as the chat function's `strict`, which vLLM enforces (it was
+    dropped)."""
+    engine.answer = tool_answer('{"x": 1}')
+    tools: Any = [{**TOOLS[0], "strict": True}, {"name": "g", "input_schema": {"type": "object"}}]
+    message = sdk(gateway).messages.create(model="m", max_tokens=8, messages=MESSAGES, tools=tools)
+    assert message.stop_reason == "tool_use"
+    functions = [tool["function"] for tool in engine.requests[-1]["tools"]]
+    assert [(f["name"], f.get("strict")) for f in functions] == [("f", True), ("g", None)]

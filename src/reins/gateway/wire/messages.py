@@ -443,6 +443,10 @@ def _tools_and_choice(body: dict[str, Any], chat: dict[str, Any], notes: list[st
         function: dict[str, Any] = {"name": name, "parameters": schema}
         if isinstance(description, str) and description:
             function["description"] = description
+        # Strict tool use (the input must follow the schema): kept as the chat function's
+        # `strict`, the constraint an engine that enforces it (vLLM) reads, not dropped.
+        if isinstance(tool.get("strict"), bool):
+            function["strict"] = tool["strict"]
         tools.append({"type": "function", "function": function})
     choice = _tool_choice(body.get("tool_choice"), tools)
     if tools:  # without tools, the engine is asked for no tool choice
