@@ -172,7 +172,7 @@ def test_count_tokens_request_is_the_conversation_and_tools_without_max_tokens()
         {"tools": [BASH], "tool_choice": {"type": "none"}},
         {"tools": [BASH], "tool_choice": {"type": "tool", "name": "Bash"}},
         {"thinking": {"type": "disabled"}},
-        {"thinking": {"type": "enabled", "budget_tokens": 1024}},
+        {"thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 2048},
     ],
     ids=["tool-choice-none", "tool-choice-named", "thinking-off", "thinking-on"],
 )
@@ -401,6 +401,47 @@ BAD_REQUESTS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
         "messages[0].content[0].input",
         "object",
     ),
+    # The ranges and emptiness Anthropic's API refuses with a 400, refused here too: a harness
+    # trained through the proxy meets the errors it meets when deployed.
+    "temperature above 1": (lambda b: b.update(temperature=1.5), "temperature", "0 to 1"),
+    "negative temperature": (lambda b: b.update(temperature=-0.1), "temperature", "0 to 1"),
+    "top_p above 1": (lambda b: b.update(top_p=1.01), "top_p", "0 to 1"),
+    "negative top_k": (lambda b: b.update(top_k=-1), "top_k", "0 or more"),
+    "empty stop sequence": (
+        lambda b: b.update(stop_sequences=["</done>", ""]),
+        "stop_sequences",
+        "non-whitespace",
+    ),
+    "whitespace stop sequence": (
+        lambda b: b.update(stop_sequences=["\n"]),
+        "stop_sequences",
+        "non-whitespace",
+    ),
+    "thinking budget below 1024": (
+        lambda b: b.update(thinking={"type": "enabled", "budget_tokens": 1000}, max_tokens=4000),
+        "thinking.budget_tokens",
+        "1024 or more",
+    ),
+    "thinking budget not below max_tokens": (
+        lambda b: b.update(thinking={"type": "enabled", "budget_tokens": 2000}, max_tokens=2000),
+        "max_tokens",
+        "greater than thinking.budget_tokens (2000)",
+    ),
+    "empty user content": (
+        lambda b: b["messages"].insert(0, user("")),
+        "messages[0]",
+        "non-empty content",
+    ),
+    "no blocks in an assistant message": (
+        lambda b: b["messages"].extend([{"role": "assistant", "content": []}, user()]),
+        "messages[1]",
+        "non-empty content",
+    ),
+    "empty text block": (
+        lambda b: b["messages"][0]["content"].append({"type": "text", "text": ""}),
+        "messages[0].content[1].text",
+        "must be non-empty",
+    ),
 }
 
 
@@ -493,7 +534,7 @@ def test_max_tokens_stop_sequence_and_abort_finishes() -> None:
 
 
 def test_reasoning_is_a_thinking_block_only_when_the_request_enabled_thinking() -> None:
-    on = translate(body(thinking={"type": "enabled", "budget_tokens": 1024}))
+    on = translate(body(thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=2048))
     message = anthropic.types.Message.model_validate(
         on.answer(engine_answer("4", reasoning="2+2=4"))
     )

@@ -26,6 +26,11 @@ Request, block by block:
   a new turn; an empty one after a user message (nothing to continue; Anthropic accepts it) is
   dropped, noted. Fields this engine cannot honour (`output_config`, `context_management`,
   `mcp_servers`, unknown ones) are noted; `metadata`, `service_tier`, `container` are ignored.
+- What Anthropic's API refuses with a 400 is refused here too, so a harness meets the same
+  errors in training as when deployed: `temperature` or `top_p` outside 0-1, a negative `top_k`,
+  a stop sequence without non-whitespace, a thinking `budget_tokens` below 1,024 or not below
+  `max_tokens`, a message with empty content (the optional final assistant one aside), an empty
+  text block.
 
 Answer: the engine's call ids are kept as the `tool_use` ids (the harness sends them back and the
 next request maps them to the same `tool_call_id`); an engine call without an id gets `toolu_...`.
@@ -169,21 +174,29 @@ def translate(body: dict[str, Any]) -> Translation:
             f"messages[{len(body['messages']) - 1}]",
         )
     chat["max_tokens"] = max_tokens
+    budget = _thinking_budget(body.get("thinking"))
+    if budget is not None and max_tokens <= budget:
+        raise _fail(
+            f"must be greater than thinking.budget_tokens ({budget}), which it includes",
+            "max_tokens",
+        )
     for field in ("temperature", "top_p"):
         value = body.get(field)
         if value is not None:
-            if not _is_number(value):
-                raise _fail("must be a number", field)
+            if not _is_number(value) or not 0 <= value <= 1:
+                raise _fail("must be a number from 0 to 1", field)
             chat[field] = value
     top_k = body.get("top_k")
     if top_k is not None:
-        if not _is_int(top_k):
-            raise _fail("must be an integer", "top_k")
+        if not _is_int(top_k) or top_k < 0:
+            raise _fail("must be an integer of 0 or more", "top_k")
         chat["top_k"] = top_k
     stops = body.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
             raise _fail("must be a list of strings", "stop_sequences")
+        if not all(s.strip() for s in stops):
+            raise _fail("each stop sequence must contain non-whitespace", "stop_sequences")
         if stops:
             chat["stop"] = stops
     stream = body.get("stream")
@@ -256,6 +269,18 @@ def _thinking(value: Any, notes: list[str]) -> bool | None:
     return enabled
 
 
+def _thinking_budget(value: Any) -> int | None:
+    """An enabled thinking's `budget_tokens`, checked as Anthropic checks it (at least 1,024,
+    and below `max_tokens`, which counts the thinking): the engine does not enforce it, but a
+    request the API refuses is refused here too, so the harness meets the same errors."""
+    if not isinstance(value, dict) or value.get("type") != "enabled":
+        return None
+    budget = value.get("budget_tokens")
+    if not _is_int(budget) or budget < 1024:
+        raise _fail("required: an integer of 1024 or more", "thinking.budget_tokens")
+    return budget
+
+
 def _note_ignored(body: dict[str, Any], notes: list[str]) -> None:
     output_config = body.get("output_config")
     if isinstance(output_config, dict) and output_config:
@@ -300,6 +325,14 @@ def _conversation(body: dict[str, Any], notes: list[str]) -> list[dict[str, Any]
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
             raise _fail("must be a string or a list of content blocks", f"{where}.content")
+        if not content and not (role == "assistant" and i == len(raw) - 1):
+            raise _fail(
+                "all messages must have non-empty content except for the optional final "
+                "assistant message",
+                where,
+            )
+        if i < len(raw) - 1 or role == "user":
+            _no_empty_text(blocks, f"{where}.content")
         if role == "user":
             out.extend(_user(blocks, f"{where}.content", answered))
         else:
@@ -327,6 +360,14 @@ def _unknown(kind: str, position: str, role: str) -> WireError:
     return _fail(
         f"unknown or unsupported content block type {kind!r} in a {role} message", position
     )
+
+
+def _no_empty_text(blocks: list[Any], where: str) -> None:
+    """Anthropic refuses an empty text block in a message (the optional final assistant one
+    aside, which `_prompt` drops when empty)."""
+    for j, block in enumerate(blocks):
+        if isinstance(block, dict) and block.get("type") == "text" and block.get("text") == "":
+            raise _fail("text content blocks must be non-empty", f"{where}[{j}].text")
 
 
 def _block_text(block: dict[str, Any], position: str) -> str:
