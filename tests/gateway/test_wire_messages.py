@@ -522,7 +522,7 @@ def test_the_next_request_maps_an_answered_tool_use_back_to_the_same_call_id() -
 
 
 def test_max_tokens_stop_sequence_and_abort_finishes() -> None:
-    length = translate(body()).answer(engine_answer("cut sh", finish="length"))
+    length = translate(body(max_tokens=7)).answer(engine_answer("cut sh", finish="length"))
     assert length["stop_reason"] == "max_tokens"
     stopped = translate(body(stop_sequences=["END"])).answer(
         engine_answer("done", stop_reason="END")
@@ -887,9 +887,38 @@ def test_a_streamed_answer_cut_by_max_tokens() -> None:
         chunk({"content": " answ"}, "length"),
         USAGE,
     ]
-    datas, final = check_stream(translate(body(stream=True)), chunks)
+    datas, final = check_stream(translate(body(stream=True, max_tokens=7)), chunks)
     assert datas[-2]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
     assert final.stop_reason == "max_tokens" and final.content[0].text == "a long answ"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream"])
+def test_a_length_finish_short_of_max_tokens_is_the_context_windows_end(stream: bool) -> None:
+    """The engine ends an answer at its context's end with `length`, as at `max_tokens`: fewer
+    tokens than the limit the engine got tell them apart, as Anthropic's newer models do (Claude
+    Code then says the context is full, not that the answer passed its 64k `max_tokens`). A
+    mode's lower limit is the one the engine got (`sent_to_engine`)."""
+
+    def stop_reason(harness_max: int, engine_max: int | None) -> Any:
+        translation = translate(body(stream=stream, max_tokens=harness_max))
+        if engine_max is not None:
+            translation.sent_to_engine({**translation.chat_request(), "max_tokens": engine_max})
+        if not stream:
+            return translation.answer(engine_answer("a long answ", finish="length"))["stop_reason"]
+        chunks = [
+            chunk({"role": "assistant", "content": "a long"}),
+            chunk({"content": " answ"}, "length"),
+            USAGE,
+        ]
+        datas, final = check_stream(translation, chunks)
+        assert datas[-2]["delta"]["stop_reason"] == final.stop_reason
+        return final.stop_reason
+
+    made = 9 if stream else 7  # the completion tokens of the engine's usage
+    assert stop_reason(64000, None) == "model_context_window_exceeded"
+    assert stop_reason(64000, made) == "max_tokens"  # a mode's limit met
+    assert stop_reason(64000, made + 1) == "model_context_window_exceeded"
+    assert stop_reason(made, None) == "max_tokens"
 
 
 def test_streamed_reasoning_is_a_thinking_block_before_the_text_when_enabled() -> None:

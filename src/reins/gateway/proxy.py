@@ -308,6 +308,7 @@ class LLMProxy:
             )
             sent["stream"] = translation.stream
             self._apply_mode(mode, sent, facts)
+            translation.sent_to_engine(sent)
             if self.reuse is not None:
                 self.reuse.prepare((rollout_id, attempt_id), body, sent, target.endpoints[0])
             started = time.perf_counter()

@@ -63,6 +63,11 @@ class Translation(Protocol):
         """The engine's chat-completions body, without `model` (the proxy sets it)."""
         ...
 
+    def sent_to_engine(self, body: dict[str, Any]) -> None:
+        """The chat body the engine got, the mode's sampling policy applied (a mode's
+        `max_tokens` may be lower than the harness's): what its answer is read against."""
+        ...
+
     def answer(self, chat: dict[str, Any]) -> dict[str, Any]:
         """This API's answer from the engine's chat completion."""
         ...

@@ -32,7 +32,10 @@ Request, block by block:
   `max_tokens`, a message with empty content (the optional final assistant one aside), an empty
   text block.
 
-Answer: the engine's call ids are kept as the `tool_use` ids (the harness sends them back and the
+Answer: an answer the engine ended for its length with fewer tokens than the limit it got
+(`sent_to_engine`: the harness's `max_tokens` or a mode's lower one) met the context's end:
+`stop_reason: model_context_window_exceeded`, as Anthropic's newer models say; else `max_tokens`.
+The engine's call ids are kept as the `tool_use` ids (the harness sends them back and the
 next request maps them to the same `tool_call_id`); an engine call without an id gets `toolu_...`.
 Tool arguments that are not a JSON object are shown as text, with a note. The engine's reasoning
 becomes a `thinking` block (empty signature) only when the request enabled thinking. Streamed tool
@@ -560,10 +563,17 @@ class Translation:
         self._input_tokens: int | None = None
         self._output_tokens: int | None = None
         self._token_count = 0
+        self._limit: int | None = chat.get("max_tokens")
 
     def chat_request(self) -> dict[str, Any]:
         """The engine's chat request (without `model`: the proxy sets it)."""
         return dict(self._chat)
+
+    def sent_to_engine(self, body: dict[str, Any]) -> None:
+        """Its length limit (the harness's `max_tokens`, or a mode's lower one): an answer the
+        engine ended for its length before that many tokens met the context's end."""
+        limits = [body.get(key) for key in ("max_tokens", "max_completion_tokens")]
+        self._limit = min((n for n in limits if _is_int(n)), default=None)
 
     def answer(self, chat: dict[str, Any]) -> dict[str, Any]:
         """The Messages answer for the engine's chat completion: built as a stream of one chunk
@@ -587,6 +597,7 @@ class Translation:
             stops=self._stops,
         )
         twin._id = self._id
+        twin._limit = self._limit
         if chat.get("error") is not None:  # answered as the stream answers one: an error
             twin.stream_events({"error": chat["error"]})
         prompt = chat.get("prompt_token_ids")
@@ -697,7 +708,13 @@ class Translation:
 
     def _stop_reason(self) -> str:
         if self._finish == "length":
-            return "max_tokens"
+            # Fewer tokens than the limit: the context's end stopped it. Anthropic's newer models
+            # say so, and Claude Code then reports the context's limit, not an answer longer
+            # than `max_tokens` (it asks for 32k-64k, whatever the model's context).
+            short = self._output_tokens is not None and (
+                self._limit is not None and self._output_tokens < self._limit
+            )
+            return "model_context_window_exceeded" if short else "max_tokens"
         if any(block["type"] == "tool_use" for block in self._blocks):
             return "tool_use"
         if self._stop_string is not None:

@@ -597,6 +597,10 @@ class Translation:
         """The engine's chat-completions body (without `model`: the proxy sets it)."""
         return dict(self._chat)
 
+    def sent_to_engine(self, body: dict[str, Any]) -> None:
+        """Nothing to read: an answer the length limit ended is `max_output_tokens` whichever
+        limit it met (OpenAI's API has no reason for a context's end)."""
+
     def answer(self, chat: dict[str, Any]) -> dict[str, Any]:
         """The `Response` object for the engine's (non-streamed) chat completion."""
         self._started = True  # one object, no events: the opening events are not made
