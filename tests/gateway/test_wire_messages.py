@@ -259,6 +259,53 @@ def test_tool_results_come_before_the_text_of_the_same_user_message() -> None:
     ]
 
 
+def test_consecutive_messages_of_one_role_are_one_turn_as_anthropic_joins_them() -> None:
+    """Anthropic combines consecutive user (or assistant) messages into one turn; sent apart,
+    a chat template renders two turns, and one that needs alternating roles refuses them."""
+    split = [
+        user("List the files"),
+        user([{"type": "text", "text": "in /tmp"}]),
+        {"role": "assistant", "content": "Looking."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "call_7", "name": "Bash", "input": {"command": "ls"}}
+            ],
+        },
+        user([{"type": "tool_result", "tool_use_id": "call_7", "content": "a"}]),
+        user("and then?"),
+    ]
+    translation = translate(body(*split))
+    assert translation.chat_request()["messages"] == [
+        {"role": "user", "content": "List the files\nin /tmp"},
+        {
+            "role": "assistant",
+            "content": "Looking.",
+            "tool_calls": [
+                {
+                    "id": "call_7",
+                    "type": "function",
+                    "function": {"name": "Bash", "arguments": '{"command": "ls"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_7", "content": "a"},
+        {"role": "user", "content": "and then?"},
+    ]
+    assert [note.split(" joined")[0] for note in translation.notes] == [
+        "messages[1]",
+        "messages[3]",
+        "messages[5]",
+    ]
+    # A system message between two user messages keeps them apart, as it is its own turn.
+    apart = translate(body(user("a"), {"role": "system", "content": "s"}, user("b")))
+    assert [m["role"] for m in apart.chat_request()["messages"]] == ["user", "system", "user"]
+    # A refusal still names the block where it was sent.
+    with pytest.raises(WireError) as raised:
+        translate(body(user("hi"), user([{"type": "hologram"}])))
+    assert raised.value.param == "messages[1].content[0]"
+
+
 def test_an_error_tool_result_is_marked_in_its_content() -> None:
     turn = user(
         [

@@ -8,9 +8,12 @@ Request, block by block:
   inside `messages` (Claude Code sends one) stays a system message at its place. Text blocks are
   joined with a newline, as vLLM joins a chat message's text parts, so every engine sees the same
   prompt; `cache_control` anywhere is ignored.
+- Consecutive messages of one role are one turn, as Anthropic combines them: one chat message
+  (their text joined with a newline, an assistant turn's calls together), noted; a `role:
+  "system"` message between them keeps them apart.
 - `tool_use` blocks become the assistant message's `tool_calls` (`arguments` = the `input` as
   JSON) with the same id; `tool_result` blocks become `tool` messages, placed before the text of
-  the same user message (the order a chat template needs). A result whose `is_error` is true gets
+  the same user turn (the order a chat template needs). A result whose `is_error` is true gets
   its content prefixed with `Error: `, the only way a chat message can say so. A result must
   answer the id of an earlier `tool_use`.
 - `thinking` blocks in the history become the assistant message's `reasoning_content`: it is the
@@ -313,7 +316,9 @@ def _conversation(body: dict[str, Any], notes: list[str]) -> list[dict[str, Any]
         raise _fail("required: a list of messages", "messages")
     if not raw:
         raise _fail("at least one message is required", "messages")
-    answered: set[str] = set()
+    turns: list[tuple[str, list[tuple[str, Any]]]] = []
+    """Each turn's role and its messages' (position, content): a user or assistant turn's
+    content is its blocks."""
     for i, message in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -321,7 +326,7 @@ def _conversation(body: dict[str, Any], notes: list[str]) -> list[dict[str, Any]
         role = message.get("role")
         content = message.get("content")
         if role == "system":
-            out.append({"role": "system", "content": _text(content, f"{where}.content")})
+            turns.append(("system", [(f"{where}.content", content)]))
             continue
         if role not in ("user", "assistant"):
             raise _fail(f"role must be user, assistant or system, not {role!r}", f"{where}.role")
@@ -336,10 +341,22 @@ def _conversation(body: dict[str, Any], notes: list[str]) -> list[dict[str, Any]
             )
         if i < len(raw) - 1 or role == "user":
             _no_empty_text(blocks, f"{where}.content")
-        if role == "user":
-            out.extend(_user(blocks, f"{where}.content", answered))
+        if turns and turns[-1][0] == role:
+            # Anthropic combines consecutive messages of one role into one turn: so does the
+            # chat request (a template that needs alternating roles would refuse them apart).
+            turns[-1][1].append((f"{where}.content", blocks))
+            notes.append(f"{where} joined to the {role} turn before it, as Anthropic joins them")
         else:
-            out.append(_assistant(blocks, f"{where}.content", answered, notes))
+            turns.append((role, [(f"{where}.content", blocks)]))
+    answered: set[str] = set()
+    for role, parts in turns:
+        if role == "system":
+            ((where, content),) = parts
+            out.append({"role": "system", "content": _text(content, where)})
+        elif role == "user":
+            out.extend(_user(parts, answered))
+        else:
+            out.append(_assistant(parts, answered, notes))
     return out
 
 
@@ -394,10 +411,15 @@ def _text(value: Any, where: str) -> str:
     return "\n".join(texts)
 
 
-def _user(blocks: list[Any], where: str, answered: set[str]) -> list[dict[str, Any]]:
+def _turn_blocks(parts: list[tuple[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(type, position, block) of each block of a turn's messages, in order."""
+    return [item for where, blocks in parts for item in _blocks(blocks, where)]
+
+
+def _user(parts: list[tuple[str, Any]], answered: set[str]) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     texts: list[str] = []
-    for kind, position, block in _blocks(blocks, where):
+    for kind, position, block in _turn_blocks(parts):
         if kind == "text":
             texts.append(_block_text(block, position))
         elif kind == "tool_result":
@@ -428,12 +450,12 @@ def _tool_result(block: dict[str, Any], position: str, answered: set[str]) -> di
 
 
 def _assistant(
-    blocks: list[Any], where: str, answered: set[str], notes: list[str]
+    parts: list[tuple[str, Any]], answered: set[str], notes: list[str]
 ) -> dict[str, Any]:
     texts: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
-    for kind, position, block in _blocks(blocks, where):
+    for kind, position, block in _turn_blocks(parts):
         if kind == "text":
             texts.append(_block_text(block, position))
         elif kind == "tool_use":
