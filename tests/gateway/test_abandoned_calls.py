@@ -8,10 +8,16 @@ tests/harness/test_abandoned_calls.py. A call still in flight when its rollout e
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import sqlite3
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -98,6 +104,56 @@ def test_a_finished_call_is_not_abandoned(gateway: Gateway, token: str) -> None:
     assert response.status_code == 200, response.text
     (call,) = recorded_calls(gateway, 1)
     assert (call["status"], call["abandoned"]) == (200, False)
+
+
+@contextlib.contextmanager
+def event_writes_held(database_url: str) -> Iterator[None]:
+    """The gateway's event inserts wait meanwhile: SQLite's write lock, or PostgreSQL's `events`
+    table locked against writes (reads go on), taken from this process."""
+    if database_url.startswith("sqlite"):
+        db = sqlite3.connect(database_url.split(":///", 1)[1], timeout=30, isolation_level=None)
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            db.execute("ROLLBACK")
+            db.close()
+        return
+    locked, release = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        conn = await asyncpg.connect(database_url.replace("+asyncpg", ""))
+        try:
+            async with conn.transaction():
+                await conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")
+                locked.set()
+                await asyncio.to_thread(release.wait)
+        finally:
+            await conn.close()
+
+    holder = threading.Thread(target=asyncio.run, args=(hold(),))
+    holder.start()
+    try:
+        assert locked.wait(30), "the events table was not locked"
+        yield
+    finally:
+        release.set()
+        holder.join()
+
+
+def test_a_call_whose_client_left_while_its_record_was_written_is_recorded_once(
+    gateway: Gateway, token: str, database_url: str
+) -> None:
+    """A call waits for its record's commit before its answer (on PostgreSQL always; on SQLite
+    the attempt's first call, which the call journal cannot take yet). Its client timing out
+    meanwhile cancelled the wait, not the write: the call was recorded twice, its answer and
+    once more as abandoned. A call whose record is being written is a recorded call, as a
+    stream's is."""
+    headers = {"Authorization": f"Bearer {token}"}
+    with event_writes_held(database_url), pytest.raises(httpx.ReadTimeout):
+        httpx.post(url(gateway), json={"messages": MESSAGES}, headers=headers, timeout=1.0)
+    calls = recorded_calls(gateway, 2, within_s=3.0)  # the second (the bug's) lands within it
+    assert [(call["status"], call["abandoned"]) for call in calls] == [(200, False)]
 
 
 # -- calls in flight when the rollout ends ------------------------------------------------------

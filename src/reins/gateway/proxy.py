@@ -15,6 +15,7 @@ import time
 import uuid
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +90,16 @@ class _Failed:
     overflow: Overflow | None = None
     """The engine refused the prompt as too long for its context (said in each API's words)."""
 
+
+@dataclass
+class _Recording:
+    """Whether a non-streamed call's own record is being written (`LLMProxy.unless_abandoned`)."""
+
+    started: bool = False
+
+
+_RECORDING: ContextVar[_Recording | None] = ContextVar("reins_proxy_recording", default=None)
+"""Set by `unless_abandoned` around its work, whose task inherits it: `_record` marks it."""
 
 _NO_MODEL = "no model is registered at the gateway; the trainer registers one: POST /api/models"
 
@@ -820,6 +831,8 @@ class LLMProxy:
 
         A call whose attempt closed while it ran (its rollout ended, or a retry superseded it)
         is answered 409, in the API's error shape, and not recorded (`_record`)."""
+        recording = _Recording()
+        context = _RECORDING.set(recording)  # the work's task starts with it: `_record` marks it
         try:
             result = await unless_client_leaves(receive, work)
         except Conflict as closed:
@@ -827,8 +840,15 @@ class LLMProxy:
             if wire is not None:
                 return JSONResponse(wire.error_body(409, message), 409)
             return openai_error(409, message, "invalid_request_error")
+        finally:
+            _RECORDING.reset(context)
         if not isinstance(result, ClientLeft):
             return result
+        if recording.started:
+            # The client left while the call's record was written: cancelling the wait for
+            # the commit does not stop the write, and the call stands recorded as it was (a
+            # stream whose client leaves then is too); one more record would double it.
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         target = await self.directory.target(body.get("model"), rollout_id)
         facts = CallFacts(
             kind="completions" if wire is None and "prompt" in body else "chat",
@@ -848,6 +868,9 @@ class LLMProxy:
     async def _record(self, rollout_id: str, attempt_id: int, records: list[ModelRequest]) -> None:
         if not records:
             return
+        recording = _RECORDING.get()
+        if recording is not None:
+            recording.started = True
         if self.reuse is not None:
             self.reuse.recorded(records)
         events = [
