@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import free_port, running_gateway
+from tests.support import PostgresServer, free_port, running_gateway
 
 
 def test_gateway_command_serves_with_flags(tmp_path: Path) -> None:
@@ -69,6 +69,57 @@ def test_model_prepare_prints_a_ready_model_folder() -> None:
     assert (folder / "config.json").is_file()
     assert (folder / "reins-prepared.json").is_file()
     assert (folder / "tokenizer_config.json").is_file()
+
+
+def refused_gateway(database: str) -> subprocess.CompletedProcess[str]:
+    """`reins gateway --db DATABASE`, which must end at once (a gateway that served would run
+    until the timeout)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reins.cli",
+            "gateway",
+            "--db",
+            database,
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "REINS_API_KEY": "k"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("database", "words"),
+    [
+        (
+            f"postgresql://reins:secret@127.0.0.1:{free_port()}/runs",
+            "cannot reach the database postgresql+asyncpg://reins:***@127.0.0.1:",
+        ),
+        ("/proc/no-such-folder/gateway.db", "cannot open the SQLite database /proc/no-such"),
+    ],
+    ids=["no-server", "unwritable-file"],
+)
+def test_a_database_that_cannot_be_opened_is_one_line_not_a_traceback(
+    database: str, words: str
+) -> None:
+    """Uvicorn reported a database failing at startup as a traceback of its lifespan machinery
+    (the cause at the bottom), and `store:` printed the URL's password."""
+    result = refused_gateway(database)
+    assert result.returncode == 1, result.stderr
+    assert words in result.stderr
+    assert "Traceback" not in result.stderr and "secret" not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_database_the_server_does_not_have_is_named(postgres: PostgresServer) -> None:
+    result = refused_gateway(postgres.url("no_such_database"))
+    assert result.returncode == 1, result.stderr
+    assert 'refused the connection: database "no_such_database" does not exist' in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_model_prepare_refuses_an_unknown_dtype() -> None:
@@ -139,3 +190,16 @@ def test_servers_leave_their_startup_objects_out_of_full_collections(
     assert int(frozen) > 20_000
     assert int(unfrozen) < int(frozen) // 100
     assert collected == "True"
+
+
+def test_python_dash_m_reins_is_the_reins_command() -> None:
+    """For an environment whose scripts are not on PATH (it said: 'reins' is a package and
+    cannot be directly executed)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "reins", "gateway", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Serve the API Gateway" in result.stdout

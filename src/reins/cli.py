@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Annotated
@@ -129,8 +130,10 @@ def gateway(
 ) -> None:
     """Serve the API Gateway: rollouts, events, models (and the LLM proxy)."""
     import uvicorn
+    from sqlalchemy import make_url
 
     from reins.gateway import GatewaySettings, create_app
+    from reins.gateway.store.reachable import DatabaseUnreachable, check_reachable
     from reins.serving import freeze_startup_objects
 
     overrides: dict[str, object] = {}
@@ -145,7 +148,13 @@ def gateway(
         console.print(
             f"[bold]admin key[/bold] (set REINS_API_KEY to choose one): {settings.api_key}"
         )
-    console.print(f"store: {settings.database_url}")
+    shown = make_url(settings.database_url).render_as_string(hide_password=True)
+    console.print(f"store: {shown}")
+    try:
+        asyncio.run(check_reachable(settings.database_url))
+    except DatabaseUnreachable as error:
+        console.print(f"[red]reins gateway: {error}[/red]")
+        raise typer.Exit(1) from None
     gateway_app = create_app(settings)
     freeze_startup_objects()
     uvicorn.run(gateway_app, host=host, port=port, access_log=access_log, log_level="info")

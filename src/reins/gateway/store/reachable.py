@@ -1,0 +1,52 @@
+"""Whether the gateway's database can be opened, said in one line: `reins gateway` checks it
+before it serves, since a database that fails in the app's startup is reported by the ASGI
+server as a traceback of its own lifespan machinery, the cause at the bottom."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+class DatabaseUnreachable(Exception):
+    """The database cannot be opened; the message says which, why, and what to check."""
+
+
+async def check_reachable(url: str) -> None:
+    """Opens one connection to the database at `url` (a SQLite file: creates its folder and the
+    file, as the gateway would); raises `DatabaseUnreachable` saying why it cannot."""
+    shown = sa.make_url(url).render_as_string(hide_password=True)
+    if url.startswith("sqlite"):
+        path = url.split(":///", 1)[1]
+        if not path or path == ":memory:":
+            return
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            sqlite3.connect(path).close()
+        except (OSError, sqlite3.Error) as error:
+            raise DatabaseUnreachable(
+                f"cannot open the SQLite database {path}: {error}; name a file in a folder "
+                "this user may write (--db or REINS_DATABASE_URL)"
+            ) from error
+        return
+    engine = create_async_engine(url, connect_args={"timeout": CONNECT_TIMEOUT_S})
+    try:
+        async with engine.connect():
+            pass
+    except OSError as error:  # refused, no such host, timed out
+        reason = error.strerror or str(error) or type(error).__name__
+        raise DatabaseUnreachable(
+            f"cannot reach the database {shown}: {reason}; is the server running and "
+            "listening at that host and port?"
+        ) from error
+    except sa.exc.DBAPIError as error:  # the server answered: no such database, login refused
+        raise DatabaseUnreachable(
+            f"the database {shown} refused the connection: {error.orig}"
+        ) from error
+    finally:
+        await engine.dispose()
