@@ -58,7 +58,12 @@ class GatewayError(Exception):
     """The gateway refused a call (4xx), or kept failing after every retry."""
 
     def __init__(self, status_code: int, message: str) -> None:
-        super().__init__(f"gateway answered {status_code}: {message}")
+        # 0: no answer at all (refused, unreachable, cut off): says so, not "answered 0".
+        super().__init__(
+            f"cannot reach the gateway at {message}"
+            if status_code == 0
+            else f"gateway answered {status_code}: {message}"
+        )
         self.status_code = status_code
         self.message = message
 
@@ -145,7 +150,8 @@ class GatewayClient:
             try:
                 response = await self._http.request(method, path, **kwargs)
             except httpx.TransportError as error:
-                failure = GatewayError(0, f"{method} {path}: {error!r}")
+                where = self._http.base_url
+                failure = GatewayError(0, f"{where} ({method} {path}: {error!r}); is it running?")
                 failure.__cause__ = error
             else:
                 if response.status_code < 500:

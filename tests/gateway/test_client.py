@@ -10,6 +10,7 @@ import pytest
 from reins.client import GatewayClient, GatewayError
 from reins.schemas import EventIn, ModelEndpointIn, RolloutSpec
 from tests.conftest import Gateway
+from tests.support import free_port
 
 
 class Flaky(httpx.AsyncBaseTransport):
@@ -199,6 +200,17 @@ async def test_giving_up_after_max_retries(gateway: Gateway) -> None:
         with pytest.raises(GatewayError):
             await gw.list_models()
     assert gw.retries == 2
+
+
+async def test_no_gateway_at_the_address_is_said_as_such() -> None:
+    """No answer at all read "gateway answered 0: GET ... ConnectError(...)"."""
+    url = f"http://127.0.0.1:{free_port()}"
+    async with GatewayClient(url, "k", backoff_s=0.001, max_retries=0) as gw:
+        with pytest.raises(GatewayError) as raised:
+            await gw.list_models()
+    assert raised.value.status_code == 0
+    assert str(raised.value).startswith(f"cannot reach the gateway at {url} (GET /api/models: ")
+    assert str(raised.value).endswith("is it running?")
 
 
 async def test_calls_are_retried_for_a_time_not_a_count(gateway: Gateway) -> None:
