@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import torch
 
 from reins.allocator import return_freed_memory
+from reins.engine.folder import check_model_folder
 from reins.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from reins.engine.sampling import SamplingParams
 from reins.engine.scheduler import BatchScheduler, Sequence
@@ -129,6 +130,7 @@ class EmbeddedEngine:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, not {dtype!r}")
         folder = Path(path)
+        check_model_folder(folder)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype])
         model = model.to(device)
