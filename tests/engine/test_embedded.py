@@ -821,6 +821,24 @@ def test_body_that_is_not_json_is_400(embedded: ServedEngine) -> None:
     assert_openai_error(response, 400, "not JSON")
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/chat/completions", '{"messages": [{"role": "user", "content": "a\\ud800b"}]}'),
+        ("/completions", '{"prompt": "a\\ud800b", "max_tokens": 2}'),
+    ],
+    ids=["chat", "completions"],
+)
+def test_an_unpaired_surrogate_is_400_not_500(embedded: ServedEngine, path: str, body: str) -> None:
+    """JSON can escape one and Python's reader takes it; the tokenizer then raised a TypeError."""
+    response = httpx.post(
+        f"{embedded.base_url}{path}",
+        content=body.replace("{", f'{{"model": "{embedded.name}", ', 1),
+        headers={"content-type": "application/json"},
+    )
+    assert_openai_error(response, 400, "'\\ud800', an unpaired UTF-16 surrogate")
+
+
 def test_invalid_field_is_400(embedded: ServedEngine) -> None:
     body = {"model": embedded.name, "messages": OPEN_QUESTION, "temperature": "hot"}
     assert_openai_error(post(embedded, "/chat/completions", body), 400, "temperature")

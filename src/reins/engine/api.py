@@ -310,6 +310,17 @@ class _Api:
             raise EngineError(400, message) from error
 
     def _tokens(self, text: str) -> list[int]:
+        if not text.isascii():
+            try:
+                text.encode()
+            except UnicodeEncodeError as error:
+                # JSON may escape one (`"\\ud800"`) and Python's reader takes it; the tokenizer
+                # then failed with a TypeError (a 500).
+                raise EngineError(
+                    400,
+                    f"the request's text holds {text[error.start : error.end]!r}, an unpaired "
+                    "UTF-16 surrogate, which has no UTF-8 form: send valid Unicode",
+                ) from error
         return list(self.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _reuse(self, prefix_ids: list[int] | None, text: str) -> list[int] | None:
@@ -334,7 +345,7 @@ class _Api:
         self, prompt: str | list[int] | list[str] | list[list[int]]
     ) -> list[int]:
         if isinstance(prompt, str):
-            return list(self.engine.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            return self._tokens(prompt)
         if prompt and all(isinstance(item, int) for item in prompt):
             vocab = len(self.engine.tokenizer)
             if any(not 0 <= item < vocab for item in prompt):  # type: ignore[operator]
