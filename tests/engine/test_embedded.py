@@ -839,6 +839,32 @@ def test_an_unpaired_surrogate_is_400_not_500(embedded: ServedEngine, path: str,
     assert_openai_error(response, 400, "'\\ud800', an unpaired UTF-16 surrogate")
 
 
+def test_logit_bias_and_penalties_reach_the_sampler(embedded: ServedEngine) -> None:
+    """They were accepted and ignored (the request model allows unknown fields)."""
+    plain = complete(embedded, "The sea is", max_tokens=4, temperature=0, logprobs=0)
+    first = plain["choices"][0]["token_ids"][0]
+    forced = 1234 if first != 1234 else 1235
+    biased = complete(
+        embedded, "The sea is", max_tokens=4, temperature=0, logit_bias={str(forced): 100}
+    )
+    assert biased["choices"][0]["token_ids"] == [forced] * 4
+    # The first token again, now penalized: the greedy answer must take another.
+    again = complete(
+        embedded,
+        "The sea is",
+        max_tokens=2,
+        temperature=0,
+        presence_penalty=2,
+        logit_bias={str(first): -100},
+    )
+    assert again["choices"][0]["token_ids"][0] != first
+    for bias, says in [({"x": 1}, "'x' is no token ID"), ({"5": 101}, "from -100 to 100")]:
+        body = {"model": embedded.name, "prompt": "a", "logit_bias": bias}
+        assert_openai_error(post(embedded, "/completions", body), 400, says)
+    body = {"model": embedded.name, "prompt": "a", "frequency_penalty": 3}
+    assert_openai_error(post(embedded, "/completions", body), 400, "frequency_penalty")
+
+
 def test_invalid_field_is_400(embedded: ServedEngine) -> None:
     body = {"model": embedded.name, "messages": OPEN_QUESTION, "temperature": "hot"}
     assert_openai_error(post(embedded, "/chat/completions", body), 400, "temperature")

@@ -116,3 +116,28 @@ def test_logits_that_are_nan_or_infinite_are_refused_by_row_before_any_draw() ->
         sample_next(logits, params, generators)
     assert refused.value.rows == [0, 2]
     assert all(torch.equal(g.get_state(), s) for g, s in zip(generators, states, strict=True))
+
+
+def test_logit_bias_and_penalties_reshape_the_draw_not_the_reported_logprob() -> None:
+    """OpenAI's reshaping (`logit_bias`, then each sampled token's frequency and presence
+    penalties) decides the token; the logprob reported is still the policy's own."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    policy = torch.log_softmax(logits[0], dim=-1)
+
+    def greedy(outputs: list[int], **reshaping: object) -> tuple[int, float]:
+        params = SamplingParams(temperature=0.0, **reshaping)  # type: ignore[arg-type]
+        tokens, logprobs = sample_next(logits, [params], [None], [outputs])
+        return tokens[0], logprobs[0]
+
+    assert greedy([]) == (0, float(policy[0]))
+    assert greedy([], logit_bias=((3, 3.5),)) == (3, float(policy[3]))  # -1 + 3.5 > 2
+    assert greedy([0], presence_penalty=1.5)[0] == 1  # 2 - 1.5 < 1
+    assert greedy([0], presence_penalty=0.5)[0] == 0  # 1.5 > 1
+    assert greedy([0, 0], frequency_penalty=0.6)[0] == 1  # 2 - 1.2 < 1
+    assert greedy([0], frequency_penalty=0.6)[0] == 0  # 1.4 > 1
+    # A sampled row draws from the reshaped distribution: a bias of -100 removes a token.
+    params = SamplingParams(temperature=1.0, logit_bias=((0, -100.0),))
+    torch.manual_seed(0)
+    tokens, logprobs = sample_next(logits.expand(500, -1), [params] * 500, [None] * 500)
+    assert 0 not in tokens and set(tokens) == {1, 2, 3}
+    assert logprobs == [float(policy[token]) for token in tokens]

@@ -63,6 +63,10 @@ class _Request(BaseModel):
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     """What a generator's seed can be (negative ones count from 2**64)."""
     n: int = Field(default=1, ge=1, le=16)
+    logit_bias: dict[str, float] | None = None
+    """Token ID (as a string, JSON's keys) -> a bias from -100 to 100 added to its logit."""
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     stream: bool | None = False
     stream_options: dict[str, Any] | None = None
 
@@ -379,6 +383,7 @@ class _Api:
         if asked is not None:
             asked = min(asked, room)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        logit_bias = self._logit_bias(body.logit_bias)
         return [
             SamplingParams(
                 temperature=1.0 if body.temperature is None else body.temperature,
@@ -391,9 +396,27 @@ class _Api:
                 parallel_tool_calls=parallel_tool_calls,
                 # Wrapped, as the generator wraps negative seeds: the last seed's n choices fit.
                 seed=None if body.seed is None else (body.seed + index) % 2**64,
+                logit_bias=logit_bias,
+                presence_penalty=body.presence_penalty or 0.0,
+                frequency_penalty=body.frequency_penalty or 0.0,
             )
             for index in range(body.n)
         ]
+
+    def _logit_bias(self, bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+        """OpenAI's `logit_bias` checked as it checks it: token IDs of the vocabulary, biases
+        from -100 to 100."""
+        vocab = len(self.engine.tokenizer)
+        pairs = []
+        for key, value in (bias or {}).items():
+            if not key.isdigit() or int(key) >= vocab:
+                raise EngineError(
+                    400, f"logit_bias: {key!r} is no token ID of this model (0 to {vocab - 1})"
+                )
+            if not -100 <= value <= 100:
+                raise EngineError(400, f"logit_bias: the bias of {key} must be from -100 to 100")
+            pairs.append((int(key), value))
+        return tuple(pairs)
 
 
 class _Choice:

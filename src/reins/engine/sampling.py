@@ -1,9 +1,14 @@
 """Sampling one next token per row, and the logprob the trainer needs for it.
 
 The logprob reported for a sampled token is `log_softmax(logits / temperature)` at that token,
-taken before top-p / top-k truncation: it is the policy's own probability (at temperature 1, the
-one training uses), not the probability of the truncated distribution the token was drawn from.
-Greedy rows (temperature below `GREEDY_TEMPERATURE`, 0 included) report `log_softmax(logits)`.
+taken before top-p / top-k truncation and before `logit_bias` and the presence and frequency
+penalties: it is the policy's own probability (at temperature 1, the one training uses), not the
+probability of the reshaped or truncated distribution the token was drawn from. Greedy rows
+(temperature below `GREEDY_TEMPERATURE`, 0 included) report `log_softmax(logits)` and take the
+argmax of the reshaped logits.
+
+The reshaping is OpenAI's: a token's logit gets its `logit_bias`, less `frequency_penalty` times
+the number of times the response has sampled it so far, less `presence_penalty` once it has.
 
 A row whose logits are no distribution (NaN, or +inf) is refused with `UnsampleableRows` before
 anything is drawn, so the caller can fail that row alone and sample the others.
@@ -36,6 +41,15 @@ class SamplingParams:
     """False (the request's `parallel_tool_calls: false`): the first `</tool_call>` ends the
     response, so the answer has one call at most."""
     seed: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token ID, bias) added to that token's logit before sampling."""
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def reshapes(self) -> bool:
+        """Whether the logits are reshaped before sampling (see the module's doc)."""
+        return bool(self.logit_bias) or self.presence_penalty != 0 or self.frequency_penalty != 0
 
     def generator(self) -> torch.Generator | None:
         if self.seed is None:
@@ -79,8 +93,10 @@ def sample_next(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
+    outputs: list[list[int]] | None = None,
 ) -> tuple[list[int], list[float]]:
     """One token per row of `logits` ([rows, vocab]), and its logprob (see the module docstring).
+    `outputs`: each row's response so far, which the penalties count (needed when a row has one).
 
     A sampled row draws one uniform number from its generator (the global one when it has none)
     and takes the token where that number falls in the row's cumulative distribution: one random
@@ -96,12 +112,16 @@ def sample_next(
     unsampleable = torch.isnan(logprobs).any(dim=-1)
     if bool(unsampleable.any()):
         raise UnsampleableRows(torch.nonzero(unsampleable)[:, 0].tolist())
+    drawn_from, shaped = logprobs, logits
+    if any(p.reshapes for p in params):
+        shaped = _reshaped(logits, params, outputs or [[] for _ in params])
+        drawn_from = torch.log_softmax(shaped / scale[:, None], dim=-1)
 
     tokens = torch.zeros(len(params), dtype=torch.long)
     sampled = [row for row, p in enumerate(params) if not is_greedy(p)]
     if len(sampled) < len(params):
         rows = torch.nonzero(greedy)[:, 0]
-        tokens[rows] = logits[rows].argmax(dim=-1)
+        tokens[rows] = shaped[rows].argmax(dim=-1)
     for group in (
         [row for row in sampled if not _truncates(params[row])],
         [row for row in sampled if _truncates(params[row])],
@@ -109,7 +129,7 @@ def sample_next(
         if not group:
             continue
         index = torch.tensor(group)
-        probs = logprobs.exp() if len(group) == len(params) else logprobs[index].exp()
+        probs = drawn_from.exp() if len(group) == len(params) else drawn_from[index].exp()
         uniforms = torch.tensor(
             [
                 float(torch.rand((), generator=generators[row], dtype=torch.float64))
@@ -123,6 +143,24 @@ def sample_next(
             tokens[index] = _inverse_cdf(probs, uniforms)
     picked = logprobs.gather(1, tokens[:, None])[:, 0]
     return tokens.tolist(), picked.tolist()
+
+
+def _reshaped(
+    logits: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]]
+) -> torch.Tensor:
+    """The logits the rows are drawn from: each reshaping row's with its bias and penalties."""
+    shaped = logits.clone()
+    vocab = logits.shape[-1]
+    for row, p in enumerate(params):
+        if not p.reshapes:
+            continue
+        if p.logit_bias:
+            ids, biases = zip(*p.logit_bias, strict=True)
+            shaped[row, list(ids)] += torch.tensor(biases, dtype=shaped.dtype)
+        if outputs[row] and (p.presence_penalty or p.frequency_penalty):
+            counts = torch.bincount(torch.tensor(outputs[row]), minlength=vocab)[:vocab]
+            shaped[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+    return shaped
 
 
 def _truncates(params: SamplingParams) -> bool:

@@ -435,7 +435,10 @@ class BatchScheduler:
         logits = logits.cpu()
         try:
             tokens, logprobs = sample_next(
-                logits, [s.params for s in sequences], [s.generator for s in sequences]
+                logits,
+                [s.params for s in sequences],
+                [s.generator for s in sequences],
+                [s.output_ids for s in sequences],
             )
         except UnsampleableRows as error:
             # Nothing was drawn: those rows fail alone, the others are sampled without them.
@@ -450,7 +453,10 @@ class BatchScheduler:
             if not sequences:
                 return
             tokens, logprobs = sample_next(
-                logits[rows], [s.params for s in sequences], [s.generator for s in sequences]
+                logits[rows],
+                [s.params for s in sequences],
+                [s.generator for s in sequences],
+                [s.output_ids for s in sequences],
             )
         for sequence, token, logprob in zip(sequences, tokens, logprobs, strict=True):
             sequence.output_ids.append(token)
