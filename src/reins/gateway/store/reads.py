@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from reins.gateway.store import RolloutQuery, RolloutStats
-from reins.gateway.store.tables import attempts, events, rollout_of, rollouts
+from reins.gateway.store.tables import attempts, events, names_no_row, rollout_of, rollouts
 from reins.schemas import (
     MODEL_REQUEST,
     REWARD,
@@ -42,7 +42,7 @@ def rollout_filters(
     sqlite: bool,
 ) -> list[sa.ColumnElement[bool]]:
     where: list[sa.ColumnElement[bool]] = []
-    if "\x00" in (run or "") + (search or ""):
+    if any(names_no_row(text) for text in (group_id or "", run or "", search or "")):
         return [sa.false()]  # PostgreSQL text cannot hold NUL, so no rollout can match
     if states:
         where.append(rollouts.c.state.in_(list(states)))

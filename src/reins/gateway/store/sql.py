@@ -57,6 +57,7 @@ from reins.gateway.store.tables import (
     meta,
     metadata,
     models,
+    names_no_row,
     rollout_of,
     rollouts,
     serialize,
@@ -465,6 +466,8 @@ class SqlStore(DashboardReads):
         return RolloutPage(items=items, next_cursor=next_cursor, database_id=self.database_id)
 
     async def get_rollout(self, rollout_id: str) -> RolloutDetail:
+        if names_no_row(rollout_id):
+            raise NotFound(f"rollout {rollout_id!r} does not exist")
         async with self.engine.connect() as conn:
             row = (
                 await conn.execute(sa.select(rollouts).where(rollouts.c.rollout_id == rollout_id))
@@ -481,6 +484,8 @@ class SqlStore(DashboardReads):
             )
 
     async def _lock_rollout(self, conn: AsyncConnection, rollout_id: str) -> sa.Row[Any]:
+        if names_no_row(rollout_id):
+            raise NotFound(f"rollout {rollout_id!r} does not exist")
         row = (
             await conn.execute(
                 sa.select(rollouts).where(rollouts.c.rollout_id == rollout_id).with_for_update()
@@ -646,6 +651,8 @@ class SqlStore(DashboardReads):
     async def attempt_exists(self, rollout_id: str, attempt_id: int) -> bool:
         if (rollout_id, attempt_id) in self._known_attempts:
             return True
+        if names_no_row(rollout_id):
+            return False
         async with self.engine.connect() as conn:
             found = await conn.scalar(
                 sa.select(attempts.c.attempt_id).where(
@@ -662,6 +669,8 @@ class SqlStore(DashboardReads):
             # it first), so the proxy's check before each call costs no query. Only a commit
             # under the write lock may add to `_open_attempt`: a read here could race a close.
             return
+        if names_no_row(rollout_id):
+            raise NotFound(f"rollout {rollout_id!r} has no attempt {attempt_id}")
         ids = {"rollout_id": rollout_id, "attempt_id": attempt_id}
         state: Any
         if self._read_engine is not None:
@@ -692,6 +701,9 @@ class SqlStore(DashboardReads):
         *,
         from_harness: bool = False,
     ) -> list[Event]:
+        if names_no_row(rollout_id):
+            # Refused here: in a group commit, its attempt's lookup would fail the others' posts.
+            raise NotFound(f"rollout {rollout_id!r} has no attempt {attempt_id}")
         if not events_in:
             if not await self.attempt_exists(rollout_id, attempt_id):
                 raise NotFound(f"rollout {rollout_id} has no attempt {attempt_id}")
@@ -980,7 +992,7 @@ class SqlStore(DashboardReads):
         after: int,
         limit: int,
     ) -> sa.Select[Any]:
-        if "\x00" in rollout_id:  # PostgreSQL text cannot hold NUL: no rollout has one
+        if names_no_row(rollout_id):
             raise NotFound(f"rollout {rollout_id!r} does not exist")
         latest = await conn.scalar(
             sa.select(rollouts.c.attempt_count).where(rollouts.c.rollout_id == rollout_id)
@@ -994,13 +1006,15 @@ class SqlStore(DashboardReads):
                 raise NotFound(f"rollout {rollout_id} has no attempt {attempt_id}")
             query = query.where(events.c.attempt_id == wanted)
         if types:
-            # A type with a NUL names no event (and PostgreSQL could not even compare it).
-            query = query.where(events.c.type.in_([t for t in types if "\x00" not in t]))
+            query = query.where(events.c.type.in_([t for t in types if not names_no_row(t)]))
         return query.where(events.c.seq > after).order_by(events.c.seq).limit(limit)
 
     async def record_parts(self, rollout_ids: Sequence[str]) -> list[RolloutParts]:
         await self._settle()
         ids = list(rollout_ids)
+        unnamed = [rid for rid in ids if names_no_row(rid)]
+        if unnamed:
+            raise NotFound(f"rollouts {unnamed[:5]} do not exist")
         if self._read_engine is not None:  # SQLite: decompressing stays off the event loop
             return await asyncio.get_running_loop().run_in_executor(
                 self._read_thread, self._record_parts_in_thread, ids
@@ -1017,6 +1031,10 @@ class SqlStore(DashboardReads):
 
     async def register_models(self, endpoints: Sequence[ModelEndpointIn]) -> list[Model]:
         now = time.time()
+        for index, item in enumerate(endpoints):
+            owner = f"endpoint {index} of the request"
+            text_value(item.endpoint, ("endpoint",), owner)
+            text_value(item.engine, ("engine",), owner)
         async with self._write() as conn:
             for item in endpoints:
                 statement = self._insert(models).values(
@@ -1067,6 +1085,8 @@ class SqlStore(DashboardReads):
         ]
 
     async def delete_models(self, model: str | None = None) -> int:
+        if model is not None and names_no_row(model):
+            return 0
         statement = sa.delete(models)
         if model is not None:
             statement = statement.where(models.c.model == model)

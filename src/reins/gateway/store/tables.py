@@ -141,12 +141,29 @@ def encoded(value: Any, loc: jsonrule.Loc, owner: str) -> jsonrule.Encoded:
 
 
 def text_value(value: str | None, loc: jsonrule.Loc, owner: str) -> str | None:
-    """A text column's value: no unpaired surrogate (it has no UTF-8 form)."""
+    """A text column's value: no unpaired surrogate (it has no UTF-8 form), no NUL (PostgreSQL's
+    text cannot hold one: its driver fails the statement, and with it the whole group commit of
+    an event; refused on SQLite too, so that both stores keep the same values)."""
     if value is not None:
         problem = jsonrule.find(value, loc)
         if problem is not None:
             raise Invalid(f"{owner}: {problem}", [problem.error()])
+        if "\x00" in value:
+            message = (
+                "the text holds a NUL character (\\u0000), which the store's text fields cannot "
+                "keep; send text without it"
+            )
+            where = ".".join(str(part) for part in loc)
+            error = {"loc": loc, "msg": message, "type": "nul_character"}
+            raise Invalid(f"{owner}: {where}: {message}", [error])
     return value
+
+
+def names_no_row(key: str) -> bool:
+    """Whether a looked-up id or name (a rollout id from a path, a filter) can name no stored
+    row: one with a NUL, which no text field holds (`text_value`), and which PostgreSQL could
+    not even compare (its driver fails the statement: a 500, not the 404 it is)."""
+    return "\x00" in key
 
 
 def closed_reason(
