@@ -166,6 +166,33 @@ def test_reusing_a_key_for_another_event_is_409(gateway: Gateway) -> None:
     assert response.status_code == 409
 
 
+def test_a_list_that_reuses_a_key_for_another_event_is_409_and_stores_nothing(
+    gateway: Gateway,
+) -> None:
+    """A list post is stored whole or not at all: its new events were stored while the post
+    was answered 409, and a client that gave up on it still had them read by the trainer."""
+    start(gateway)
+    path = "/api/rollouts/r/attempt/1/events"
+    post(gateway, path, {"type": "a", "data": {"v": 1}, "idempotency_key": "k"})
+    reused = [
+        {"type": "b", "idempotency_key": "new"},
+        {"type": "a", "data": {"v": 2}, "idempotency_key": "k"},
+    ]
+    response = gateway.http.post(path, json=reused)
+    assert response.status_code == 409
+    assert "idempotency key k of rollout r attempt 1" in response.json()["error"]
+    assert "nothing of this post was stored" in response.json()["error"]
+    stored = gateway.http.get("/api/rollouts/r/events").json()
+    assert [(e["idempotency_key"], e["data"]) for e in stored] == [("k", {"v": 1})]
+    # The same list with the stored event as it was: the new one is stored, the old replayed.
+    replayed = [reused[0], {"type": "a", "data": {"v": 1}, "idempotency_key": "k"}]
+    acks = post(gateway, path, replayed)["list"]
+    assert [a["idempotency_key"] for a in acks] == ["new", "k"]
+    assert acks[1]["seq"] == stored[0]["seq"]
+    stored = gateway.http.get("/api/rollouts/r/events").json()
+    assert [e["idempotency_key"] for e in stored] == ["k", "new"]
+
+
 def test_events_for_an_unknown_attempt_are_404(gateway: Gateway) -> None:
     start(gateway)
     response = gateway.http.post("/api/rollouts/r/attempt/2/events", json={"type": "a"})

@@ -77,25 +77,34 @@ def insert_events(
         packing.inserted(done_now)
         inserted += done_now
     done = {(r, a, k) for _, r, a, k in inserted}
+    replayed = stored_rows(conn, [key for key in map(key_of, rows) if key not in done])
+    return inserted, replayed, closed
+
+
+def key_of(row: dict[str, Any]) -> Key:
+    """(rollout, attempt, idempotency key) of an event row: what the unique index holds."""
+    return row["rollout_id"], row["attempt_id"], row["idempotency_key"]
+
+
+def stored_rows(conn: sa.Connection, keys: list[Key]) -> list[sa.Row[Any]]:
+    """The stored rows of these keys (those stored; any order)."""
     by_attempt: dict[tuple[str, int], list[str]] = {}
-    for row in rows:
-        key = (row["rollout_id"], row["attempt_id"], row["idempotency_key"])
-        if key not in done:
-            by_attempt.setdefault(key[:2], []).append(key[2])
-    replayed: list[sa.Row[Any]] = []
-    for (rollout_id, attempt_id), keys in by_attempt.items():
+    for rollout_id, attempt_id, key in keys:
+        by_attempt.setdefault((rollout_id, attempt_id), []).append(key)
+    found: list[sa.Row[Any]] = []
+    for (rollout_id, attempt_id), names in by_attempt.items():
         # Equality on the first two columns, so the whole unique index serves the lookup.
-        for start in range(0, len(keys), 5000):
-            replayed.extend(
+        for start in range(0, len(names), 5000):
+            found.extend(
                 conn.execute(
                     sa.select(events).where(
                         events.c.rollout_id == rollout_id,
                         events.c.attempt_id == attempt_id,
-                        events.c.idempotency_key.in_(keys[start : start + 5000]),
+                        events.c.idempotency_key.in_(names[start : start + 5000]),
                     )
                 )
             )
-    return inserted, replayed, closed
+    return found
 
 
 _COLUMNS = ("rollout_id", "attempt_id", "type", "data", "idempotency_key", "created_at")

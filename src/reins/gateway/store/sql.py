@@ -40,7 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from reins.gateway import jsonrule
 from reins.gateway.store import Conflict, NotFound
-from reins.gateway.store.appends import PendingAppend, insert_events
+from reins.gateway.store.appends import PendingAppend, insert_events, key_of, stored_rows
 from reins.gateway.store.board import ReplicaBoard
 from reins.gateway.store.journal import CLEAR_FROM_BYTES, CallJournal, JournaledPost
 from reins.gateway.store.packing import Key, Packer, expand_rows, packed_event_of, record_parts
@@ -90,10 +90,15 @@ logger = logging.getLogger(__name__)
 
 _ROLLOUT_CHANGE = "rollout_change"
 Written = tuple[
-    list[tuple[int, str, int, str]], list[Event], dict[tuple[str, int], str], dict[Key, Packed]
+    list[tuple[int, str, int, str]],
+    list[Event],
+    dict[tuple[str, int], str],
+    dict[Key, Packed],
+    dict[int, str],
 ]
 """A group commit's outcome: (seq, rollout, attempt, key) of each inserted event, the stored
-events of replayed keys, why each closed attempt refused its harness, the packed rows by key."""
+events of replayed keys, why each closed attempt refused its harness, the packed rows by key,
+and why each refused list post (by its place in the commit's posts) was refused."""
 _MAX_EVENTS_PER_COMMIT = 2000
 SQLITE_PAGE_SIZE = 65536
 """The page size of a new SQLite database (SQLite's largest; an existing one keeps its own). A
@@ -175,6 +180,14 @@ def _log_unstored(done: asyncio.Future[list[Event]]) -> None:
     have closed its attempt, since closes wait for journaled calls."""
     if not done.cancelled() and done.exception() is not None:
         logger.error("a call answered from the journal was not stored: %s", done.exception())
+
+
+def _reused_key(row: dict[str, Any]) -> str:
+    return (
+        f"idempotency key {row['idempotency_key']} of rollout {row['rollout_id']} attempt "
+        f"{row['attempt_id']} was already used for another event; a retried post must send the "
+        "same event"
+    )
 
 
 def _same_json(stored: Any, posted: jsonrule.Encoded) -> bool:
@@ -863,20 +876,23 @@ class SqlStore(DashboardReads):
             if append.from_harness
             for row in append.rows
         }
+        posts = [append.rows for append in live]
         async with self._write_lock or contextlib.nullcontext():
             check = {key[:2] for key in harness_keys}
             if self._write_lock is not None:  # SQLite: attempts seen open since their last close
                 check = {(r, a) for r, a in check if self._open_attempt.get(r) != a}
             if self._event_engine is not None and _writes_inline(rows, self._pending, batch):
-                written = self._write_events(rows, harness_keys, check)
+                written = self._write_events(rows, harness_keys, check, posts)
             elif self._event_engine is not None:
                 written = await asyncio.get_running_loop().run_in_executor(
-                    self._event_thread, self._write_events, rows, harness_keys, check
+                    self._event_thread, self._write_events, rows, harness_keys, check, posts
                 )
             else:
                 async with self.engine.begin() as conn:
-                    written = await conn.run_sync(self._pack_and_insert, rows, harness_keys, check)
-            inserted, replayed, closed, packed = written
+                    written = await conn.run_sync(
+                        self._pack_and_insert, rows, harness_keys, check, posts
+                    )
+            inserted, replayed, closed, packed, refused = written
             if self._write_lock is not None:
                 self._open_attempt.update(
                     (r, a) for r, a in check if (r, a) not in closed and r not in self._closing
@@ -896,17 +912,24 @@ class SqlStore(DashboardReads):
                 idempotency_key=key,
                 created_at=ts(row["created_at"]),
             )
-        for append in live:
+        for index, append in enumerate(live):
+            if index in refused:
+                append.done.set_exception(Conflict(refused[index]))
+                continue
             refusal = closed.get((append.rollout_id, append.attempt_id))
             self._resolve(append, stored, refusal if append.from_harness else None)
 
     def _write_events(
-        self, rows: list[dict[str, Any]], harness_keys: set[Key], check: set[tuple[str, int]]
+        self,
+        rows: list[dict[str, Any]],
+        harness_keys: set[Key],
+        check: set[tuple[str, int]],
+        posts: list[list[dict[str, Any]]],
     ) -> Written:
         """One group commit on the event connection (in the writer thread, or inline)."""
         assert self._event_engine is not None
         with self._event_engine.begin() as conn:
-            return self._pack_and_insert(conn, rows, harness_keys, check)
+            return self._pack_and_insert(conn, rows, harness_keys, check, posts)
 
     def _pack_and_insert(
         self,
@@ -914,13 +937,45 @@ class SqlStore(DashboardReads):
         rows: list[dict[str, Any]],
         harness_keys: set[Key],
         check: set[tuple[str, int]],
+        posts: list[list[dict[str, Any]]],
     ) -> Written:
-        """One group commit's statements: the rows packed, inserted, the replays read back."""
+        """One group commit's statements: the list posts that reuse a key refused, the rows
+        packed, inserted, the replays read back."""
+        refused = self._reusing_lists(conn, posts)
+        if refused:
+            kept = {key_of(row) for i, post in enumerate(posts) if i not in refused for row in post}
+            rows = [row for row in rows if key_of(row) in kept]
         packing = self._packer.commit(conn)
         inserted, replayed, closed = insert_events(
             conn, self._insert, rows, harness_keys, check, packing
         )
-        return inserted, expand_rows(conn, replayed), closed, packing.packed
+        return inserted, expand_rows(conn, replayed), closed, packing.packed, refused
+
+    @staticmethod
+    def _reusing_lists(conn: sa.Connection, posts: list[list[dict[str, Any]]]) -> dict[int, str]:
+        """Why each post of several events that reuses a stored key for another event is
+        refused, by its place in `posts`. A post is stored whole or not at all: found only
+        after its INSERT (as a single event's is), its new events would be stored while it is
+        answered 409. Posts of one event need no look-up: a reused key inserts nothing."""
+        lists = [(i, post) for i, post in enumerate(posts) if len(post) > 1]
+        if not lists:
+            return {}
+        stored = {
+            (e.rollout_id, e.attempt_id, e.idempotency_key): e
+            for e in expand_rows(
+                conn, stored_rows(conn, [key_of(row) for _, post in lists for row in post])
+            )
+        }
+        refused: dict[int, str] = {}
+        for index, post in lists:
+            for row in post:
+                event = stored.get(key_of(row))
+                if event is not None and (
+                    event.type != row["type"] or not _same_json(event.data, row["data"])
+                ):
+                    refused[index] = f"{_reused_key(row)}; nothing of this post was stored"
+                    break
+        return refused
 
     @staticmethod
     def _resolve(
@@ -936,13 +991,7 @@ class SqlStore(DashboardReads):
                 return
             assert event is not None
             if event.type != row["type"] or not _same_json(event.data, row["data"]):
-                append.done.set_exception(
-                    Conflict(
-                        f"idempotency key {row['idempotency_key']} of rollout "
-                        f"{append.rollout_id} attempt {append.attempt_id} was already used for "
-                        "another event; a retried post must send the same event"
-                    )
-                )
+                append.done.set_exception(Conflict(_reused_key(row)))
                 return
             out.append(event)
         append.done.set_result(out)
