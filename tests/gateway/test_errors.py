@@ -20,6 +20,28 @@ def test_malformed_json_is_422(gateway: Gateway) -> None:
     assert "malformed JSON" in response.json()["error"]
 
 
+def test_a_json_body_sent_as_another_content_type_is_415_saying_so(gateway: Gateway) -> None:
+    """It was a 422 "body: Input should be a valid list" for the very list curl's `-d` sent."""
+    listed = b'[{"rollout_id": "r"}]'
+    for content_type in ("application/x-www-form-urlencoded", "text/plain", ""):
+        response = gateway.http.post(
+            "/api/rollouts", content=listed, headers={"content-type": content_type}
+        )
+        assert response.status_code == 415, response.text
+        assert "Content-Type: application/json" in response.json()["error"]
+    assert gateway.http.get("/api/rollouts").json()["items"] == []
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    patch = gateway.http.patch(
+        "/api/rollouts/r", content=b'{"metadata": {"a": 1}}', headers={"content-type": "text/plain"}
+    )
+    assert patch.status_code == 415
+    assert "as text/plain" in patch.json()["error"]
+    assert gateway.http.get("/api/rollouts/r").json()["rollout"]["metadata"] == {}
+    # A route whose body is optional still takes none, whatever the type.
+    opened = gateway.http.post("/api/rollouts/r/attempts", headers={"content-type": "text/plain"})
+    assert opened.status_code == 200
+
+
 def test_a_bad_field_is_422_naming_field_and_rule(gateway: Gateway) -> None:
     response = gateway.http.post("/api/rollouts", json=[{"mode": "test"}])
     assert response.status_code == 422

@@ -18,7 +18,7 @@ import email.message
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from fastapi import Request, Response
+from fastapi import HTTPException, Request, Response, status
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -90,7 +90,18 @@ def _is_json(content_type: str | None) -> bool:
 
 
 async def _parse_json_body(request: Request) -> None:
-    if not _is_json(request.headers.get("content-type")):
+    content_type = request.headers.get("content-type")
+    if not _is_json(content_type):
+        if await request.body():
+            # FastAPI would validate the raw bytes against the route's model and answer, for
+            # a JSON list sent as text (curl's `-d` sends a form type), "body: Input should
+            # be a valid list": true of no body the client sent, and silent on the fix.
+            sent = f"as {content_type}" if content_type else "without a Content-Type"
+            raise HTTPException(
+                status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
+                f"the request body was sent {sent}; send it as JSON with "
+                "`Content-Type: application/json`",
+            )
         return
     body = await request.body()
     if not body:
