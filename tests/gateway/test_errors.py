@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import anthropic
@@ -122,6 +123,32 @@ def test_an_oversize_body_on_the_proxy_is_413_in_the_harness_apis_shape(tmp_path
     }
     assert openai_answer.status_code == 413
     assert openai_answer.json()["error"]["message"] == limit
+
+
+def test_a_compressed_body_is_415_saying_to_send_it_uncompressed(gateway: Gateway) -> None:
+    """It was read as JSON: "malformed JSON ... str is not valid UTF-8", which hid the cause."""
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    gateway.http.post("/api/rollouts/r/attempts")
+    gzipped = {"content-type": "application/json", "content-encoding": "gzip"}
+    for path, body in [
+        ("/api/rollouts", b'[{"rollout_id": "s"}]'),
+        ("/api/rollouts/r/attempt/1/events", b'{"type": "note"}'),
+    ]:
+        response = gateway.http.post(path, content=gzip.compress(body), headers=gzipped)
+        assert response.status_code == 415, response.text
+        assert "encoded (gzip)" in response.json()["error"]
+        assert "send it uncompressed" in response.json()["error"]
+    call = gateway.http.post(
+        "/proxy/rollout/r/attempt/1/mode/train/openai/v1/chat/completions",
+        content=gzip.compress(b'{"model": "m", "messages": []}'),
+        headers=gzipped,
+    )
+    assert call.status_code == 415
+    assert "encoded (gzip)" in call.json()["error"]["message"]  # the OpenAI API's shape
+    assert [r["rollout_id"] for r in gateway.http.get("/api/rollouts").json()["items"]] == ["r"]
+    assert gateway.http.get("/api/rollouts/r/events").json() == []
+    # No body, nothing to decode: a GET that names an encoding is served.
+    assert gateway.http.get("/api/rollouts/r", headers={"content-encoding": "gzip"}).is_success
 
 
 def test_the_openapi_schema_needs_the_admin_key(gateway: Gateway) -> None:

@@ -212,7 +212,9 @@ def _disk_full(error: sqlalchemy.exc.DBAPIError) -> bool:
 
 
 class BodySizeLimit:
-    """Answers 413 to bodies over the limit, declared or streamed, before they are parsed."""
+    """Answers 413 to bodies over the limit, declared or streamed, before they are parsed; and
+    415 to compressed ones (a `Content-Encoding` the gateway does not decode: read as JSON, a
+    gzip body was "malformed JSON ... not valid UTF-8", which did not say why)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -222,7 +224,17 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        has_body = headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers
+        if encoding not in (b"identity", b"") and has_body:
+            message = (
+                f"the request body is encoded ({encoding.decode('latin-1')}), which the gateway "
+                "does not decode; send it uncompressed, without a Content-Encoding header"
+            )
+            await _send_error(scope, receive, send, 415, message)
+            return
+        declared = headers.get(b"content-length")
         if declared is not None:
             if not declared.isdigit():
                 message = "the Content-Length header is not a number"
