@@ -193,9 +193,10 @@ class GatewayClient:
         params: dict[str, Any] = {"cursor": cursor, "limit": limit}
         if states:
             params["status"] = list(states)
-        if mode:
+        # `is not None`: an empty name is a filter too (no rollout has it), not "any".
+        if mode is not None:
             params["mode"] = mode
-        if group_id:
+        if group_id is not None:
             params["group_id"] = group_id
         return RolloutPage.model_validate(
             await self.request("GET", "/api/rollouts", params=params), extra=_NEWER
@@ -372,7 +373,8 @@ class GatewayClient:
 
     async def delete_models(self, model: str | None = None) -> int:
         """How many endpoints it deleted (a retry after a lost reply counts those it found left)."""
-        params = {"model": model} if model else {}
+        # `is not None`: "" names no model; dropped, it would delete every model.
+        params = {"model": model} if model is not None else {}
         answer = await self.request("DELETE", "/api/models", params=params)
         return int(answer["deleted"])
 
@@ -385,8 +387,15 @@ class GatewayClient:
 
 
 def _rollout_path(rollout_id: str) -> str:
-    """A rollout's path, its id escaped: an id with `/` or `?` names no other resource."""
-    return f"/api/rollouts/{quote(rollout_id, safe='')}"
+    """A rollout's path, its id escaped: an id with `/` or `?` names no other resource, nor
+    does `.` or `..` (a dot segment, which the URL's normalization would remove: `get_rollout(".")`
+    read the list of rollouts). No path names an empty id."""
+    if not rollout_id:
+        raise ValueError("a rollout id is not empty")
+    escaped = quote(rollout_id, safe="")
+    if escaped in (".", ".."):
+        escaped = escaped.replace(".", "%2E")
+    return f"/api/rollouts/{escaped}"
 
 
 def _new_id() -> str:

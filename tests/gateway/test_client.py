@@ -182,6 +182,31 @@ async def test_a_rollout_id_is_escaped_in_paths(gateway: Gateway) -> None:
         assert raised.value.status_code == 404
 
 
+async def test_a_dot_segment_rollout_id_names_no_other_resource(gateway: Gateway) -> None:
+    """`.` and `..` are dot segments, which the URL's normalization removed: `get_rollout(".")`
+    read the list of rollouts (and failed to parse it as a rollout), `..` reached `/api`."""
+    async with client(gateway) as admin:
+        for rollout_id in (".", ".."):
+            with pytest.raises(GatewayError) as raised:
+                await admin.get_rollout(rollout_id)
+            assert raised.value.status_code == 404
+            assert f"rollout {rollout_id} does not exist" in raised.value.message
+        with pytest.raises(ValueError, match="not empty"):
+            await admin.get_rollout("")
+
+
+async def test_an_empty_name_filters_rather_than_naming_everything(gateway: Gateway) -> None:
+    """`delete_models("")` dropped the parameter and deleted every model; `group_id=""` listed
+    every group. The gateway reads both as a name that matches nothing."""
+    async with client(gateway) as admin:
+        await admin.register_models([ModelEndpointIn(model="m", endpoint="http://127.0.0.1:1/v1")])
+        await admin.create_rollouts([RolloutSpec(rollout_id="r", group_id="g")])
+        assert await admin.delete_models("") == 0
+        assert [m.model for m in await admin.list_models()] == ["m"]
+        assert (await admin.list_rollouts(group_id="")).items == []
+        assert [r.rollout_id for r in (await admin.list_rollouts(group_id="g")).items] == ["r"]
+
+
 async def test_4xx_is_raised_at_once_with_the_gateways_message(gateway: Gateway) -> None:
     flaky = Flaky(failures=0)
     async with client(gateway, flaky) as gw:
