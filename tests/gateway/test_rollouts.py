@@ -89,6 +89,22 @@ def test_list_filters_by_status_mode_and_group(gateway: Gateway) -> None:
     assert ids(status=["queuing", "failed"], mode="train") == ["a", "c"]
 
 
+def test_the_run_filter_matches_a_run_name_the_same_on_both_stores(gateway: Gateway) -> None:
+    """Only a JSON string is a run name: SQLite read `true` as 1 and PostgreSQL as 'true', so
+    `run=1` kept `"run": true` on SQLite alone, and `run=true` on PostgreSQL alone."""
+    runs = {"text": "1", "number": 1, "yes": True, "word": "true", "list": [1], "none": None}
+    create(gateway, *({"rollout_id": key, "metadata": {"run": run}} for key, run in runs.items()))
+
+    def ids(run: str) -> list[str]:
+        page = gateway.http.get("/api/rollouts", params={"run": run}).json()
+        return sorted(item["rollout_id"] for item in page["items"])
+
+    assert ids("1") == ["text"]
+    assert ids("true") == ["word"]
+    assert ids("[1]") == []
+    assert ids("null") == []
+
+
 def test_cursor_streams_completions_in_terminal_order(gateway: Gateway) -> None:
     create(gateway, *({"rollout_id": f"r{i}"} for i in range(4)))
     terminal = {"status": ["succeeded", "failed"]}

@@ -51,12 +51,15 @@ def rollout_filters(
     if group_id is not None:
         where.append(rollouts.c.group_id == group_id)
     if run is not None:
+        # A JSON string only: the databases read other values as text differently (`true` is
+        # 1 on SQLite, 'true' on PostgreSQL), so `run=1` matched `"run": true` on SQLite alone.
+        value = rollouts.c.metadata["run"]
         if sqlite:
-            where.append(rollouts.c.metadata["run"].as_string() == run)
+            where.append(sa.func.json_type(rollouts.c.metadata, "$.run") == "text")
+            where.append(value.as_string() == run)
         else:
-            where.append(
-                unless_nul(rollouts.c.metadata, rollouts.c.metadata["run"].as_string()) == run
-            )
+            where.append(unless_nul(rollouts.c.metadata, sa.func.json_typeof(value)) == "string")
+            where.append(unless_nul(rollouts.c.metadata, value.as_string()) == run)
     if search:
         # The input's JSON text: rows written before the JSON rule escaped non-ASCII characters,
         # later ones keep them (pydantic-core's encoder): match both.
