@@ -17,6 +17,8 @@ def token(gateway: Gateway) -> str:
 
 def test_healthz_needs_no_key(gateway: Gateway) -> None:
     assert gateway.client().get("/healthz").status_code == 200
+    head = gateway.client().head("/healthz")  # uptime monitors and `curl -I` (it was 405)
+    assert head.status_code == 200 and head.content == b""
 
 
 @pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic abc", "Bearer"])

@@ -86,6 +86,10 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
         """Liveness; needs no key."""
         return {"status": "ok", "version": reins.__version__}
 
+    # HEAD too: uptime monitors and `curl -I` check with it, and FastAPI's GET routes answer
+    # it 405. Out of the schema: a second operation of one function has a duplicate id.
+    app.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
+
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(request: Request) -> JSONResponse:
         """The OpenAPI schema (admin key)."""
