@@ -49,6 +49,33 @@ def test_a_bad_field_is_422_naming_field_and_rule(gateway: Gateway) -> None:
     assert response.json()["error"] == "body.0.mode: Input should be 'train' or 'val'"
 
 
+def test_a_body_of_one_or_many_names_the_field_of_what_was_sent(gateway: Gateway) -> None:
+    """Events and models take one object or a list: the error was both of pydantic's branches,
+    `body.EventIn.data: Input should be a valid dictionary; body.list[EventIn]: Input should be
+    a valid list`, naming a class the client never sent and a list it did not send."""
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    gateway.http.post("/api/rollouts/r/attempts")
+    events = "/api/rollouts/r/attempt/1/events"
+    cases = [
+        (events, {"type": "note", "data": [1]}, "body.data", ["body", "data"]),
+        (events, [{"type": "ok"}, {"type": "a b"}], "body.1.type", ["body", 1, "type"]),
+        (events, [{"type": "ok"}] * 10_001, "body", ["body"]),
+        ("/api/models", {"model": "m", "endpoint": "ftp:"}, "body.endpoint", ["body", "endpoint"]),
+        ("/api/models", [{"model": "m"}], "body.0.endpoint", ["body", 0, "endpoint"]),
+    ]
+    for path, body, field, loc in cases:
+        response = gateway.http.post(path, json=body)
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error.startswith(f"{field}: ") and ";" not in error, error
+        assert [e["loc"] for e in response.json()["detail"]] == [loc]
+    # Neither an object nor a list: both shapes are named.
+    neither = gateway.http.post(events, json="note")
+    assert neither.status_code == 422
+    assert "EventIn" in neither.json()["error"] and "list[EventIn]" in neither.json()["error"]
+    assert gateway.http.get("/api/rollouts/r/events").json() == []
+
+
 def test_an_unsafe_rollout_id_is_422(gateway: Gateway) -> None:
     response = gateway.http.post("/api/rollouts", json=[{"rollout_id": "a/b"}])
     assert response.status_code == 422

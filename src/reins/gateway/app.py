@@ -121,14 +121,44 @@ def _describe(error: dict[str, Any]) -> str:
     return f"{location}: {error.get('msg', 'invalid')}"
 
 
+def _sent_branch(errors: list[Any]) -> list[Any]:
+    """The errors of a body that may be one object or a list of them (events, models), as if
+    its type were the one sent. Pydantic tries both and reports both, each under its branch:
+    `body.EventIn.data: Input should be a valid dictionary; body.list[EventIn]: Input should be
+    a valid list`, for an event whose `data` was a list. Kept: the branch of what was sent,
+    its name dropped from `loc` (`body.data`, `body.1.data`, as the gateway's own checks name
+    them). A body that is neither (a string, a number) keeps both."""
+    branches: dict[str, list[Any]] = {}
+    for error in errors:
+        loc = error.get("loc", ())
+        if len(loc) < 2 or loc[0] != "body" or not isinstance(loc[1], str):
+            return errors
+        branches.setdefault(loc[1], []).append(error)
+    one = [name for name in branches if f"list[{name}]" in branches]
+    if len(branches) != 2 or len(one) != 1:
+        return errors
+    single, listed = branches[one[0]], branches[f"list[{one[0]}]"]
+
+    def not_a(errs: list[Any], *types: str) -> bool:  # the body is not of this branch's type
+        return len(errs) == 1 and len(errs[0]["loc"]) == 2 and errs[0].get("type") in types
+
+    is_object = not_a(listed, "list_type")
+    is_list = not_a(single, "model_type", "model_attributes_type", "dict_type")
+    if is_object == is_list:
+        return errors
+    kept = single if is_object else listed
+    return [{**error, "loc": ("body", *error["loc"][2:])} for error in kept]
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError) -> Response:
+        found = _sent_branch(list(exc.errors()))
         errors = [
             {key: value for key, value in error.items() if key in ("loc", "msg", "type")}
-            for error in exc.errors()
+            for error in found
         ]
-        message = "; ".join(_describe(error) for error in exc.errors()[:5])
+        message = "; ".join(_describe(error) for error in found[:5])
         shaped = proxy.error_for_path(request.url.path, 422, message)
         return shaped if shaped is not None else _error(422, message, detail=errors)
 
