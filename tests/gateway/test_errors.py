@@ -76,6 +76,20 @@ def test_a_body_of_one_or_many_names_the_field_of_what_was_sent(gateway: Gateway
     assert gateway.http.get("/api/rollouts/r/events").json() == []
 
 
+def test_a_path_or_method_no_route_has_is_named_in_the_error(gateway: Gateway) -> None:
+    """Starlette's "Not Found" and "Method Not Allowed" named neither the path nor the method:
+    a rollout id with a `/` (even escaped, %2F) read as if the rollout were missing."""
+    slashed = gateway.http.get("/api/rollouts/a%2Fb")
+    assert slashed.status_code == 404
+    assert slashed.json()["error"].startswith("GET /api/rollouts/a/b: no such route")
+    deleted = gateway.http.delete("/api/rollouts/r")
+    assert deleted.status_code == 405
+    assert deleted.json()["error"] == "DELETE /api/rollouts/r: this path does not take DELETE"
+    call = gateway.http.get("/proxy/rollout/r/attempt/1/mode/train/openai/v1/chat/completions")
+    assert call.status_code == 405
+    assert "does not take GET" in call.json()["error"]["message"]  # the OpenAI API's shape
+
+
 def test_an_unsafe_rollout_id_is_422(gateway: Gateway) -> None:
     response = gateway.http.post("/api/rollouts", json=[{"rollout_id": "a/b"}])
     assert response.status_code == 422

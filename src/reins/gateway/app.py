@@ -208,12 +208,25 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        message = _routing_message(request, exc)
         # Under /proxy/, in the shape of the harness's API (its SDK shows only that).
-        shaped = proxy.error_for_path(request.url.path, exc.status_code, str(exc.detail))
-        response = shaped or _error(exc.status_code, str(exc.detail))
+        shaped = proxy.error_for_path(request.url.path, exc.status_code, message)
+        response = shaped or _error(exc.status_code, message)
         if exc.headers:
             response.headers.update(exc.headers)
         return response
+
+
+def _routing_message(request: Request, exc: StarletteHTTPException) -> str:
+    """The router's own 404 and 405 name the path and the method: Starlette's bare "Not
+    Found" and "Method Not Allowed" named neither (a rollout id with a `/`, even escaped as
+    %2F, is a path no route has)."""
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        return f"{where}: no such route (see GET /openapi.json for the gateway's routes)"
+    if exc.status_code == 405 and exc.detail == "Method Not Allowed":
+        return f"{where}: this path does not take {request.method}"
+    return str(exc.detail)
 
 
 def _outage(request: Request, status_code: int, message: str) -> Response:
