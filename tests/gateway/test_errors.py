@@ -90,6 +90,25 @@ def test_a_path_or_method_no_route_has_is_named_in_the_error(gateway: Gateway) -
     assert "does not take GET" in call.json()["error"]["message"]  # the OpenAI API's shape
 
 
+def test_a_body_sent_to_a_route_that_takes_none_is_422_not_ignored(gateway: Gateway) -> None:
+    """FastAPI ignored it: `DELETE /api/models` with `{"model": "m"}` deleted every model."""
+    for name in ("m", "n"):
+        gateway.http.post("/api/models", json={"model": name, "endpoint": "http://127.0.0.1:1"})
+    deleted = gateway.http.request("DELETE", "/api/models", json={"model": "m"})
+    assert deleted.status_code == 422, deleted.text
+    assert "takes no body" in deleted.json()["error"]
+    assert "query string" in deleted.json()["error"]
+    assert [m["model"] for m in gateway.http.get("/api/models").json()] == ["m", "n"]
+    drained = gateway.http.post("/api/admission/drain", json={"timeout_s": 5})
+    assert drained.status_code == 422
+    listed = gateway.http.request("GET", "/api/rollouts", json={"status": "failed"})
+    assert listed.status_code == 422
+    # No body, or an empty one, is no body.
+    assert gateway.http.delete("/api/models", params={"model": "m"}).json() == {"deleted": 1}
+    empty = gateway.http.post("/api/admission/pause", content=b"")
+    assert empty.status_code == 200
+
+
 def test_an_unsafe_rollout_id_is_422(gateway: Gateway) -> None:
     response = gateway.http.post("/api/rollouts", json=[{"rollout_id": "a/b"}])
     assert response.status_code == 422

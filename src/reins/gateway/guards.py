@@ -7,7 +7,8 @@
    dependency), and the dependency still runs afterwards for the route's own use.
 2. **The body**, under the JSON rule (`reins.gateway.jsonrule`): parsed once, here, so a NaN, an
    unpaired surrogate or a body nested 10,000 deep is a 422 naming the field, never a 500 or
-   FastAPI's vague 400.
+   FastAPI's vague 400. A body that is not JSON is a 415, a body sent to a route that takes
+   none a 422 (FastAPI would ignore it).
 3. **The attempt**, for the proxy: a call for an attempt that is superseded, or whose rollout is
    terminal, is refused with 409 (`proxy_refusal`), as the store refuses its harness's events.
 """
@@ -45,6 +46,20 @@ class GuardedRoute(APIRoute):
                 await authenticate(request)
             if takes_body:
                 await _parse_json_body(request)
+            elif await request.body():
+                # FastAPI ignores a body the route does not declare: `DELETE /api/models` with
+                # `{"model": "m"}` deleted every model, a drain with `{"timeout_s": 5}` waited
+                # its default 600 s.
+                raise RequestValidationError(
+                    [
+                        {
+                            "loc": ("body",),
+                            "msg": f"{request.method} {request.url.path} takes no body; send "
+                            "its parameters in the query string (see GET /openapi.json)",
+                            "type": "extra_forbidden",
+                        }
+                    ]
+                )
             return await handler(request)
 
         return guarded
