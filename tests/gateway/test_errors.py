@@ -109,6 +109,30 @@ def test_a_body_sent_to_a_route_that_takes_none_is_422_not_ignored(gateway: Gate
     assert empty.status_code == 200
 
 
+def test_a_query_parameter_the_route_does_not_take_is_422_not_ignored(gateway: Gateway) -> None:
+    """FastAPI ignored it: `DELETE /api/models?name=m` deleted every model, and
+    `GET /api/rollouts?state=failed` listed every state."""
+    for name in ("m", "n"):
+        gateway.http.post("/api/models", json={"model": name, "endpoint": "http://127.0.0.1:1"})
+    deleted = gateway.http.delete("/api/models", params={"name": "m"})
+    assert deleted.status_code == 422, deleted.text
+    assert deleted.json()["detail"][0]["loc"] == ["query", "name"]
+    assert "(it takes: model)" in deleted.json()["error"]
+    assert [m["model"] for m in gateway.http.get("/api/models").json()] == ["m", "n"]
+    listed = gateway.http.get("/api/rollouts", params={"state": "failed"})
+    assert listed.status_code == 422
+    assert "status" in listed.json()["error"]
+    read = gateway.http.get("/api/rollouts/r/events", params={"types": "reward"})
+    assert read.status_code == 422
+    assert "type" in read.json()["error"]
+    # The parameters each route declares, its dependencies' included, are taken.
+    assert gateway.http.get("/api/rollouts", params={"status": "failed", "q": "x"}).is_success
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    events = gateway.http.get("/api/rollouts/r/events", params={"type": "a", "after": 0})
+    assert events.is_success
+    assert gateway.http.delete("/api/models", params={"model": "m"}).json() == {"deleted": 1}
+
+
 def test_an_unsafe_rollout_id_is_422(gateway: Gateway) -> None:
     response = gateway.http.post("/api/rollouts", json=[{"rollout_id": "a/b"}])
     assert response.status_code == 422

@@ -8,7 +8,7 @@
 2. **The body**, under the JSON rule (`reins.gateway.jsonrule`): parsed once, here, so a NaN, an
    unpaired surrogate or a body nested 10,000 deep is a 422 naming the field, never a 500 or
    FastAPI's vague 400. A body that is not JSON is a 415, a body sent to a route that takes
-   none a 422 (FastAPI would ignore it).
+   none a 422, and so is a query parameter the route does not take (FastAPI ignores both).
 3. **The attempt**, for the proxy: a call for an attempt that is superseded, or whose rollout is
    terminal, is refused with 409 (`proxy_refusal`), as the store refuses its harness's events.
 """
@@ -40,10 +40,27 @@ class GuardedRoute(APIRoute):
         handler = super().get_route_handler()
         authenticate = _authenticator_of(self.dependant)
         takes_body = self.body_field is not None
+        parameters = _query_names(self.dependant)
 
         async def guarded(request: Request) -> Response:
             if authenticate is not None:
                 await authenticate(request)
+            unknown = [name for name in request.query_params if name not in parameters]
+            if unknown:
+                # FastAPI ignores a parameter the route does not declare: a misspelled one read
+                # as absent, and `DELETE /api/models?name=m` deleted every model.
+                takes = ", ".join(sorted(parameters)) or "none"
+                raise RequestValidationError(
+                    [
+                        {
+                            "loc": ("query", name),
+                            "msg": f"{request.method} {request.url.path} has no such "
+                            f"parameter (it takes: {takes})",
+                            "type": "extra_forbidden",
+                        }
+                        for name in unknown
+                    ]
+                )
             if takes_body:
                 await _parse_json_body(request)
             elif await request.body():
@@ -78,6 +95,17 @@ def _authenticator_of(dependant: Dependant) -> Callable[[Request], Awaitable[Any
     if require_attempt in calls:
         return _attempt_caller
     return None
+
+
+def _query_names(dependant: Dependant) -> frozenset[str]:
+    """The query parameters a route declares, its dependencies' included."""
+    names: set[str] = set()
+    stack = [dependant]
+    while stack:
+        current = stack.pop()
+        names.update(field.alias for field in current.query_params)
+        stack.extend(current.dependencies)
+    return frozenset(names)
 
 
 async def _attempt_caller(request: Request) -> Principal:
