@@ -131,6 +131,16 @@ def test_a_query_parameter_the_route_does_not_take_is_422_not_ignored(gateway: G
     events = gateway.http.get("/api/rollouts/r/events", params={"type": "a", "after": 0})
     assert events.is_success
     assert gateway.http.delete("/api/models", params={"model": "m"}).json() == {"deleted": 1}
+    # The event post too (its fast endpoint): a key sent as a parameter was no key.
+    gateway.http.post("/api/rollouts/r/attempts")
+    keyed = gateway.http.post(
+        "/api/rollouts/r/attempt/1/events",
+        params={"idempotency_key": "k"},
+        json={"type": "note"},
+    )
+    assert keyed.status_code == 422
+    assert keyed.json()["detail"][0]["loc"] == ["query", "idempotency_key"]
+    assert gateway.http.get("/api/rollouts/r/events").json() == []
 
 
 def test_an_unsafe_rollout_id_is_422(gateway: Gateway) -> None:

@@ -52,6 +52,15 @@ def _path_ids(request: Request) -> tuple[str, int]:
 async def append_events(request: Request) -> Response:
     rollout_id, attempt_id = _path_ids(request)
     caller = request.app.state.auth.attempt(request, rollout_id, attempt_id)
+    if request.scope["query_string"]:
+        # As its twin refuses it (`GuardedRoute`): an `?idempotency_key=` read as absent would
+        # let a retry store the event twice.
+        name = next(iter(request.query_params), "")
+        raise _invalid(
+            ("query", name),
+            f"POST {request.url.path} has no such parameter (it takes: none)",
+            "extra_forbidden",
+        )
     key = request.headers.get("idempotency-key")
     if key is not None and len(key) > 200:
         raise _invalid(
