@@ -157,6 +157,15 @@ class GatewayClient:
                 if response.status_code < 500:
                     if response.status_code >= 400:
                         raise GatewayError(response.status_code, _message(response))
+                    if response.status_code >= 300:
+                        # Not followed (a 301 or 302 would resend a POST as a GET), and not an
+                        # answer: read as one, its empty body was a bare JSONDecodeError.
+                        raise GatewayError(
+                            response.status_code,
+                            f"{method} {path} was redirected to "
+                            f"{response.headers.get('location', 'another URL')}: give the client "
+                            "the gateway's own URL",
+                        )
                     return response
                 failure = GatewayError(response.status_code, _message(response))
             out_of_tries = self.max_retries is not None and tried >= self.max_retries

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from reins.client import GatewayClient, GatewayError
 from reins.schemas import EventIn, ModelEndpointIn, RolloutSpec
 from tests.conftest import Gateway
-from tests.support import free_port
+from tests.support import free_port, http_server
 
 
 class Flaky(httpx.AsyncBaseTransport):
@@ -215,6 +216,28 @@ async def test_4xx_is_raised_at_once_with_the_gateways_message(gateway: Gateway)
     assert raised.value.status_code == 404
     assert "missing does not exist" in raised.value.message
     assert flaky.calls == 1
+
+
+async def test_a_redirect_is_raised_naming_where_it_leads() -> None:
+    """A gateway behind an ingress that redirects http to https: the client read the redirect's
+    empty body as JSON and raised a bare JSONDecodeError."""
+
+    class Redirecting(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(301)
+            self.send_header("Location", "https://gateway.example" + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    with http_server(Redirecting) as port:
+        async with GatewayClient(f"http://127.0.0.1:{port}", "k", retry_for_s=1) as gw:
+            with pytest.raises(GatewayError) as raised:
+                await gw.list_models()
+    assert raised.value.status_code == 301
+    assert "redirected to https://gateway.example/api/models" in raised.value.message
 
 
 async def test_giving_up_after_max_retries(gateway: Gateway) -> None:
