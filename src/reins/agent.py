@@ -146,6 +146,18 @@ def anthropic_base_url(openai_base_url: str) -> str:
     return base[: -len(_OPENAI_SUFFIX)] + "/anthropic"
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib follows a 301 or 302 of a POST as a GET without its body: the event was never
+    posted, and a GET that answered 200 (an admin read, a login page) passed for its ack.
+    Refused instead, so the redirect surfaces as an HTTPError."""
+
+    def redirect_request(self, *_: Any, **__: Any) -> None:
+        return None
+
+
+_POSTER = urllib.request.build_opener(_NoRedirects)
+
+
 def emit_event(
     type: str,
     data: Mapping[str, Json],
@@ -168,11 +180,14 @@ def emit_event(
     while True:
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            with _POSTER.open(request, timeout=timeout_s) as response:
                 response.read()
             return
         except urllib.error.HTTPError as error:
             problem = f"{error.code}: {_message(error.read())}"
+            if 300 <= error.code < 400:
+                where = error.headers.get("Location", "another URL")
+                problem = f"{error.code}: redirected to {where}; set the gateway's own URL"
             if error.code < 500:
                 raise ReportError(f"the gateway refused the {type} event ({problem})") from error
         except (urllib.error.URLError, OSError) as error:  # refused, reset, timed out

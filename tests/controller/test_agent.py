@@ -165,6 +165,46 @@ def test_a_retry_after_a_5xx_carries_the_same_idempotency_key(flaky_server: str)
     assert first == second and first["idempotency_key"]
 
 
+class _Redirecting(BaseHTTPRequestHandler):
+    """An ingress that sends the gateway's http URL to https: POSTs are redirected, and the
+    GET that urllib made of one answered 200."""
+
+    gets = 0
+
+    def do_POST(self) -> None:
+        self.send_response(302)
+        self.send_header("Location", "/elsewhere")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        type(self).gets += 1
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_a_redirected_event_post_fails_naming_the_redirect() -> None:
+    """urllib followed the redirect as a GET without the event, and its 200 passed for the
+    event's ack: the reward was lost without a word."""
+    _Redirecting.gets = 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Redirecting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        context = AgentContext(url, "tok", url, "r", 1, "train", None)
+        with pytest.raises(ReportError, match="302: redirected to /elsewhere"):
+            report_reward(1.0, context=context)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _Redirecting.gets == 0
+
+
 class _Clock:
     """The retries' clock, moved by their sleeps: minutes of retrying in no time."""
 
