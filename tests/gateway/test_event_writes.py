@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from reins.gateway.store import Conflict
 from reins.gateway.store.sql import SqlStore
 from reins.schemas import AttemptCreate, EventIn, RolloutSpec
 from tests.support import PostgresServer
@@ -117,6 +118,38 @@ async def test_on_postgresql_a_rollouts_events_commit_in_the_order_of_their_seqs
         assert read_meanwhile == []
         assert [event.type for event in stored] == ["early", "late"]
         assert stored[1].seq == acked.seq > stored[0].seq
+    finally:
+        for replica in (first, second):
+            await replica.close()
+
+
+@pytest.mark.slow
+async def test_on_postgresql_a_list_reusing_a_key_another_gateway_is_committing_stores_nothing(
+    postgres: PostgresServer,
+) -> None:
+    """The list post's check of its keys waits for the other gateway's commit of the rollout:
+    run before it, the check missed the key being committed, and the post was answered 409
+    with its new event stored."""
+    url = postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
+    first, second = SqlStore(url), SqlStore(url)
+    for replica in (first, second):
+        await replica.init()
+    await first.create_rollouts([RolloutSpec(rollout_id="r")])
+    await first.open_attempt("r", AttemptCreate())
+    try:
+        rows = first._rows_of("r", 1, [EventIn(type="a", data={"v": 1}, idempotency_key="k")])
+        reused = [
+            EventIn(type="b", idempotency_key="new"),
+            EventIn(type="a", data={"v": 2}, idempotency_key="k"),
+        ]
+        async with first.engine.begin() as conn:
+            await conn.run_sync(first._pack_and_insert, rows, set(), set(), [rows])
+            post = asyncio.create_task(second.append_events("r", 1, reused))
+            await asyncio.sleep(1.0)
+        with pytest.raises(Conflict, match="nothing of this post was stored"):
+            await post
+        stored = await second.get_events("r")
+        assert [(event.idempotency_key, event.data) for event in stored] == [("k", {"v": 1})]
     finally:
         for replica in (first, second):
             await replica.close()

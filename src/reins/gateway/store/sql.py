@@ -40,7 +40,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from reins.gateway import jsonrule
 from reins.gateway.store import Conflict, NotFound
-from reins.gateway.store.appends import PendingAppend, insert_events, key_of, stored_rows
+from reins.gateway.store.appends import (
+    PendingAppend,
+    insert_events,
+    key_of,
+    lock_rollouts,
+    stored_rows,
+)
 from reins.gateway.store.board import ReplicaBoard
 from reins.gateway.store.journal import CLEAR_FROM_BYTES, CallJournal, JournaledPost
 from reins.gateway.store.packing import Key, Packer, expand_rows, packed_event_of, record_parts
@@ -941,6 +947,10 @@ class SqlStore(DashboardReads):
     ) -> Written:
         """One group commit's statements: the list posts that reuse a key refused, the rows
         packed, inserted, the replays read back."""
+        if rows and conn.dialect.name == "postgresql":
+            # First: another gateway's commit of these rollouts is then committed, its keys
+            # seen by `_reusing_lists` and its seqs below the ones drawn here.
+            lock_rollouts(conn, rows)
         refused = self._reusing_lists(conn, posts)
         if refused:
             kept = {key_of(row) for i, post in enumerate(posts) if i not in refused for row in post}
