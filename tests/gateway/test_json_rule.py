@@ -265,6 +265,21 @@ def test_parse_refuses_invalid_utf8_and_raw_surrogate_bytes() -> None:
     assert refused.value.loc == ("body", "a")
 
 
+def test_a_body_that_is_not_utf8_is_422_saying_where_and_what_to_send(gateway: Gateway) -> None:
+    """orjson said "str is not valid UTF-8: surrogates not allowed: line 1 column 1" for any
+    byte anywhere: a Latin-1 body (PowerShell 5's default) read as one with a surrogate."""
+    latin1 = '[{"rollout_id": "r", "input": "café"}]'.encode("latin-1")
+    response = gateway.http.post(
+        "/api/rollouts", content=latin1, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert response.json()["error"] == (
+        "malformed JSON in the request body: the document is not UTF-8 text (byte 0xe9 at "
+        "offset 34); send JSON encoded as UTF-8"
+    )
+    assert gateway.http.get("/api/rollouts").json()["items"] == []
+
+
 def test_parse_keeps_every_other_value_as_sent() -> None:
     text = (
         '{"s": "\\u0000\\ud83d\\ude00 NaN Infinity", "f": 1.5e308, "t": 5e-324, "n": null,'

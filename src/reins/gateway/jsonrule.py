@@ -190,6 +190,19 @@ def _lenient_int(text: str) -> int | float:
 
 def _explain(body: bytes | str, loc: Loc) -> JsonRuleError:
     """Why `parse` refused a document, with the field: read it leniently and walk it."""
+    if isinstance(body, bytes):
+        try:
+            # As `json.loads` decodes it: a surrogate's bytes pass, to be named by `find`.
+            body.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError as error:
+            # orjson says "str is not valid UTF-8: surrogates not allowed: line 1 column 1"
+            # wherever the byte is and whatever it is (a Latin-1 "é", the first of a gzip).
+            return JsonRuleError(
+                loc,
+                "json_invalid",
+                f"the document is not UTF-8 text (byte 0x{body[error.start]:02x} at offset "
+                f"{error.start}); send JSON encoded as UTF-8",
+            )
     try:
         value = json.loads(body, parse_int=_lenient_int, parse_constant=float)
     except RecursionError:
