@@ -284,8 +284,18 @@ def read_config_file(
             raise ConfigError(f"override {item!r} is not key=value")
         target = data
         *parents, leaf = key.split(".")
-        for parent in parents:
-            target = target.setdefault(parent, {})
+        for depth, parent in enumerate(parents):
+            # A field left null (`lora:` in the file) is filled by its sub-fields; any other
+            # value has none to set, and indexing into it would be a TypeError.
+            if target.get(parent) is None:
+                target[parent] = {}
+            target = target[parent]
+            if not isinstance(target, dict):
+                field = ".".join(parents[: depth + 1])
+                raise ConfigError(
+                    f"override {item!r}: {field} is {target!r}, not a group of fields, so it "
+                    f"has no {key[len(field) + 1 :]!r} to set"
+                )
         target[leaf] = yaml.safe_load(raw) if raw else None
     return data
 

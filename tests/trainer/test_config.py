@@ -1,0 +1,34 @@
+"""`reins train`'s config: a mistake in the file or in `--set` is a `ConfigError` that names the
+field, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reins.trainer.config import ConfigError, load_config
+
+
+def write_config(folder: Path, extra: str = "") -> Path:
+    (folder / "train.jsonl").write_text('{"input": 1}\n')
+    path = folder / "config.yaml"
+    path.write_text(f"tasks: train.jsonl\nagent: 'true'\n{extra}")
+    return path
+
+
+def test_a_dotted_override_of_a_field_that_is_no_group_names_it(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "steps: 30\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(path, ["steps.x=2"])
+    assert str(raised.value) == (
+        "override 'steps.x=2': steps is 30, not a group of fields, so it has no 'x' to set"
+    )
+    with pytest.raises(ConfigError, match=r"^override 'lora.r=8': lora is 3, not a group"):
+        load_config(path, ["lora=3", "lora.r=8"])
+
+
+def test_a_dotted_override_fills_a_group_left_null_in_the_file(tmp_path: Path) -> None:
+    loaded = load_config(write_config(tmp_path, "lora:\n"), ["lora.r=8"])
+    assert loaded.lora is not None
+    assert (loaded.lora.r, loaded.lora.alpha) == (8, 32)
