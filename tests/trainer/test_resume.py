@@ -67,6 +67,31 @@ def test_resuming_a_run_without_a_checkpoint_refuses_and_keeps_its_metrics(
     assert (run.run_dir / "metrics.jsonl").read_bytes() == before
 
 
+def test_a_model_that_is_no_model_folder_is_refused_before_the_run_folder_is_made(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    run = config(tmp_path, tmp_path / "no-such-model")
+    with pytest.raises(ValueError, match=r"^model .*no-such-model is not a folder: set model"):
+        asyncio.run(train(run))
+    (tmp_path / "empty").mkdir()
+    run = config(tmp_path, tmp_path / "empty")
+    with pytest.raises(ValueError, match=r"is not a Hugging Face model folder \(it has no config"):
+        asyncio.run(train(run))
+    run = config(tmp_path, tiny_model_dir, tasks=tmp_path / "no-tasks.jsonl")
+    with pytest.raises(ValueError, match=r"^cannot read tasks from .*no-tasks.jsonl"):
+        asyncio.run(train(run))
+    assert not run.run_dir.exists()
+
+
+def test_a_run_folder_that_cannot_be_made_is_a_clear_error(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    run = config(tmp_path, tiny_model_dir, runs_dir=tmp_path / "a-file" / "runs")
+    with pytest.raises(ValueError, match=r"^cannot create the run folder .*a-file/runs/t \("):
+        asyncio.run(train(run))
+
+
 # -- metrics on resume (pure) ----------------------------------------------------------------
 
 

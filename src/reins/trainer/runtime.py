@@ -158,6 +158,23 @@ def load_policy(
     return model, tokenizer, Path(folder)
 
 
+def check_model_folder(folder: Path | None) -> None:
+    """A ValueError saying what is wrong when `folder` (the config's `model`) is no Hugging Face
+    model folder: transformers takes a missing folder for a hub id and says that, and fails on
+    a folder without a model with advice about tokenizer packages."""
+    if folder is None:
+        return
+    if not folder.is_dir():
+        raise ValueError(
+            f"model {folder} is not a folder: set model to a Hugging Face model folder"
+        )
+    if not (folder / "config.json").is_file():
+        raise ValueError(
+            f"model {folder} is not a Hugging Face model folder (it has no config.json): set "
+            "model to a folder written by save_pretrained, with its tokenizer"
+        )
+
+
 @contextlib.asynccontextmanager
 async def _gateway(config: TrainConfig, api_key: str, tokenizer: Path) -> AsyncIterator[str]:
     if config.gateway_url is not None:
@@ -293,6 +310,11 @@ async def _train(
     from reins.controller import Controller, LocalReconciler
 
     run_dir = config.run_dir
+    # What the config names is checked before anything is created or loaded: a mistake there is
+    # told as such, not as a loader's traceback minutes into the model's load.
+    check_model_folder(config.model)
+    train_tasks = load_tasks(config.tasks)
+    val_tasks = load_tasks(config.val_tasks) if config.val_tasks else []
     point = resuming.find(config) if resume else None  # a ResumeError says what exists
     if point is None and (
         (run_dir / "metrics.jsonl").exists() or checkpoint.latest(run_dir) is not None
@@ -301,7 +323,13 @@ async def _train(
             f"{run_dir} already holds a run; pass --resume to go on with it, or choose another "
             "run_name"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(
+            f"cannot create the run folder {run_dir} ({error}); set runs_dir to a folder this "
+            "user can write"
+        ) from error
     metrics = MetricsLog(run_dir, tensorboard=config.tensorboard)
     final_validation = True
     if point is not None:
@@ -340,8 +368,6 @@ async def _train(
     else:
         model, tokenizer, folder = load_policy(config)
         backend = TorchBackend(model, _backend_config(config))
-    train_tasks = load_tasks(config.tasks)
-    val_tasks = load_tasks(config.val_tasks) if config.val_tasks else []
     stream = TaskStream(train_tasks, config.seed)
     versions = resuming.VersionLedger.open(run_dir)
     start_step, version, lineage, pending = 0, 0, [0], []
