@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sqlite3
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from reins.trainer import checkpoint
+from reins.trainer import checkpoint, resume
 from reins.trainer.metrics import MetricsLog
 from reins.trainer.runtime import train
 from tests.trainer.test_loop import config, metrics
@@ -90,6 +91,42 @@ def test_a_run_folder_that_cannot_be_made_is_a_clear_error(
     run = config(tmp_path, tiny_model_dir, runs_dir=tmp_path / "a-file" / "runs")
     with pytest.raises(ValueError, match=r"^cannot create the run folder .*a-file/runs/t \("):
         asyncio.run(train(run))
+
+
+def damaged_checkpoints(run: Any, model: Path) -> tuple[Path, Path]:
+    """Two checkpoints (steps 1 and 2) of `run`'s untrained weights, as a run would save them."""
+    from reins.trainer.backend import BackendConfig, TorchBackend
+    from reins.trainer.runtime import load_policy
+
+    backend = TorchBackend(load_policy(run)[0], BackendConfig())
+    folders = []
+    for step in (1, 2):
+        state = checkpoint.TrainerState(step, 2 * step, 0, checkpoint.capture_rng(), [0])
+        folders.append(checkpoint.save(run.run_dir, backend, state, keep=2))
+    return folders[0], folders[1]
+
+
+def test_a_damaged_checkpoint_is_refused_naming_the_one_before_it(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A `step-*` folder is complete when renamed into place, but a disk, a copy or a hand can
+    still damage it: the resume says so and which checkpoint it could go on from instead."""
+    run = config(tmp_path, tiny_model_dir)
+    first, second = damaged_checkpoints(run, tiny_model_dir)
+    for damage in ("trainer.json", "model.pt"):
+        kept = (second / damage).read_bytes()
+        (second / damage).write_bytes(kept[: len(kept) // 2])
+        with pytest.raises(resume.ResumeError) as refused:
+            asyncio.run(train(run, resume=True))
+        assert str(refused.value).startswith(f"checkpoint {second} cannot be loaded (")
+        assert str(refused.value).endswith(
+            f"move it out of {second.parent} to resume from {first.name}, the one before it"
+        )
+        (second / damage).write_bytes(kept)
+    (first / "trainer.json").unlink()
+    shutil.rmtree(second)
+    with pytest.raises(resume.ResumeError, match="there is no earlier checkpoint: start the run"):
+        asyncio.run(train(run, resume=True))
 
 
 # -- metrics on resume (pure) ----------------------------------------------------------------

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from reins.client import DatabaseChanged, GatewayClient, GatewayError, check_database
 from reins.trainer import checkpoint
+from reins.trainer.backend import Backend
 from reins.trainer.checkpoint import TrainerState
 from reins.trainer.config import TrainConfig
 from reins.trainer.metrics import MetricsLog
@@ -77,7 +78,36 @@ def find(config: TrainConfig) -> ResumePoint:
             f"run_name (or delete {run_dir}); a lower checkpoint_every makes resumes possible "
             "sooner"
         )
-    return ResumePoint(found, checkpoint.read_state(found), removed)
+    try:
+        state = checkpoint.read_state(found)
+    except (OSError, ValueError, TypeError) as error:  # missing, not JSON, not a TrainerState
+        raise ResumeError(damaged(found, error)) from error
+    return ResumePoint(found, state, removed)
+
+
+def load(point: ResumePoint, backend: Backend) -> TrainerState:
+    """Loads the checkpoint's weights and optimizer into `backend`; a `ResumeError` when its files
+    cannot be loaded (truncated, deleted, or from another model or LoRA setting)."""
+    try:
+        checkpoint.load(point.folder, backend)
+    except Exception as error:  # torch.load and load_state_dict fail in many ways, all alike here
+        raise ResumeError(damaged(point.folder, error)) from error
+    return point.state
+
+
+def damaged(folder: Path, error: BaseException) -> str:
+    """Why `folder` cannot be resumed from, and what the user can do."""
+    found = sorted(folder.parent.glob(f"{checkpoint.PREFIX}*"))
+    earlier = [f for f in found if f.name < folder.name]
+    instead = (
+        f"move it out of {folder.parent} to resume from {earlier[-1].name}, the one before it"
+        if earlier
+        else "there is no earlier checkpoint: start the run again under another run_name"
+    )
+    return (
+        f"checkpoint {folder} cannot be loaded ({error}); it is damaged or was written for "
+        f"another model or LoRA setting: {instead}"
+    )
 
 
 @dataclass

@@ -372,7 +372,7 @@ async def _train(
     versions = resuming.VersionLedger.open(run_dir)
     start_step, version, lineage, pending = 0, 0, [0], []
     if point is not None:
-        state = checkpoint.load(point.folder, backend)
+        state = resuming.load(point, backend)  # a ResumeError when it cannot be loaded
         if leading is not None and config.engine_url is None:
             # The embedded engine's own copy serves the checkpoint's weights too.
             load_into(model, leading.full_state_dict())
