@@ -283,7 +283,10 @@ def train(
 def _run_training(config: object, *, resume: bool) -> None:
     import asyncio
     import logging
+    import signal
     import traceback
+    from collections.abc import Coroutine
+    from typing import Any
 
     from reins.serving import freeze_startup_objects
     from reins.trainer.config import TrainConfig
@@ -297,13 +300,46 @@ def _run_training(config: object, *, resume: bool) -> None:
         f"{config.tasks_per_step} tasks x {config.group_size} rollouts per step; "
         f"files in {config.run_dir}"
     )
+    terminated = False
+
+    async def until_terminated(work: Coroutine[Any, Any, object]) -> object:
+        """`work`, cancelled by SIGTERM (`kill`, a service manager's stop) as asyncio.run cancels
+        it on Ctrl-C, so the run ends the same way: its rollouts in flight failed, its agents
+        and their children killed. By default SIGTERM ended the process at once: the rollouts
+        stayed `running` at the gateway and the agents' own children were left behind. A sharded
+        run's ranks keep the default: torchrun stops them with it."""
+        main = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+
+        def stop() -> None:
+            nonlocal terminated
+            if not terminated and main is not None:  # once: a second one must not cut cleanup
+                terminated = True
+                main.cancel()
+
+        if config.backend == "torch":
+            loop.add_signal_handler(signal.SIGTERM, stop)
+        return await work
+
     try:
         with ConsoleReporter(console, config.steps, 0) as reporter:
             # Once the gateway, engine and controller run, their objects and torch's are left
             # out of full collections: one walked them all (~500k: 270-670 ms with every proxied
             # call and the engine stopped), every minute or two of a run.
             serving = freeze_startup_objects
-            asyncio.run(train(config, resume=resume, reporter=reporter, on_serving=serving))
+            asyncio.run(
+                until_terminated(
+                    train(config, resume=resume, reporter=reporter, on_serving=serving)
+                )
+            )
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+        console.print(
+            "stopped by SIGTERM: the run's rollouts in flight were failed and its agents ended; "
+            "go on with `reins train CONFIG --resume` (from its last checkpoint, if it made one)"
+        )
+        raise typer.Exit(128 + signal.SIGTERM) from None
     except (FileExistsError, ValueError) as error:
         console.print(f"[red]error:[/red] {error}")
         _end_rank(config, 1)

@@ -31,3 +31,17 @@ def one_slow(task: dict[str, Any]) -> float:
     if os.environ["REINS_ROLLOUT_ID"].endswith(".1"):
         task = {**task, "pause_s": task["slow_pause_s"]}
     return paced(task)
+
+
+def stuck(task: dict[str, Any]) -> float:
+    """Starts a child process, writes its pid to `<pid_dir>/<rollout id>`, then never ends: an
+    agent in flight, with a child of its own, whenever the trainer is stopped."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "600"])
+    pid_file = os.path.join(task["pid_dir"], os.environ["REINS_ROLLOUT_ID"])
+    with open(pid_file + ".tmp", "w") as out:
+        out.write(str(child.pid))
+    os.replace(pid_file + ".tmp", pid_file)
+    time.sleep(600)
+    return 0.0
