@@ -34,14 +34,14 @@ def one_slow(task: dict[str, Any]) -> float:
 
 
 def stuck(task: dict[str, Any]) -> float:
-    """Starts a child process, writes its pid to `<pid_dir>/<rollout id>`, then never ends: an
-    agent in flight, with a child of its own, whenever the trainer is stopped."""
+    """Starts a child process, writes its own pid and the child's to `<pid_dir>/<rollout id>`,
+    then never ends: an agent in flight, with a child of its own, whenever the trainer stops."""
     import subprocess
 
     child = subprocess.Popen(["sleep", "600"])
     pid_file = os.path.join(task["pid_dir"], os.environ["REINS_ROLLOUT_ID"])
     with open(pid_file + ".tmp", "w") as out:
-        out.write(str(child.pid))
+        out.write(f"{os.getpid()} {child.pid}")
     os.replace(pid_file + ".tmp", pid_file)
     time.sleep(600)
     return 0.0

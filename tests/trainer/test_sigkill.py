@@ -179,3 +179,50 @@ def test_sigkill_of_reins_train_resumes_without_training_a_rollout_twice(
     counts = attempts(run_dir / "gateway.db")
     assert all(n <= 1 for rollout_id, n in counts.items() if ".r1." not in rollout_id)
     assert {(r, a, v) for r, a, v in every_call if ".r1." not in r} <= set(killed_calls)
+
+
+@pytest.mark.parametrize("kind", ["command", "module"])
+def test_sigkill_of_reins_train_leaves_no_agent_nor_child_of_one(
+    tmp_path: Path, tiny_model_dir: Path, kind: str
+) -> None:
+    """The kernel kills only the trainer's direct children with it (`die_with_parent`): a
+    command's `sh` wrapper, whose agent ran on, and a forked agent, whose own children ran on.
+    Whatever of a running attempt is left is killed by the reaper (`reins.controller.reaper`)."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    tasks = tmp_path / "train.jsonl"
+    lines = [{"id": w, "input": {"pid_dir": str(pids)}} for w in ("ant", "bee")]
+    tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    record = f"{pids}/$REINS_ROLLOUT_ID"
+    agents = {
+        "command": f"sleep 600 & echo $$ $! > {record}.tmp && mv {record}.tmp {record}; wait",
+        "module": "tests.trainer.paced_agents:stuck",
+    }
+    fields = {
+        "run_name": "sk",
+        "runs_dir": str(tmp_path / "runs"),
+        "tasks": str(tasks),
+        "agent": agents[kind],
+        "model": str(tiny_model_dir),
+        "steps": 1,
+        "tasks_per_step": 2,
+        "group_size": 2,
+        "val_every": 0,
+        "max_model_len": 256,
+        "tensorboard": False,
+    }
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(fields))
+    output = tmp_path / "train.log"
+    trainer = start(config, output)
+    try:
+        wait_for(lambda: len(list(pids.glob("sk.*"))) == 4, trainer, output, 120)
+        running = [int(pid) for p in pids.glob("sk.*") for pid in p.read_text().split()]
+        assert len(running) == 8 and all(alive(pid) for pid in running)
+    finally:
+        os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in running) and time.monotonic() < deadline:
+        time.sleep(0.02)  # polling /proc, bounded by the deadline
+    assert not [pid for pid in running if alive(pid)]

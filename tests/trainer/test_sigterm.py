@@ -47,7 +47,7 @@ def test_sigterm_stops_the_run_as_ctrl_c_does(tmp_path: Path, tiny_model_dir: Pa
     trainer = start(config, output)
     try:
         wait_for(lambda: len(list(pids.glob("st.*"))) == 4, trainer, output, 120)
-        children = [int(p.read_text()) for p in pids.glob("st.*")]
+        agents = [int(pid) for p in pids.glob("st.*") for pid in p.read_text().split()]
         trainer.send_signal(signal.SIGTERM)
         trainer.wait(timeout=90)
     finally:
@@ -61,8 +61,8 @@ def test_sigterm_stops_the_run_as_ctrl_c_does(tmp_path: Path, tiny_model_dir: Pa
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
         rows = connection.execute("SELECT state, reason FROM rollouts").fetchall()
     assert rows == [("failed", "the trainer stopped before this rollout ended")] * 4
-    # The agents' own children end with them (the controller kills each agent's group).
+    # The agents and their own children end (the controller kills each agent's group).
     deadline = time.monotonic() + 5
-    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in agents) and time.monotonic() < deadline:
         time.sleep(0.02)  # polling /proc, bounded by the deadline
-    assert not [pid for pid in children if alive(pid)]
+    assert not [pid for pid in agents if alive(pid)]

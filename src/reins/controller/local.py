@@ -24,6 +24,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -117,7 +118,11 @@ class LocalReconciler:
         self.die_with_parent = die_with_parent
         """Agents (and zygotes) are killed by the kernel when this process ends, even by
         SIGKILL: for a controller inside the trainer, whose gateway dies with it. A standalone
-        controller leaves it off, so that its agents outlive a crash and are adopted."""
+        controller leaves it off, so that its agents outlive a crash and are adopted. The kernel
+        kills only the direct child (a command's `sh` wrapper, a forked agent): the rest of each
+        running attempt (the command's agent itself, an agent's own children) is killed by a
+        reaper process (`reins.controller.reaper`)."""
+        self._reaper: subprocess.Popen[bytes] | None = None
         self._zygotes: dict[str, _Zygote] = {}
         self._unloadable: set[str] = set()
         self._execs: dict[Key, _Execution] = {}
@@ -150,6 +155,13 @@ class LocalReconciler:
         for zygote in self._zygotes.values():
             await zygote.close()
         self._zygotes.clear()
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:  # every attempt ended: it has nothing to kill, and exits
+            assert reaper.stdin is not None
+            with contextlib.suppress(OSError):
+                reaper.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(reaper.wait, 10)
 
     def free_slots(self) -> int:
         return self.max_parallel - sum(1 for e in self._execs.values() if e.ended is None)
@@ -249,6 +261,7 @@ class LocalReconciler:
                 key, folder, pid, deadline, launch.timeout_s, launch.incarnation, mark=mark
             )
             self._execs[key] = execution
+            self._hold(execution)
             execution.monitor = asyncio.create_task(self._watch_adopted(execution))
             return self._where(folder, pid)
         try:
@@ -275,6 +288,7 @@ class LocalReconciler:
             mark=mark,
         )  # fmt: skip
         self._execs[key] = execution
+        self._hold(execution)
         execution.monitor = asyncio.create_task(self._watch_child(execution, process))
         return self._where(folder, process.pid)
 
@@ -375,6 +389,7 @@ class LocalReconciler:
             mark=str(mark) if mark else None,
         )  # fmt: skip
         self._execs[key] = execution
+        self._hold(execution)
         execution.monitor = asyncio.create_task(self._watch_adopted(execution))
         return execution
 
@@ -427,7 +442,38 @@ class LocalReconciler:
 
     def _end(self, execution: _Execution, ended: Ended) -> None:
         execution.ended = ended
+        self._release(execution)
         self._on_change()
+
+    def _hold(self, execution: _Execution) -> None:
+        """With `die_with_parent`: the reaper kills this attempt's process group (and its marked
+        processes) if this process ends before the attempt does, by SIGKILL too."""
+        if self.die_with_parent and execution.pid:
+            self._tell_reaper(f"+ {execution.pid} {execution.mark or '-'}")
+
+    def _release(self, execution: _Execution) -> None:
+        """The attempt ended: its group id may name another group one day, never to be killed."""
+        if self.die_with_parent and execution.pid:
+            self._tell_reaper(f"- {execution.pid}")
+
+    def _tell_reaper(self, line: str) -> None:
+        reaper = self._reaper
+        if reaper is None or reaper.poll() is not None:
+            # Its own session: a kill of this process's group (a terminal's Ctrl-C, a test's
+            # killpg) must leave it to do its work. Its stdin is this process's only reference
+            # to it: the kernel closes it when this process ends, however it ends.
+            reaper = self._reaper = subprocess.Popen(
+                [sys.executable, "-m", "reins.controller.reaper"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        assert reaper.stdin is not None
+        try:
+            reaper.stdin.write(line.encode() + b"\n")
+            reaper.stdin.flush()
+        except OSError:  # it died: the next line starts another one
+            self._reaper = None
 
     async def _stop(self, execution: _Execution, why: str) -> None:
         """Kills a running execution on the controller's behalf (not an outcome of its own)."""
@@ -439,6 +485,7 @@ class LocalReconciler:
         if execution.ended is None:
             await self._kill_group(execution)
             execution.ended = Ended("stopped", None, f"was {why} by the controller")
+            self._release(execution)
 
     async def _kill_group(self, execution: _Execution) -> None:
         """SIGTERM to the whole group and the attempt's processes outside it, SIGKILL after the
