@@ -5,6 +5,7 @@ the crash interrupted on the weights of its step (`reins.trainer.resume`)."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import shutil
 import sqlite3
@@ -91,6 +92,28 @@ def test_a_run_folder_that_cannot_be_made_is_a_clear_error(
     run = config(tmp_path, tiny_model_dir, runs_dir=tmp_path / "a-file" / "runs")
     with pytest.raises(ValueError, match=r"^cannot create the run folder .*a-file/runs/t \("):
         asyncio.run(train(run))
+
+
+def test_a_run_another_process_runs_is_refused_saying_which(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Two `reins train` of one run (a --resume typed while it still runs, one command in two
+    terminals) shared its gateway database and agents, and wrote each step's line twice."""
+    run = config(tmp_path, tiny_model_dir)
+    run.run_dir.mkdir(parents=True)
+    with (run.run_dir / "run.lock").open("w") as other:  # as the running trainer holds it
+        other.write("4242\n")
+        other.flush()
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for resuming in (False, True):
+            with pytest.raises(FileExistsError) as refused:
+                asyncio.run(train(run, resume=resuming))
+            assert str(refused.value) == (
+                f"run 't' is being run by another process (pid 4242, which holds "
+                f"{run.run_dir / 'run.lock'}): wait for it to end, or stop it, before running "
+                "or resuming it here"
+            )
+    assert sorted(p.name for p in run.run_dir.iterdir()) == ["run.lock"]
 
 
 def damaged_checkpoints(run: Any, model: Path) -> tuple[Path, Path]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -34,7 +35,7 @@ from reins.trainer import checkpoint
 from reins.trainer import resume as resuming
 from reins.trainer.backend import Backend, BackendConfig, TorchBackend
 from reins.trainer.config import TrainConfig
-from reins.trainer.data import TaskStream, load_tasks
+from reins.trainer.data import Task, TaskStream, load_tasks
 from reins.trainer.loop import Reporter, Trainer
 from reins.trainer.metrics import MetricsLog
 from reins.trainer.publish import InProcessPublisher, ReloadPublisher, WeightPublisher
@@ -307,14 +308,75 @@ async def _train(
     leader: Leader | None,
     on_serving: Callable[[], None] | None,
 ) -> list[dict[str, Any]]:
-    from reins.controller import Controller, LocalReconciler
-
-    run_dir = config.run_dir
     # What the config names is checked before anything is created or loaded: a mistake there is
     # told as such, not as a loader's traceback minutes into the model's load.
     check_model_folder(config.model)
     train_tasks = load_tasks(config.tasks)
     val_tasks = load_tasks(config.val_tasks) if config.val_tasks else []
+    if resume and not config.run_dir.is_dir():
+        resuming.find(config)  # a ResumeError naming the runs there; nothing is created
+    with _run_lock(config):
+        return await _train_locked(
+            config,
+            train_tasks,
+            val_tasks,
+            resume=resume,
+            reporter=reporter,
+            leader=leader,
+            on_serving=on_serving,
+        )
+
+
+LOCK = "run.lock"
+"""`<run>/run.lock`: held (flock) by the one process that runs the run; holds its pid."""
+
+
+@contextlib.contextmanager
+def _run_lock(config: TrainConfig) -> Iterator[None]:
+    """The run folder, made and held for this process alone while it runs. A second `reins
+    train` of the same run (a --resume typed while the run still runs, the same command in two
+    terminals) would share its gateway database and agents folder, adopt its agents, train its
+    rollouts a second time and write its steps' metrics lines twice. The kernel releases the
+    lock when the process ends, however it ends, so a crashed run leaves none behind."""
+    run_dir = config.run_dir
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise ValueError(
+            f"cannot create the run folder {run_dir} ({error}); set runs_dir to a folder this "
+            "user can write"
+        ) from error
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise FileExistsError(
+                f"run {config.run_name!r} is being run by another process (pid {holder}, which "
+                f"holds {run_dir / LOCK}): wait for it to end, or stop it, before running or "
+                "resuming it here"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+async def _train_locked(
+    config: TrainConfig,
+    train_tasks: list[Task],
+    val_tasks: list[Task],
+    *,
+    resume: bool,
+    reporter: Reporter | None,
+    leader: Leader | None,
+    on_serving: Callable[[], None] | None,
+) -> list[dict[str, Any]]:
+    from reins.controller import Controller, LocalReconciler
+
+    run_dir = config.run_dir
     point = resuming.find(config) if resume else None  # a ResumeError says what exists
     if point is None and (
         (run_dir / "metrics.jsonl").exists() or checkpoint.latest(run_dir) is not None
@@ -323,13 +385,6 @@ async def _train(
             f"{run_dir} already holds a run; pass --resume to go on with it, or choose another "
             "run_name"
         )
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ValueError(
-            f"cannot create the run folder {run_dir} ({error}); set runs_dir to a folder this "
-            "user can write"
-        ) from error
     metrics = MetricsLog(run_dir, tensorboard=config.tensorboard)
     final_validation = True
     if point is not None:
