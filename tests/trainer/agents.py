@@ -32,3 +32,8 @@ def two_calls(task: dict[str, Any]) -> float:
     # when its samples are identical (a reward with few values left whole steps without a
     # gradient by chance: the resume test's logprob-gap check then had nothing to check).
     return (zlib.crc32(text.encode()) % 1001) / 1000
+
+
+def no_reward(task: dict[str, Any]) -> None:
+    """`two_calls`, but it reports no reward: it exits 0 without one."""
+    two_calls(task)

@@ -107,6 +107,17 @@ def test_a_group_with_a_crashing_rollout_is_dropped_and_counted(
     assert record["rollouts/trained"] == 2
 
 
+def test_every_rollout_without_a_reward_is_counted(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Agents that exit 0 without a reward: the groups are dropped and each of their rollouts is
+    counted (only the first of each group was)."""
+    agent = "tests.trainer.agents:no_reward"
+    run = config(tmp_path, tiny_model_dir, agent=agent, steps=1, val_every=0)
+    (record,) = asyncio.run(train(run))
+    assert record["rollouts/missing_reward"] == 4
+    assert record["rollouts/dropped_groups"] == 2
+    assert (record["rollouts/trained"], record["rollouts/failed"]) == (0, 0)
+
+
 def test_a_sync_step_reports_how_long_it_waited_on_its_slowest_rollouts(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

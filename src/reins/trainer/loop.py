@@ -414,13 +414,11 @@ class Trainer:
         ids = [rollout.rollout_id for _, rollouts in kept for rollout in rollouts]
         read = dict(zip(ids, await self.client.get_records(ids), strict=True)) if ids else {}
         for group, rollouts in kept:
-            group_records = []
-            for rollout in rollouts:
-                record = self._record(rollout, read[rollout.rollout_id], counts)
-                if record is None:
-                    break
-                group_records.append(record)
-            else:
+            # Every rollout is read, so each one without a reward is counted, not only a
+            # group's first; one missing drops the group (`_record` says when).
+            found = [self._record(r, read[r.rollout_id], counts) for r in rollouts]
+            group_records = [record for record in found if record is not None]
+            if len(group_records) == len(found):
                 served = [[call.model_version for call in r.calls] for r in group_records]
                 stale = [rollout_staleness(v, current, self.lineage) for v in served]
                 spanning = sum(spans_update(v) for v in served)
