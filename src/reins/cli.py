@@ -288,6 +288,7 @@ def _run_training(config: object, *, resume: bool) -> None:
     from collections.abc import Coroutine
     from typing import Any
 
+    from reins.client import GatewayError
     from reins.serving import freeze_startup_objects
     from reins.trainer.config import TrainConfig
     from reins.trainer.runtime import ConsoleReporter, configure_allocator, train
@@ -342,6 +343,19 @@ def _run_training(config: object, *, resume: bool) -> None:
         raise typer.Exit(128 + signal.SIGTERM) from None
     except (FileExistsError, ValueError) as error:
         console.print(f"[red]error:[/red] {error}")
+        _end_rank(config, 1)
+        raise typer.Exit(1) from error
+    except GatewayError as error:
+        # A refused key or a gateway gone for longer than the client's retries: the run cannot
+        # go on, and a traceback would hide which setting to fix.
+        where = config.gateway_url or "in this process"
+        if error.status_code in (401, 403):
+            what = f"refused the trainer's key ({error.message}): set api_key, or REINS_API_KEY"
+        elif error.status_code == 0:
+            what = f"could not be reached ({error.message}): check gateway_url"
+        else:
+            what = str(error)
+        console.print(f"[red]error:[/red] the gateway {where} {what}")
         _end_rank(config, 1)
         raise typer.Exit(1) from error
     except Exception:

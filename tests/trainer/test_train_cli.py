@@ -1,0 +1,42 @@
+"""`reins train`'s own error lines: a gateway that refuses the trainer's key is a setting to fix,
+said as such, not a traceback."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from reins.cli import app
+from tests.support import running_gateway
+from tests.trainer.test_loop import tasks_file
+
+pytestmark = pytest.mark.slow  # a gateway process
+
+
+def test_a_gateway_that_refuses_the_key_is_an_error_line(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    with running_gateway(f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}", api_key="right") as gateway:
+        fields = {
+            "run_name": "k",
+            "runs_dir": str(tmp_path / "runs"),
+            "tasks": str(tasks_file(tmp_path, "train.jsonl", ["ant"])),
+            "agent": "true",
+            "model": str(tiny_model_dir),
+            "gateway_url": gateway.url,
+            "api_key": "wrong",
+            "malloc_mmap_threshold_mb": None,  # the test process's allocator stays as it is
+            "tensorboard": False,
+        }
+        config = tmp_path / "config.yaml"
+        config.write_text(yaml.safe_dump(fields))
+        result = CliRunner().invoke(app, ["train", str(config)], env=dict(os.environ))
+    assert result.exit_code == 1, result.output
+    assert " ".join(result.output.split()).endswith(
+        f"error: the gateway {gateway.url} refused the trainer's key (the bearer token is not "
+        "the gateway's admin key): set api_key, or REINS_API_KEY"
+    )
