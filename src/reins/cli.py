@@ -291,6 +291,7 @@ def _run_training(config: object, *, resume: bool) -> None:
     from reins.client import GatewayError
     from reins.serving import freeze_startup_objects
     from reins.trainer.config import TrainConfig
+    from reins.trainer.fleet import FleetError
     from reins.trainer.runtime import ConsoleReporter, configure_allocator, train
 
     assert isinstance(config, TrainConfig)
@@ -341,7 +342,7 @@ def _run_training(config: object, *, resume: bool) -> None:
             "go on with `reins train CONFIG --resume` (from its last checkpoint, if it made one)"
         )
         raise typer.Exit(128 + signal.SIGTERM) from None
-    except (FileExistsError, ValueError) as error:
+    except (FileExistsError, ValueError, FleetError) as error:  # FleetError: an engine_url
         console.print(f"[red]error:[/red] {error}")
         _end_rank(config, 1)
         raise typer.Exit(1) from error

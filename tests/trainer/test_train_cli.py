@@ -1,5 +1,5 @@
-"""`reins train`'s own error lines: a gateway that refuses the trainer's key is a setting to fix,
-said as such, not a traceback."""
+"""`reins train`'s own error lines: a gateway that refuses the trainer's key, an engine that
+cannot be reached, are settings to fix, said as such, not tracebacks."""
 
 from __future__ import annotations
 
@@ -11,29 +11,44 @@ import yaml
 from typer.testing import CliRunner
 
 from reins.cli import app
-from tests.support import running_gateway
+from tests.support import free_port, running_gateway
 from tests.trainer.test_loop import tasks_file
 
-pytestmark = pytest.mark.slow  # a gateway process
+pytestmark = pytest.mark.slow  # a gateway process, or an in-process one and the model
+
+
+def run_config(tmp_path: Path, model: Path, **fields: object) -> Path:
+    base = {
+        "run_name": "k",
+        "runs_dir": str(tmp_path / "runs"),
+        "tasks": str(tasks_file(tmp_path, "train.jsonl", ["ant"])),
+        "agent": "true",
+        "model": str(model),
+        "malloc_mmap_threshold_mb": None,  # the test process's allocator stays as it is
+        "tensorboard": False,
+    }
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({**base, **fields}))
+    return config
+
+
+def test_an_engine_that_cannot_be_reached_is_an_error_line(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    config = run_config(tmp_path, tiny_model_dir, engine_url=url)
+    result = CliRunner().invoke(app, ["train", str(config)], env=dict(os.environ))
+    assert result.exit_code == 1, result.output
+    assert " ".join(result.output.split()).endswith(
+        f"error: cannot reach the engine at {url}: ConnectError('[Errno 111] Connection refused')"
+    )
 
 
 def test_a_gateway_that_refuses_the_key_is_an_error_line(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     with running_gateway(f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}", api_key="right") as gateway:
-        fields = {
-            "run_name": "k",
-            "runs_dir": str(tmp_path / "runs"),
-            "tasks": str(tasks_file(tmp_path, "train.jsonl", ["ant"])),
-            "agent": "true",
-            "model": str(tiny_model_dir),
-            "gateway_url": gateway.url,
-            "api_key": "wrong",
-            "malloc_mmap_threshold_mb": None,  # the test process's allocator stays as it is
-            "tensorboard": False,
-        }
-        config = tmp_path / "config.yaml"
-        config.write_text(yaml.safe_dump(fields))
+        config = run_config(tmp_path, tiny_model_dir, gateway_url=gateway.url, api_key="wrong")
         result = CliRunner().invoke(app, ["train", str(config)], env=dict(os.environ))
     assert result.exit_code == 1, result.output
     assert " ".join(result.output.split()).endswith(
