@@ -85,6 +85,22 @@ def test_a_model_that_is_no_model_folder_is_refused_before_the_run_folder_is_mad
     assert not run.run_dir.exists()
 
 
+def test_an_agent_whose_module_is_nowhere_is_refused_before_the_run_folder_is_made(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Every rollout crashed on it (`cannot load agent`): the run went through all its steps,
+    training on nothing, and ended as done."""
+    run = config(tmp_path, tiny_model_dir, agent="no_such_agent_module.sub:run")
+    with pytest.raises(ValueError) as refused:
+        asyncio.run(train(run))
+    assert str(refused.value) == (
+        f"agent no_such_agent_module.sub:run: there is no module 'no_such_agent_module' in "
+        f"{Path.cwd()} (where agents run) nor on this Python's path: check the name, run from "
+        "the folder that holds it, or add that folder to PYTHONPATH"
+    )
+    assert not run.run_dir.exists()
+
+
 def test_a_run_folder_that_cannot_be_made_is_a_clear_error(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:

@@ -67,7 +67,9 @@ class TrainConfig(BaseModel):
 
     # -- agents ------------------------------------------------------------------------------
     agent: str
-    """The harness: `module:function` or a shell command line (see `reins controller`)."""
+    """The harness: `module:function` or a shell command line (see `reins controller`). A module
+    found neither in the working directory (where agents run) nor on Python's path is refused
+    before the run starts."""
     max_parallel: int = Field(default=16, ge=1)
     """Agents running at once."""
     rollout_timeout_s: float = Field(default=300.0, gt=0)

@@ -12,11 +12,13 @@ import asyncio
 import contextlib
 import fcntl
 import functools
+import importlib.util
 import logging
 import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -176,6 +178,27 @@ def check_model_folder(folder: Path | None) -> None:
         )
 
 
+def check_agent(agent: str) -> None:
+    """A ValueError when the agent cannot run anywhere: empty, or a `module:function` whose
+    module is nowhere its agents look (the working directory they run in, this one, then the
+    paths of this interpreter, theirs). Every rollout would crash on it, and the run would go
+    through all its steps training on nothing."""
+    from reins.controller.loop import _MODULE_FUNCTION
+
+    if not agent.strip():
+        raise ValueError("the agent is empty: set agent to `module:function` or a command line")
+    if not _MODULE_FUNCTION.match(agent):
+        return  # a command line: the shell finds it, or the attempt's log says why not
+    top = agent.partition(":")[0].split(".")[0]
+    # Top-level names only: finding `a.b` would import package `a` into the trainer.
+    if PathFinder.find_spec(top, [os.getcwd()]) is None and importlib.util.find_spec(top) is None:
+        raise ValueError(
+            f"agent {agent}: there is no module {top!r} in {os.getcwd()} (where agents run) nor "
+            "on this Python's path: check the name, run from the folder that holds it, or add "
+            "that folder to PYTHONPATH"
+        )
+
+
 @contextlib.asynccontextmanager
 async def _gateway(config: TrainConfig, api_key: str, tokenizer: Path) -> AsyncIterator[str]:
     if config.gateway_url is not None:
@@ -311,6 +334,7 @@ async def _train(
     # What the config names is checked before anything is created or loaded: a mistake there is
     # told as such, not as a loader's traceback minutes into the model's load.
     check_model_folder(config.model)
+    check_agent(config.agent)
     train_tasks = load_tasks(config.tasks)
     val_tasks = load_tasks(config.val_tasks) if config.val_tasks else []
     if resume and not config.run_dir.is_dir():
