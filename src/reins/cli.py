@@ -334,14 +334,17 @@ def _run_training(config: object, *, resume: bool) -> None:
                     train(config, resume=resume, reporter=reporter, on_serving=serving)
                 )
             )
-    except asyncio.CancelledError:
-        if not terminated:
+    except (asyncio.CancelledError, KeyboardInterrupt) as stopped:
+        if isinstance(stopped, asyncio.CancelledError) and not terminated:
             raise
+        if config.backend != "torch":
+            raise  # a sharded run's ranks end as torchrun expects
+        by = "SIGTERM" if terminated else "Ctrl-C"
         console.print(
-            "stopped by SIGTERM: the run's rollouts in flight were failed and its agents ended; "
+            f"stopped by {by}: the run's rollouts in flight were failed and its agents ended; "
             "go on with `reins train CONFIG --resume` (from its last checkpoint, if it made one)"
         )
-        raise typer.Exit(128 + signal.SIGTERM) from None
+        raise typer.Exit(128 + (signal.SIGTERM if terminated else signal.SIGINT)) from None
     except (FileExistsError, ValueError, FleetError) as error:  # FleetError: an engine_url
         console.print(f"[red]error:[/red] {error}")
         _end_rank(config, 1)

@@ -1,6 +1,7 @@
 """SIGTERM (`kill PID`, a service manager's stop, `docker stop`) of `reins train` while agents
 run: it stops as Ctrl-C does. The run's rollouts in flight are failed at the gateway, every agent
-and its own children end, and the command says how to go on; it exits 143 (128 + SIGTERM)."""
+and its own children end, and the command says how to go on; it exits 143 (128 + SIGTERM), or
+130 after Ctrl-C, which said nothing before."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from tests.trainer.test_sigkill import alive, start, wait_for
 pytestmark = pytest.mark.slow
 
 
-def test_sigterm_stops_the_run_as_ctrl_c_does(tmp_path: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize(("sig", "by"), [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")])
+def test_sigterm_stops_the_run_as_ctrl_c_does(
+    tmp_path: Path, tiny_model_dir: Path, sig: signal.Signals, by: str
+) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()
     tasks = tmp_path / "train.jsonl"
@@ -48,15 +52,15 @@ def test_sigterm_stops_the_run_as_ctrl_c_does(tmp_path: Path, tiny_model_dir: Pa
     try:
         wait_for(lambda: len(list(pids.glob("st.*"))) == 4, trainer, output, 120)
         agents = [int(pid) for p in pids.glob("st.*") for pid in p.read_text().split()]
-        trainer.send_signal(signal.SIGTERM)
+        trainer.send_signal(sig)
         trainer.wait(timeout=90)
     finally:
         if trainer.poll() is None:
             trainer.kill()
             trainer.wait()
     text = " ".join(output.read_text().split())
-    assert trainer.returncode == 128 + signal.SIGTERM, text
-    assert "stopped by SIGTERM: the run's rollouts in flight were failed" in text
+    assert trainer.returncode == 128 + sig, text
+    assert f"stopped by {by}: the run's rollouts in flight were failed and its agents ended" in text
     db = tmp_path / "runs" / "st" / "gateway.db"
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
         rows = connection.execute("SELECT state, reason FROM rollouts").fetchall()
