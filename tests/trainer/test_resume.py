@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from reins.trainer import checkpoint, resume
 from reins.trainer.metrics import MetricsLog
@@ -98,6 +99,19 @@ def test_an_agent_whose_module_is_nowhere_is_refused_before_the_run_folder_is_ma
         f"{Path.cwd()} (where agents run) nor on this Python's path: check the name, run from "
         "the folder that holds it, or add that folder to PYTHONPATH"
     )
+    assert not run.run_dir.exists()
+
+
+def test_a_device_torch_cannot_use_is_refused_before_the_run_folder_is_made(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without
+    run = config(tmp_path, tiny_model_dir, device="gpu0")
+    with pytest.raises(ValueError, match=r"^device 'gpu0' is not a torch device: set cpu, cuda"):
+        asyncio.run(train(run))
+    run = config(tmp_path, tiny_model_dir, device="cuda:1")
+    with pytest.raises(ValueError, match=r"^device cuda:1: torch sees 0 CUDA device\(s\) here"):
+        asyncio.run(train(run))
     assert not run.run_dir.exists()
 
 

@@ -178,6 +178,28 @@ def check_model_folder(folder: Path | None) -> None:
         )
 
 
+def check_device(device: str | None) -> None:
+    """A ValueError when `device` (the config's) is no torch device, or a GPU torch does not see
+    here: torch answers both with a traceback from deep in the model's load."""
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ValueError(
+            f"device {device!r} is not a torch device: set cpu, cuda or cuda:N, or leave it unset "
+            "(cuda when present)"
+        ) from None
+    if parsed.type != "cuda":
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0 or (parsed.index is not None and parsed.index >= count):
+        raise ValueError(
+            f"device {device}: torch sees {count} CUDA device(s) here; set device to cpu, or "
+            "leave it unset (cuda when present)"
+        )
+
+
 def check_agent(agent: str) -> None:
     """A ValueError when the agent cannot run anywhere: empty, or a `module:function` whose
     module is nowhere its agents look (the working directory they run in, this one, then the
@@ -334,6 +356,7 @@ async def _train(
     # What the config names is checked before anything is created or loaded: a mistake there is
     # told as such, not as a loader's traceback minutes into the model's load.
     check_model_folder(config.model)
+    check_device(config.device)
     check_agent(config.agent)
     train_tasks = load_tasks(config.tasks)
     val_tasks = load_tasks(config.val_tasks) if config.val_tasks else []
