@@ -352,13 +352,13 @@ def _run_training(config: object, *, resume: bool) -> None:
     except GatewayError as error:
         # A refused key or a gateway gone for longer than the client's retries: the run cannot
         # go on, and a traceback would hide which setting to fix.
-        where = config.gateway_url or "in this process"
+        where = config.gateway_url or "of this run"
         if error.status_code in (401, 403):
             what = f"refused the trainer's key ({error.message}): set api_key, or REINS_API_KEY"
         elif error.status_code == 0:
             what = f"could not be reached ({error.message}): check gateway_url"
         else:
-            what = str(error)
+            what = f"answered {error.status_code}: {error.message}"
         console.print(f"[red]error:[/red] the gateway {where} {what}")
         _end_rank(config, 1)
         raise typer.Exit(1) from error

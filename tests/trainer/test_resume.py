@@ -298,3 +298,43 @@ def test_a_stopped_trainer_leaves_no_rollout_queuing_or_running(
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
         reasons = [r for (r,) in connection.execute("SELECT reason FROM rollouts")]
     assert reasons and all(r == "the trainer stopped before this rollout ended" for r in reasons)
+
+
+@pytest.mark.slow
+def test_a_run_stopped_before_its_first_line_is_not_started_again_on_its_old_rollouts(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Stopped in step 0 (nothing committed: no metrics line, no checkpoint), the same command
+    again was allowed, and the gateway handed its declares back the stopped run's failed
+    rollouts, by id: step 0 "ran" in milliseconds, trained nothing, and the run ended as done."""
+    run = config(tmp_path, tiny_model_dir, agent="tests.trainer.paced_agents:paced", val_every=0)
+    db = run.run_dir / "gateway.db"
+
+    def declared() -> bool:
+        if not db.exists():
+            return False
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+            return bool(connection.execute("SELECT count(*) FROM rollouts").fetchone()[0])
+
+    async def stopped() -> None:
+        task = asyncio.create_task(train(run))
+        deadline = time.monotonic() + 120
+        while not declared():
+            assert not task.done() and time.monotonic() < deadline
+            await asyncio.sleep(0.05)  # polling the database, bounded by the deadline
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(stopped())
+    assert not (run.run_dir / "metrics.jsonl").exists()
+    with pytest.raises(FileExistsError) as refused:
+        asyncio.run(train(run))
+    assert str(refused.value).startswith(
+        f"the gateway of {run.run_dir} (gateway.db) already holds rollouts of a run named 't' "
+        "(such as t.t0000000."
+    )
+    assert str(refused.value).endswith(
+        f"start it under another run_name, or delete {run.run_dir} to start this run afresh"
+    )
+    assert not (run.run_dir / "metrics.jsonl").exists()

@@ -178,6 +178,36 @@ def check_model_folder(folder: Path | None) -> None:
         )
 
 
+async def _refuse_a_taken_run_name(
+    client: GatewayClient, config: TrainConfig, gateway_url: str
+) -> None:
+    """A FileExistsError when a run that starts afresh finds rollouts of its name at its gateway.
+    Its rollout ids derive from the run's name and its tasks' positions, and the gateway hands
+    back an existing rollout for a known id and body (a retried declare): the new run would get
+    the old run's rollouts, finished (or failed by its stop), and train on them, or drop them,
+    without running an agent. That happened when a run stopped before its first step's line was
+    started again in the same folder, and on a shared gateway when a run folder was deleted to
+    start over, or two runs had the same name."""
+    page = await client.request("GET", "/api/rollouts", params={"run": config.run_name, "limit": 1})
+    if not page.get("items"):
+        return
+    found = page["items"][0]
+    where = (
+        f"of {config.run_dir} (gateway.db)" if config.gateway_url is None else f"at {gateway_url}"
+    )
+    instead = (
+        f"delete {config.run_dir} to start this run afresh"
+        if config.gateway_url is None
+        else "resume the run that declared them (--resume, from its run folder)"
+    )
+    raise FileExistsError(
+        f"the gateway {where} already holds rollouts of a run named {config.run_name!r} (such as "
+        f"{found['rollout_id']}, {found['status']['state']}), which a new run of that name would "
+        f"be handed back instead of running its agents: start it under another run_name, or "
+        f"{instead}"
+    )
+
+
 def check_device(device: str | None) -> None:
     """A ValueError when `device` (the config's) is no torch device, or a GPU torch does not see
     here: torch answers both with a traceback from deep in the model's load."""
@@ -506,6 +536,12 @@ async def _train_locked(
     engine_server = None
     async with _gateway(config, api_key, folder) as gateway_url:
         client = GatewayClient(gateway_url, api_key)
+        if point is None:
+            try:
+                await _refuse_a_taken_run_name(client, config, gateway_url)
+            except BaseException:
+                await client.close()
+                raise
         if point is not None:
             # Before the controller starts: nothing an earlier incarnation declared runs again.
             await resuming.cancel_leftovers(
