@@ -338,3 +338,11 @@ def test_a_run_stopped_before_its_first_line_is_not_started_again_on_its_old_rol
         f"start it under another run_name, or delete {run.run_dir} to start this run afresh"
     )
     assert not (run.run_dir / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("text", ["{", '{"highest": 3}', '["highest", 3]', '{"highest": "x"}'])
+def test_a_versions_file_that_cannot_be_read_is_a_resume_error(tmp_path: Path, text: str) -> None:
+    """Not JSON was refused; a valid JSON without its numbers was a KeyError or TypeError."""
+    (tmp_path / resume.VERSIONS).write_text(text)
+    with pytest.raises(resume.ResumeError, match=r"does not hold the highest weight version"):
+        resume.VersionLedger.open(tmp_path)

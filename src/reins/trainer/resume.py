@@ -122,15 +122,19 @@ class VersionLedger:
     def open(cls, run_dir: Path) -> VersionLedger:
         ledger = cls(run_dir / VERSIONS)
         try:
-            data = json.loads(ledger.path.read_text())
+            text = ledger.path.read_text()
         except FileNotFoundError:
             return ledger
-        except ValueError as error:
+        try:
+            data = json.loads(text)
+            ledger.highest = int(data["highest"])
+            ledger.incarnation = int(data["incarnation"])
+        except (KeyError, TypeError, ValueError) as error:  # not JSON, a number missing or not one
             raise ResumeError(
-                f"{ledger.path} is not JSON ({error}); it cannot be trusted"
+                f"{ledger.path} does not hold the highest weight version served and the "
+                f"incarnation ({error!r}): it cannot be trusted, so no version number is given "
+                "out. Start the run again under another run_name"
             ) from error
-        ledger.highest = int(data["highest"])
-        ledger.incarnation = int(data["incarnation"])
         return ledger
 
     def served(self, version: int) -> None:
