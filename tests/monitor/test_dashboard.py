@@ -188,3 +188,21 @@ def test_ui_escapes_harness_text(gateway: Gateway) -> None:
 def test_metrics_need_the_admin_key(gateway: Gateway) -> None:
     assert httpx.get(f"{gateway.url}/metrics").status_code == 401
     assert gateway.http.get("/metrics").status_code == 200
+
+
+def test_run_page_shows_a_time_that_is_not_a_unix_time_as_written(
+    gateway: Gateway, runs_dir: Path
+) -> None:
+    # metrics.jsonl may come from any tool: an ISO time, or a number past time_t, was a 500.
+    for name, time in (("iso", '"2026-01-01T00:00:00"'), ("far", "1e20"), ("unix", "0")):
+        (runs_dir / name).mkdir()
+        (runs_dir / name / "metrics.jsonl").write_text(
+            f'{{"step": 1, "reward/mean": 0.5, "time": {time}}}\n'
+        )
+    iso = gateway.http.get("/ui/runs/iso")
+    assert iso.status_code == 200
+    assert "at 2026-01-01T00:00:00" in iso.text
+    far = gateway.http.get("/ui/runs/far")
+    assert far.status_code == 200
+    assert "at 1e+20" in far.text
+    assert gateway.http.get("/ui/runs/unix").status_code == 200

@@ -34,7 +34,7 @@ from reins.monitor import fidelity, svg, tokens
 from reins.monitor.panels import charts
 from reins.monitor.prometheus import CONTENT_TYPE
 from reins.monitor.rollout import LOW_P, Token, attempt_view
-from reins.monitor.runs import list_runs, load_run, run_path
+from reins.monitor.runs import list_runs, load_run, number, run_path
 from reins.monitor.tokens import TokenText
 from reins.schemas import Mode, RolloutState
 
@@ -82,12 +82,20 @@ def require_viewer(request: Request) -> None:
 # -- formatting for the templates ---------------------------------------------------------------
 
 
-def _when(value: datetime | float | None) -> str:
+def _when(value: Any) -> str:
+    """A datetime or Unix time as local time. A run's `time` comes from metrics.jsonl, which any
+    tool may write: what is not a Unix time a clock can show is shown as written."""
     if value is None:
         return ""
-    if isinstance(value, int | float):
-        value = datetime.fromtimestamp(value, UTC)
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, datetime):
+        return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    seconds = number(value)
+    if seconds is None:
+        return str(value)
+    try:
+        return datetime.fromtimestamp(seconds, UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):  # past the platform's time_t
+        return str(value)
 
 
 def _duration(seconds: float | None) -> str:
