@@ -3,14 +3,16 @@ rollouts table (filters, sort, search, pages, live fragment), the rollout page, 
 
 from __future__ import annotations
 
+import html as markup
 import re
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
 from reins.monitor.dashboard import COOKIE, PAGE_SIZE
 from tests.conftest import Gateway
-from tests.monitor.factory import coding_rollout, many_rollouts, write_run
+from tests.monitor.factory import coding_rollout, declare, many_rollouts, write_run
 
 
 def ids_in(html: str) -> list[str]:
@@ -206,3 +208,35 @@ def test_run_page_shows_a_time_that_is_not_a_unix_time_as_written(
     assert far.status_code == 200
     assert "at 1e+20" in far.text
     assert gateway.http.get("/ui/runs/unix").status_code == 200
+
+
+def test_links_to_a_run_lead_to_it_whatever_its_name(gateway: Gateway, runs_dir: Path) -> None:
+    # A run name put into a link as it is loses what follows a `#` or `&`: every link to the
+    # run (its page, its rollouts) led to another run, or to none.
+    name = "lr=1e-6&bs=8 #2+50%"
+    write_run(runs_dir, name, steps=3)
+    declare(
+        gateway,
+        [
+            {"rollout_id": rid, "input": {}, "metadata": {"run": run, "step": 1}}
+            for rid, run in (("mine-1", name), ("mine-2", name), ("theirs", "other"))
+        ],
+    )
+
+    def hrefs(page: str) -> list[str]:
+        return [markup.unescape(h) for h in re.findall(r'href="(/ui[^"]*)"', page)]
+
+    rollout_page = gateway.http.get("/ui/rollouts/mine-1").text
+    pages = gateway.http.get("/ui/runs").text, gateway.http.get("/ui").text, rollout_page
+    run_links = {h for page in pages for h in hrefs(page) if h.startswith("/ui/runs/l")}
+    assert run_links
+    title = f'Run <span class="mono">{markup.escape(name)}</span>'
+    for link in run_links:
+        assert title in gateway.http.get(link).text, link
+    run_page = gateway.http.get(run_links.pop()).text
+    table_links = [h for page in (*pages, run_page) for h in hrefs(page) if "run=" in h]
+    assert len(table_links) >= 6
+    for link in table_links:
+        assert parse_qs(urlsplit(link).query)["run"] == [name], link
+        if "status=" not in link and "mode=" not in link:
+            assert sorted(ids_in(gateway.http.get(link).text)) == ["mine-1", "mine-2"], link
