@@ -15,7 +15,7 @@ from reins.monitor.export import export_rollouts
 from reins.monitor.report import ReportError, write_report
 from tests import required
 from tests.conftest import Gateway
-from tests.monitor.factory import coding_rollout, many_rollouts, write_run
+from tests.monitor.factory import chat_call, coding_rollout, declare, many_rollouts, post, write_run
 
 
 async def test_export_writes_one_rollout_per_line_with_calls_rewards_and_logs(
@@ -55,6 +55,24 @@ async def test_export_can_include_token_ids_and_filter_by_status(gateway: Gatewa
     assert count == 2 and {line["status"] for line in lines} == {"failed"}
     call = lines[0]["attempts"][0]["calls"][0]
     assert len(call["response_token_ids"]) == len(call["response_logprobs"]) > 0
+
+
+async def test_a_logprob_above_zero_counts_as_p_1(gateway: Gateway) -> None:
+    # The gateway stores logprobs as recorded; exp() of one past ~709 overflowed: the export
+    # stopped with OverflowError and the rollout's page was a 500.
+    event = chat_call([{"role": "user", "content": "hi"}], "ok", logprobs=[800.0, -3.0])
+    declare(gateway, [{"rollout_id": "odd", "input": {}}])
+    assert gateway.http.post("/api/rollouts/odd/attempts").status_code == 200
+    post(gateway, "odd", [event])
+    out = io.StringIO()
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        assert await export_rollouts(client, out) == 1
+    (call,) = json.loads(out.getvalue())["attempts"][0]["calls"]
+    assert (call["min_logprob"], call["mean_logprob"], call["low_p_tokens"]) == (-3.0, 398.5, 1)
+    page = gateway.http.get("/ui/rollouts/odd")
+    assert page.status_code == 200
+    assert "1 token with p &lt; 0.1" in page.text
+    assert 'title="id 111 · logprob 800 · p 1"' in page.text
 
 
 def test_export_command_writes_a_file(gateway: Gateway, tmp_path: Path) -> None:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 from reins.client import GatewayClient, check_database
-from reins.monitor.rollout import decisions
+from reins.monitor.rollout import LOW_P, decisions, probability
 from reins.schemas import AGENT_LOG, MODEL_REQUEST, REWARD, Event, RolloutDetail, RolloutPage
 
 PAGE = 1000
@@ -38,7 +37,7 @@ def _call(event: Event, decision: dict[str, Any] | None, tokens: bool) -> dict[s
     ):
         out["min_logprob"] = min(logprobs)
         out["mean_logprob"] = sum(logprobs) / len(logprobs)
-        out["low_p_tokens"] = sum(1 for v in logprobs if math.exp(v) < 0.1)
+        out["low_p_tokens"] = sum(1 for v in logprobs if probability(v) < LOW_P)
     out["sample"] = decision
     out.update(data)
     if tokens:

@@ -31,6 +31,13 @@ TokenTexts = Callable[[Sequence[int]], list[str]]
 BoundaryKind = Literal["first", "merge", "split", "retry", "skipped", "unknown"]
 
 
+def probability(logprob: float) -> float:
+    """The probability of a logprob, at most 1. The gateway stores logprobs as recorded: one
+    above 0 (an engine's rounding, an event posted by hand) is no probability, and `math.exp`
+    of one above ~709 overflows."""
+    return math.exp(min(logprob, 0.0))
+
+
 @dataclass(frozen=True)
 class Token:
     text: str
@@ -41,7 +48,7 @@ class Token:
 
     @property
     def p(self) -> float | None:
-        return None if self.logprob is None else math.exp(self.logprob)
+        return None if self.logprob is None else probability(self.logprob)
 
 
 @dataclass(frozen=True)
@@ -353,7 +360,7 @@ def _stats(tokens: list[Token], record: ModelRequest) -> tuple[float | None, flo
     logprobs = record.response_logprobs
     if not logprobs or len(logprobs) != len(record.response_token_ids):
         return None, None, 0
-    low = sum(1 for lp in logprobs if math.exp(lp) < LOW_P)
+    low = sum(1 for lp in logprobs if probability(lp) < LOW_P)
     return min(logprobs), sum(logprobs) / len(logprobs), low
 
 
