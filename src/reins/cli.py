@@ -464,7 +464,11 @@ def export(
     if not api_key:
         console.print("[red]error:[/red] give the gateway's admin key: --api-key or REINS_API_KEY")
         raise typer.Exit(2)
-    handle = sys.stdout if str(out) == "-" else out.open("w", encoding="utf-8")
+    try:
+        handle = sys.stdout if str(out) == "-" else out.open("w", encoding="utf-8")
+    except OSError as error:  # a missing folder, a directory, no permission: not a traceback
+        console.print(f"[red]error:[/red] cannot write {out}: {error.strerror or error}")
+        raise typer.Exit(2) from error
     try:
         count = export_to(
             gateway_url, api_key, handle, run=run, states=status or (), mode=mode, search=search,

@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from reins.cli import app
 from reins.client import GatewayClient
 from reins.monitor.export import export_rollouts
 from reins.monitor.report import ReportError, write_report
@@ -96,6 +98,15 @@ def test_export_command_says_when_the_key_is_wrong(gateway: Gateway, tmp_path: P
     )  # fmt: skip
     assert result.returncode == 1
     assert "401" in result.stderr and "admin key" in result.stderr
+
+
+def test_export_command_says_when_it_cannot_write_the_file(tmp_path: Path) -> None:
+    # Opening the file raised out of the command: a traceback instead of a line saying why.
+    for target in (tmp_path / "missing" / "x.jsonl", tmp_path):
+        result = CliRunner().invoke(app, ["export", "--api-key", "k", "-o", str(target)])
+        assert result.exit_code == 2, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+        assert f"cannot write {target}" in result.output
 
 
 def test_report_writes_a_png_per_chart_and_an_overview(runs_dir: Path, tmp_path: Path) -> None:
