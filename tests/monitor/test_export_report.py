@@ -136,3 +136,14 @@ def test_report_says_what_is_wrong(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "note": "warming up"}\n')
     with pytest.raises(ReportError, match="no numeric metrics"):
         write_report(tmp_path)
+
+
+def test_report_of_a_metric_named_overview_keeps_the_overview(tmp_path: Path) -> None:
+    # A chart of its own for a key `overview` was written to overview.png, over the grid.
+    required.module("matplotlib", "the monitor extra: pip install -e '.[dev]'")
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": 1, "reward/mean": 0.5, "overview": 3}, {"step": 2, "reward/mean": 0.7}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    written = write_report(run, tmp_path / "plots")
+    assert [path.name for path in written] == ["overview.png", "reward.png", "overview-.png"]

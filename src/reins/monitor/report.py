@@ -104,7 +104,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     figure.savefig(overview, dpi=110)
     plt.close(figure)
     written.append(overview)
-    names: set[str] = set()
+    names = {overview.stem}  # a metric named `overview` must not overwrite the grid
     for chart in found:
         name = slug(chart.panel.title)
         while name in names:
