@@ -77,6 +77,17 @@ async def test_a_logprob_above_zero_counts_as_p_1(gateway: Gateway) -> None:
     assert 'title="id 111 · logprob 800 · p 1"' in page.text
 
 
+async def test_export_reads_every_page_of_a_gateway_with_small_pages(gateway: Gateway) -> None:
+    # A page shorter than the export asked for was taken for the last: a gateway whose
+    # REINS_MAX_PAGE_SIZE is below it had only its first page exported.
+    gateway.settings.max_page_size = 2  # the running gateway reads its settings per request
+    ids = many_rollouts(gateway, 5, run="paged")
+    out = io.StringIO()
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        assert await export_rollouts(client, out) == 5
+    assert sorted(json.loads(text)["rollout_id"] for text in out.getvalue().splitlines()) == ids
+
+
 def test_export_command_writes_a_file(gateway: Gateway, tmp_path: Path) -> None:
     many_rollouts(gateway, 3, run="cli")
     out = tmp_path / "rollouts.jsonl"

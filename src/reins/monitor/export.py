@@ -165,7 +165,9 @@ async def export_rollouts(
                 written += 1
         seen.update(ids)
         cursor = int(page["next_cursor"])
-        if len(page["items"]) < PAGE:
+        # Only an empty page is the end: a gateway answers at most its REINS_MAX_PAGE_SIZE,
+        # which may be below PAGE (a short page is no sign that nothing follows).
+        if not page["items"]:
             return written
 
 
