@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import html as markup
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
+import pytest
 
+from reins.monitor import runs
 from reins.monitor.dashboard import COOKIE, PAGE_SIZE
 from tests.conftest import Gateway
 from tests.monitor.factory import coding_rollout, declare, many_rollouts, write_run
@@ -240,3 +244,34 @@ def test_links_to_a_run_lead_to_it_whatever_its_name(gateway: Gateway, runs_dir:
         assert parse_qs(urlsplit(link).query)["run"] == [name], link
         if "status=" not in link and "mode=" not in link:
             assert sorted(ids_in(gateway.http.get(link).text)) == ["mine-1", "mine-2"], link
+
+
+def test_reading_a_run_does_not_hold_up_the_gateway(
+    gateway: Gateway, runs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # metrics.jsonl was read on the event loop: a long run's megabytes held up every request of
+    # the gateway (the proxy's included), and the rollouts page read every run's file for names.
+    write_run(runs_dir, "demo")
+    reading, release = threading.Event(), threading.Event()
+    read = runs.read_metrics
+
+    def held(path: Path) -> tuple[list[dict[str, object]], int]:
+        reading.set()
+        release.wait(60)
+        return read(path)
+
+    monkeypatch.setattr(runs, "read_metrics", held)
+    for path in ("/ui/runs", "/ui/runs/demo", "/ui/runs/demo/charts"):
+        reading.clear()
+        release.clear()
+        with ThreadPoolExecutor(1) as pool:
+            page = pool.submit(gateway.http.get, path)
+            assert reading.wait(30)
+            try:  # while the file is being read, the gateway answers
+                assert httpx.get(f"{gateway.url}/healthz", timeout=5).status_code == 200
+            finally:
+                release.set()
+            assert page.result().status_code == 200
+    reading.clear()
+    html = gateway.http.get("/ui").text  # its run filter names the runs, reading none
+    assert '<option value="demo">' in html and not reading.is_set()

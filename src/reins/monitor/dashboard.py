@@ -34,7 +34,7 @@ from reins.monitor import fidelity, svg, tokens
 from reins.monitor.panels import charts
 from reins.monitor.prometheus import CONTENT_TYPE
 from reins.monitor.rollout import LOW_P, Token, attempt_view
-from reins.monitor.runs import list_runs, load_run, number, run_path
+from reins.monitor.runs import list_runs, load_run, number, run_names, run_path
 from reins.monitor.tokens import TokenText
 from reins.schemas import Mode, RolloutState
 
@@ -320,7 +320,7 @@ async def rollouts_page(request: Request) -> HTMLResponse:
     table = await _table(store, request)
     counts = await store.count_rollouts()
     by_state = {s: sum(n for (state, _), n in counts.items() if state == s) for s in STATES}
-    runs = [info.name for info in list_runs(request.app.state.settings.runs_dir)]
+    runs = await asyncio.to_thread(run_names, request.app.state.settings.runs_dir)
     return _html(
         "rollouts.html", states=STATES, by_state=by_state, runs=runs, poll_s=POLL_S, **table
     )
@@ -423,7 +423,10 @@ async def api_schema(request: Request) -> JSONResponse:
 async def runs_page(request: Request) -> HTMLResponse:
     require_viewer(request)
     settings: GatewaySettings = request.app.state.settings
-    return _html("runs.html", runs=list_runs(settings.runs_dir), runs_dir=settings.runs_dir)
+    # Runs are read in a thread, here and below: a run's metrics.jsonl grows to megabytes, and
+    # reading it on the event loop held up every request of the gateway, the proxy's included.
+    runs = await asyncio.to_thread(list_runs, settings.runs_dir)
+    return _html("runs.html", runs=runs, runs_dir=settings.runs_dir)
 
 
 def _run_context(request: Request, name: str) -> dict[str, Any]:
@@ -439,7 +442,7 @@ def _run_context(request: Request, name: str) -> dict[str, Any]:
 @router.get("/runs/{name}")
 async def run_page(request: Request, name: str) -> HTMLResponse:
     require_viewer(request)
-    return _html("run.html", poll_s=10, **_run_context(request, name))
+    return _html("run.html", poll_s=10, **await asyncio.to_thread(_run_context, request, name))
 
 
 @router.get("/runs/{name}/fidelity")
@@ -463,7 +466,7 @@ async def run_fidelity(request: Request, name: str) -> HTMLResponse:
 async def run_charts(request: Request, name: str) -> HTMLResponse:
     """The run page's charts alone, for live updates."""
     require_viewer(request)
-    return _html("charts.html", **_run_context(request, name))
+    return _html("charts.html", **await asyncio.to_thread(_run_context, request, name))
 
 
 # -- Prometheus ---------------------------------------------------------------------------------

@@ -157,6 +157,16 @@ def list_runs(runs_dir: Path) -> list[RunInfo]:
     return sorted(infos, key=lambda info: info.modified, reverse=True)
 
 
+def run_names(runs_dir: Path) -> list[str]:
+    """The names of the runs under `runs_dir`, the latest changed first, without reading their
+    metrics (the rollouts page lists them on every load; a long run's file is megabytes)."""
+    if not runs_dir.is_dir():
+        return []
+    found = [(folder / METRICS_FILE, folder.name) for folder in runs_dir.iterdir()]
+    dated = [(metrics.stat().st_mtime, name) for metrics, name in found if metrics.is_file()]
+    return [name for _, name in sorted(dated, reverse=True)]
+
+
 def run_path(runs_dir: Path, name: str) -> Path:
     """The folder of run `name`; refuses names that would leave `runs_dir`."""
     if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
