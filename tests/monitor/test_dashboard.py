@@ -12,8 +12,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from fastapi.responses import HTMLResponse
 
-from reins.monitor import runs
+from reins.monitor import dashboard, runs
 from reins.monitor.dashboard import COOKIE, PAGE_SIZE
 from tests.conftest import Gateway
 from tests.monitor.factory import coding_rollout, declare, many_rollouts, write_run
@@ -275,3 +276,29 @@ def test_reading_a_run_does_not_hold_up_the_gateway(
     reading.clear()
     html = gateway.http.get("/ui").text  # its run filter names the runs, reading none
     assert '<option value="demo">' in html and not reading.is_set()
+
+
+def test_rendering_a_rollout_does_not_hold_up_the_gateway(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long rollout's page (megabytes of token spans) was rendered on the event loop: seconds
+    # in which the gateway answered nothing, the proxy included.
+    coding_rollout(gateway, "fix-bug-1")
+    rendering, release = threading.Event(), threading.Event()
+    render = dashboard._html
+
+    def held(name: str, **context: object) -> HTMLResponse:
+        if name == "rollout.html":
+            rendering.set()
+            release.wait(60)
+        return render(name, **context)
+
+    monkeypatch.setattr(dashboard, "_html", held)
+    with ThreadPoolExecutor(1) as pool:
+        page = pool.submit(gateway.http.get, "/ui/rollouts/fix-bug-1")
+        assert rendering.wait(30)
+        try:
+            assert httpx.get(f"{gateway.url}/healthz", timeout=5).status_code == 200
+        finally:
+            release.set()
+        assert "call 6" in page.result().text

@@ -358,7 +358,10 @@ async def rollout_page(
             decode=text.decode if text else None,
             token_texts=text.texts if text else None,
         )
-    return _html(
+    # Rendered in a thread: a long rollout's page is megabytes of token spans, seconds of
+    # rendering that held up every request of the gateway on the event loop.
+    return await asyncio.to_thread(
+        _html,
         "rollout.html",
         detail=detail,
         rollout=detail.rollout,
