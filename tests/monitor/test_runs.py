@@ -86,6 +86,21 @@ def test_svg_draws_every_chart_with_escaped_labels(runs_dir: Path) -> None:
     assert "&lt;b&gt;" in render(charts(load_run(tmp))[0])
 
 
+def test_values_near_a_doubles_limit_are_not_drawn(tmp_path: Path) -> None:
+    # Their span overflowed to infinity: the run page was a 500 and `reins report` a traceback.
+    rows = [
+        {"step": 1, "reward/mean": 1e308, "reward/std": 0.1, "loss": 2.0},
+        {"step": 2, "reward/mean": -1e308, "reward/std": 0.1, "loss": 3.0},
+        {"step": 3, "reward/mean": 0.5, "reward/std": 1e308, "loss": 1.0},
+        {"step": 1e308, "loss": 4.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = load_run(tmp_path)
+    assert run.series("reward/mean") == [(3.0, 0.5)]
+    assert run.series("loss") == [(1.0, 2.0), (2.0, 3.0), (3.0, 1.0), (3.0, 4.0)]
+    assert all(render(chart).startswith("<svg") for chart in charts(run))
+
+
 def test_nice_ticks_cover_the_range_with_round_steps() -> None:
     assert nice_ticks(0.03, 0.97) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
     assert nice_ticks(5.0, 5.0)[0] < 5.0 < nice_ticks(5.0, 5.0)[-1]

@@ -69,12 +69,18 @@ class RunInfo:
     """The last step's flattened metrics."""
 
 
+LARGEST = 1e300
+"""Numbers larger than this are not drawn: a chart's span (highest - lowest, mean + std) of
+values near a double's limit is infinite, and neither the SVG nor matplotlib can scale it."""
+
+
 def number(value: Any) -> float | None:
-    """`value` as a finite float; None for anything else (booleans included)."""
+    """`value` as a float a chart can draw (finite, at most `LARGEST` in size); None for anything
+    else (booleans included)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     as_float = float(value)
-    return as_float if math.isfinite(as_float) else None
+    return as_float if math.isfinite(as_float) and abs(as_float) <= LARGEST else None
 
 
 def step_of(row: dict[str, Any], index: int) -> float:
