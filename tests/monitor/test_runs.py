@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -99,6 +101,20 @@ def test_values_near_a_doubles_limit_are_not_drawn(tmp_path: Path) -> None:
     assert run.series("reward/mean") == [(3.0, 0.5)]
     assert run.series("loss") == [(1.0, 2.0), (2.0, 3.0), (3.0, 1.0), (3.0, 4.0)]
     assert all(render(chart).startswith("<svg") for chart in charts(run))
+
+
+def test_nice_ticks_of_values_one_float_apart_end() -> None:
+    # The ticks were summed step by step: a step below the float spacing never reached the top,
+    # and the run page (and `reins report`) spun forever.
+    low = 12345.6
+    high = math.nextafter(low, math.inf)
+    found: list[list[float]] = []
+    worker = threading.Thread(target=lambda: found.append(nice_ticks(low, high)), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert found, "nice_ticks did not return"
+    (ticks,) = found
+    assert 2 <= len(ticks) <= 7 and ticks[0] <= low and ticks[-1] >= high
 
 
 def test_nice_ticks_cover_the_range_with_round_steps() -> None:

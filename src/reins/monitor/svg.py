@@ -40,12 +40,13 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     raw = (high - low) / count
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    start = math.floor(low / step) * step
+    # Each tick is its index times the step, not the previous tick plus the step: a step below
+    # the values' float spacing (two values one ulp apart, above 1e4) added nothing, forever.
     ticks = []
-    value = start
-    while value <= high + step * 0.5:
-        ticks.append(round(value, 12))
-        value += step
+    index = math.floor(low / step)
+    while index * step <= high + step * 0.5:
+        ticks.append(round(index * step, 12))
+        index += 1
     return ticks
 
 
