@@ -74,7 +74,7 @@ def test_a_model_that_is_no_model_folder_is_refused_before_the_run_folder_is_mad
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     run = config(tmp_path, tmp_path / "no-such-model")
-    with pytest.raises(ValueError, match=r"^model .*no-such-model is not a folder: set model"):
+    with pytest.raises(ValueError, match=r"^model .*no-such-model is not a folder: name a"):
         asyncio.run(train(run))
     (tmp_path / "empty").mkdir()
     run = config(tmp_path, tmp_path / "empty")

@@ -30,6 +30,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from reins import allocator
 from reins.client import GatewayClient
+from reins.engine.folder import check_model_folder
 from reins.engine.weights import load_into
 from reins.schemas import ModelEndpointIn
 from reins.serving import BackgroundServer
@@ -159,23 +160,6 @@ def load_policy(
         )
     model.eval()
     return model, tokenizer, Path(folder)
-
-
-def check_model_folder(folder: Path | None) -> None:
-    """A ValueError saying what is wrong when `folder` (the config's `model`) is no Hugging Face
-    model folder: transformers takes a missing folder for a hub id and says that, and fails on
-    a folder without a model with advice about tokenizer packages."""
-    if folder is None:
-        return
-    if not folder.is_dir():
-        raise ValueError(
-            f"model {folder} is not a folder: set model to a Hugging Face model folder"
-        )
-    if not (folder / "config.json").is_file():
-        raise ValueError(
-            f"model {folder} is not a Hugging Face model folder (it has no config.json): set "
-            "model to a folder written by save_pretrained, with its tokenizer"
-        )
 
 
 async def _refuse_a_taken_run_name(
@@ -385,7 +369,8 @@ async def _train(
 ) -> list[dict[str, Any]]:
     # What the config names is checked before anything is created or loaded: a mistake there is
     # told as such, not as a loader's traceback minutes into the model's load.
-    check_model_folder(config.model)
+    if config.model is not None:
+        check_model_folder(config.model, setting="model")
     check_device(config.device)
     check_agent(config.agent)
     train_tasks = load_tasks(config.tasks)
