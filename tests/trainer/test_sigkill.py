@@ -94,6 +94,33 @@ def agent_pids(run_dir: Path) -> list[int]:
     return [int(p.read_text()) for p in (run_dir / "agents").glob("*/attempt-*/pid")]
 
 
+def stuck_run(
+    tmp_path: Path, tiny_model_dir: Path, run_name: str, agent: str, **fields: Any
+) -> tuple[Path, Path]:
+    """One step of two groups of two rollouts whose agents (`agent`) record their pids under
+    `tmp_path/pids` and never end: the run's config file, and the file for its output."""
+    pids = tmp_path / "pids"
+    tasks = tmp_path / "train.jsonl"
+    lines = [{"id": w, "input": {"pid_dir": str(pids)}} for w in ("ant", "bee")]
+    tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    base = {
+        "run_name": run_name,
+        "runs_dir": str(tmp_path / "runs"),
+        "tasks": str(tasks),
+        "agent": agent,
+        "model": str(tiny_model_dir),
+        "steps": 1,
+        "tasks_per_step": 2,
+        "group_size": 2,
+        "val_every": 0,
+        "max_model_len": 256,
+        "tensorboard": False,
+    }
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({**base, **fields}))
+    return config, tmp_path / "train.log"
+
+
 def test_sigkill_of_reins_train_resumes_without_training_a_rollout_twice(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -190,30 +217,12 @@ def test_sigkill_of_reins_train_leaves_no_agent_nor_child_of_one(
     Whatever of a running attempt is left is killed by the reaper (`reins.controller.reaper`)."""
     pids = tmp_path / "pids"
     pids.mkdir()
-    tasks = tmp_path / "train.jsonl"
-    lines = [{"id": w, "input": {"pid_dir": str(pids)}} for w in ("ant", "bee")]
-    tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
     record = f"{pids}/$REINS_ROLLOUT_ID"
     agents = {
         "command": f"sleep 600 & echo $$ $! > {record}.tmp && mv {record}.tmp {record}; wait",
         "module": "tests.trainer.paced_agents:stuck",
     }
-    fields = {
-        "run_name": "sk",
-        "runs_dir": str(tmp_path / "runs"),
-        "tasks": str(tasks),
-        "agent": agents[kind],
-        "model": str(tiny_model_dir),
-        "steps": 1,
-        "tasks_per_step": 2,
-        "group_size": 2,
-        "val_every": 0,
-        "max_model_len": 256,
-        "tensorboard": False,
-    }
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(fields))
-    output = tmp_path / "train.log"
+    config, output = stuck_run(tmp_path, tiny_model_dir, "sk", agents[kind])
     trainer = start(config, output)
     try:
         wait_for(lambda: len(list(pids.glob("sk.*"))) == 4, trainer, output, 120)

@@ -5,16 +5,14 @@ and its own children end, and the command says how to go on; it exits 143 (128 +
 
 from __future__ import annotations
 
-import json
 import signal
 import sqlite3
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.trainer.test_sigkill import alive, start, wait_for
+from tests.trainer.test_sigkill import alive, start, stuck_run, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -25,29 +23,8 @@ def test_sigterm_stops_the_run_as_ctrl_c_does(
 ) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()
-    tasks = tmp_path / "train.jsonl"
-    tasks.write_text(
-        "".join(
-            json.dumps({"id": w, "input": {"pid_dir": str(pids)}}) + "\n" for w in ("ant", "bee")
-        )
-    )
-    fields = {
-        "run_name": "st",
-        "runs_dir": str(tmp_path / "runs"),
-        "tasks": str(tasks),
-        "agent": "tests.trainer.paced_agents:stuck",
-        "model": str(tiny_model_dir),
-        "steps": 1,
-        "tasks_per_step": 2,
-        "group_size": 2,
-        "val_every": 0,
-        "max_model_len": 256,
-        "rollout_timeout_s": 120,
-        "tensorboard": False,
-    }
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(fields))
-    output = tmp_path / "train.log"
+    agent = "tests.trainer.paced_agents:stuck"
+    config, output = stuck_run(tmp_path, tiny_model_dir, "st", agent, rollout_timeout_s=120)
     trainer = start(config, output)
     try:
         wait_for(lambda: len(list(pids.glob("st.*"))) == 4, trainer, output, 120)
