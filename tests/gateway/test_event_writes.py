@@ -5,6 +5,7 @@ Either way every event is stored once and its post answered with its own seq."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -90,6 +91,22 @@ async def test_the_event_connection_keeps_statement_journals_in_memory(store: Sq
     assert temp_store == 2
 
 
+@contextlib.asynccontextmanager
+async def two_gateways_on(postgres: PostgresServer) -> AsyncIterator[tuple[SqlStore, SqlStore]]:
+    """Two gateways' stores on one fresh PostgreSQL database, rollout `r`'s attempt 1 open."""
+    url = postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
+    first, second = SqlStore(url), SqlStore(url)
+    for replica in (first, second):
+        await replica.init()
+    try:
+        await first.create_rollouts([RolloutSpec(rollout_id="r")])
+        await first.open_attempt("r", AttemptCreate())
+        yield first, second
+    finally:
+        for replica in (first, second):
+            await replica.close()
+
+
 @pytest.mark.slow
 async def test_on_postgresql_a_rollouts_events_commit_in_the_order_of_their_seqs(
     postgres: PostgresServer,
@@ -98,13 +115,7 @@ async def test_on_postgresql_a_rollouts_events_commit_in_the_order_of_their_seqs
     open, the other's commit of the same rollout waits for it. Otherwise the later seq could
     commit first, and a reader paging with `after` skipped the earlier one for good (two
     gateways, 8 harnesses: 150 of 14,926 events)."""
-    url = postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
-    first, second = SqlStore(url), SqlStore(url)
-    for replica in (first, second):
-        await replica.init()
-    await first.create_rollouts([RolloutSpec(rollout_id="r")])
-    await first.open_attempt("r", AttemptCreate())
-    try:
+    async with two_gateways_on(postgres) as (first, second):
         rows = first._rows_of("r", 1, [EventIn(type="early")])
         async with first.engine.begin() as conn:
             # The first gateway's group commit, inserted (its seq drawn) and not yet committed.
@@ -118,9 +129,6 @@ async def test_on_postgresql_a_rollouts_events_commit_in_the_order_of_their_seqs
         assert read_meanwhile == []
         assert [event.type for event in stored] == ["early", "late"]
         assert stored[1].seq == acked.seq > stored[0].seq
-    finally:
-        for replica in (first, second):
-            await replica.close()
 
 
 @pytest.mark.slow
@@ -130,13 +138,7 @@ async def test_on_postgresql_a_list_reusing_a_key_another_gateway_is_committing_
     """The list post's check of its keys waits for the other gateway's commit of the rollout:
     run before it, the check missed the key being committed, and the post was answered 409
     with its new event stored."""
-    url = postgres.create_database(f"t_{uuid.uuid4().hex[:16]}")
-    first, second = SqlStore(url), SqlStore(url)
-    for replica in (first, second):
-        await replica.init()
-    await first.create_rollouts([RolloutSpec(rollout_id="r")])
-    await first.open_attempt("r", AttemptCreate())
-    try:
+    async with two_gateways_on(postgres) as (first, second):
         rows = first._rows_of("r", 1, [EventIn(type="a", data={"v": 1}, idempotency_key="k")])
         reused = [
             EventIn(type="b", idempotency_key="new"),
@@ -150,6 +152,3 @@ async def test_on_postgresql_a_list_reusing_a_key_another_gateway_is_committing_
             await post
         stored = await second.get_events("r")
         assert [(event.idempotency_key, event.data) for event in stored] == [("k", {"v": 1})]
-    finally:
-        for replica in (first, second):
-            await replica.close()
