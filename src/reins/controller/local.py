@@ -245,6 +245,8 @@ class LocalReconciler:
         env.update(launch.env)
         env[ATTEMPT_MARK] = mark
         deadline = started + launch.timeout_s if launch.timeout_s else None
+        # Before the agent can run: a controller killed while it starts must not leave it.
+        self._hold(folder, mark)
         try:
             pid = await self._fork(agent, folder, env, deadline) if self.preload else None
         except _ZygoteTimeout:
@@ -261,7 +263,6 @@ class LocalReconciler:
                 key, folder, pid, deadline, launch.timeout_s, launch.incarnation, mark=mark
             )
             self._execs[key] = execution
-            self._hold(execution)
             execution.monitor = asyncio.create_task(self._watch_adopted(execution))
             return self._where(folder, pid)
         try:
@@ -288,7 +289,6 @@ class LocalReconciler:
             mark=mark,
         )  # fmt: skip
         self._execs[key] = execution
-        self._hold(execution)
         execution.monitor = asyncio.create_task(self._watch_child(execution, process))
         return self._where(folder, process.pid)
 
@@ -389,7 +389,7 @@ class LocalReconciler:
             mark=str(mark) if mark else None,
         )  # fmt: skip
         self._execs[key] = execution
-        self._hold(execution)
+        self._hold(folder, execution.mark)
         execution.monitor = asyncio.create_task(self._watch_adopted(execution))
         return execution
 
@@ -445,18 +445,18 @@ class LocalReconciler:
         self._release(execution)
         self._on_change()
 
-    def _hold(self, execution: _Execution) -> None:
+    def _hold(self, folder: Path, mark: str | None) -> None:
         """With `die_with_parent`: the reaper kills this attempt's process group (and its marked
         processes) if this process ends before the attempt does, by SIGKILL too."""
-        if self.die_with_parent and execution.pid:
-            self._tell_reaper(f"+ {execution.pid} {execution.mark or '-'}")
+        if self.die_with_parent:
+            self._tell_reaper(["+", str(folder), mark])
 
     def _release(self, execution: _Execution) -> None:
         """The attempt ended: its group id may name another group one day, never to be killed."""
-        if self.die_with_parent and execution.pid:
-            self._tell_reaper(f"- {execution.pid}")
+        if self.die_with_parent:
+            self._tell_reaper(["-", str(execution.folder)])
 
-    def _tell_reaper(self, line: str) -> None:
+    def _tell_reaper(self, message: list[str | None]) -> None:
         reaper = self._reaper
         if reaper is None or reaper.poll() is not None:
             # Its own session: a kill of this process's group (a terminal's Ctrl-C, a test's
@@ -470,7 +470,7 @@ class LocalReconciler:
             )
         assert reaper.stdin is not None
         try:
-            reaper.stdin.write(line.encode() + b"\n")
+            reaper.stdin.write(json.dumps(message).encode() + b"\n")
             reaper.stdin.flush()
         except OSError:  # it died: the next line starts another one
             self._reaper = None
