@@ -23,6 +23,7 @@ import yaml
 from reins.doctor.received import Answer
 from reins.engine.chat import prepare_messages
 from tests.embedded_support import FEW_SHOT_TOOL_USE, WEATHER_TOOL
+from tests.harness.clients import chat_openai
 from tests.harness.conftest import Rollout
 from tests.harness.conversations import FOLLOW_UPS, MAX_TOKENS, weather_conversation
 
@@ -128,7 +129,6 @@ def langgraph_task(rollout: Rollout, workdir: Path) -> list[Answer]:
     again on its whole state, until `CALLS` calls (at most `MAX_CALLS`)."""
     from langchain_core.messages import AIMessage, HumanMessage, convert_to_messages
     from langchain_core.tools import tool
-    from langchain_openai import ChatOpenAI
     from langgraph.errors import GraphRecursionError
     from langgraph.prebuilt import create_react_agent
 
@@ -137,14 +137,7 @@ def langgraph_task(rollout: Rollout, workdir: Path) -> list[Answer]:
         """The current weather in a city"""
         return TOOL_RESULT
 
-    llm = ChatOpenAI(
-        model=rollout.model,
-        base_url=rollout.base_url,
-        api_key=rollout.token,  # type: ignore[arg-type]
-        max_tokens=MAX_TOKENS,  # type: ignore[call-arg]
-        timeout=600,
-        max_retries=0,
-    )
+    llm = chat_openai(rollout, MAX_TOKENS, timeout=600)
     graph = create_react_agent(llm, tools=[get_weather])
     messages = convert_to_messages([_as_rendered_text(m) for m in FEW_SHOT_TOOL_USE])
     follow_ups = iter(FOLLOW_UPS * MAX_CALLS)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.embedded_support import WEATHER_TOOL
+from tests.harness.clients import chat_openai
 from tests.harness.conftest import Received, Rollout
 
 pytestmark = pytest.mark.slow
@@ -16,16 +17,8 @@ pytestmark = pytest.mark.slow
 
 def test_chat_openai_conversation(rollout: Rollout) -> None:
     from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
-    from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(
-        model=rollout.model,
-        base_url=rollout.base_url,
-        api_key=rollout.token,  # type: ignore[arg-type]
-        max_tokens=24,  # type: ignore[call-arg]
-        timeout=300,
-        max_retries=0,
-    )
+    llm = chat_openai(rollout, 24)
     history: list[BaseMessage] = [SystemMessage("You are terse.")]
     received = []
     for question in ["Name an animal.", "Where does it live?"]:
@@ -68,18 +61,9 @@ def test_parallel_tool_calls_false_gets_one_call(val_rollout: Rollout) -> None:
     """`bind_tools(..., parallel_tool_calls=False)` (as `with_structured_output` sends it): one
     call at most, as OpenAI and vLLM answer, plain and streamed; the record is that one call."""
     from langchain_core.messages import AIMessageChunk
-    from langchain_openai import ChatOpenAI
 
     rollout = val_rollout
-    llm = ChatOpenAI(
-        model=rollout.model,
-        base_url=rollout.base_url,
-        api_key=rollout.token,  # type: ignore[arg-type]
-        temperature=0,
-        max_tokens=80,  # type: ignore[call-arg]
-        timeout=300,
-        max_retries=0,
-    )
+    llm = chat_openai(rollout, 80, temperature=0)
     free = llm.bind_tools([WEATHER_TOOL]).invoke(PARALLEL_FEW_SHOT)
     assert [call["args"] for call in free.tool_calls] == [{"city": "Paris"}, {"city": "Berlin"}]
 

@@ -11,6 +11,7 @@ import pytest
 
 from reins.engine.chat import prepare_messages
 from tests.embedded_support import FEW_SHOT_TOOL_USE
+from tests.harness.clients import chat_openai
 from tests.harness.conftest import Received, Rollout
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,6 @@ def test_react_agent_calls_a_tool_and_answers(val_rollout: Rollout) -> None:
     default model's first answer a `get_weather` call for Paris."""
     from langchain_core.messages import AIMessage, convert_to_messages
     from langchain_core.tools import tool
-    from langchain_openai import ChatOpenAI
     from langgraph.prebuilt import create_react_agent
 
     ran: list[str] = []
@@ -37,15 +37,7 @@ def test_react_agent_calls_a_tool_and_answers(val_rollout: Rollout) -> None:
         ran.append(city)
         return "Sunny, 21 C"
 
-    llm = ChatOpenAI(
-        model=val_rollout.model,
-        base_url=val_rollout.base_url,
-        api_key=val_rollout.token,  # type: ignore[arg-type]
-        temperature=0,
-        max_tokens=32,  # type: ignore[call-arg]
-        timeout=300,
-        max_retries=0,
-    )
+    llm = chat_openai(val_rollout, 32, temperature=0)
     graph = create_react_agent(llm, tools=[get_weather])
     # The few-shot calls go in as the text the engine renders a call as (chat.py's Hermes
     # convention): the prompt is the same, and LangGraph does not ask for their tool results.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.harness.clients import agents_sdk_on
 from tests.harness.conftest import Received, Rollout
 
 pytestmark = pytest.mark.slow
@@ -45,14 +46,9 @@ def test_default_model_speaks_the_responses_api(val_rollout: Rollout) -> None:
     """The SDK fails a run whose response is `incomplete` (max tokens reached): `val` mode keeps
     its greedy settings, and the model's short answers end well before the limit."""
     rollout = val_rollout
-    from agents import Agent, ModelSettings, Runner, set_default_openai_client, set_tracing_disabled
-    from openai import AsyncOpenAI
+    from agents import Agent, ModelSettings, Runner
 
-    set_tracing_disabled(True)
-    set_default_openai_client(
-        AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, timeout=300),
-        use_for_tracing=False,
-    )
+    agents_sdk_on(rollout)
     agent = Agent(
         name="assistant",
         instructions="You answer in one sentence.",

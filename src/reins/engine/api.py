@@ -40,6 +40,7 @@ from reins.engine.chat import (
     shown_content,
     template_knows_tools,
 )
+from reins.engine.constraint import ConstraintError, format_grammar, response_grammar
 from reins.engine.embedded import EmbeddedEngine, Token, WeightVersionError
 from reins.engine.metrics import CONTENT_TYPE, engine_metrics, render
 from reins.engine.sampling import SamplingParams
@@ -69,6 +70,8 @@ class _Request(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     stream: bool | None = False
     stream_options: dict[str, Any] | None = None
+    response_format: Any = None
+    """Structured output (`constraint.py`): `{"type": "json_object"}`, or `json_schema`."""
 
     @field_validator("n", mode="before")
     @classmethod
@@ -131,7 +134,7 @@ def _error(
     return JSONResponse(body, status_code=status)
 
 
-def _refused(error: EngineError | ChatRequestError) -> JSONResponse:
+def _refused(error: EngineError | ChatRequestError | ConstraintError) -> JSONResponse:
     """A request refused: its status and error type (a chat that cannot be rendered is 400)."""
     if isinstance(error, EngineError):
         return _error(error.status, error.message, error.kind, error.code)
@@ -239,15 +242,21 @@ class _Api:
             reused = prompt_ids is not None
             if prompt_ids is None:
                 prompt_ids = self._tokens(text)
+            parallel = body.parallel_tool_calls is not False
+            grammar = response_grammar(
+                body.response_format, tools, body.tool_choice, parallel_tool_calls=parallel
+            )
+            await self._check(grammar)
             params = self._params(
                 body,
                 len(prompt_ids),
                 tool_calls=bool(tools),
-                parallel_tool_calls=body.parallel_tool_calls is not False,
+                parallel_tool_calls=parallel,
+                grammar=grammar,
             )
         except ValidationError as error:
             return _error(400, _validation_message(error))
-        except (EngineError, ChatRequestError) as error:
+        except (EngineError, ChatRequestError, ConstraintError) as error:
             return _refused(error)
         call = _Call(self.engine, "chat", body, prompt_ids, params[0], self.sampled)
         headers = {WEIGHT_VERSION_HEADER: str(self.engine.weight_version)}
@@ -264,16 +273,24 @@ class _Api:
             if body.echo:
                 raise EngineError(400, "`echo` is not supported by the embedded engine")
             prompt_ids = self._completion_prompt(body.prompt)
-            params = self._params(body, len(prompt_ids))
+            grammar = format_grammar(body.response_format)
+            await self._check(grammar)
+            params = self._params(body, len(prompt_ids), grammar=grammar)
         except ValidationError as error:
             return _error(400, _validation_message(error))
-        except EngineError as error:
+        except (EngineError, ConstraintError) as error:
             return _refused(error)
         call = _Call(self.engine, "completions", body, prompt_ids, params[0], self.sampled)
         headers = {WEIGHT_VERSION_HEADER: str(self.engine.weight_version)}
         if body.stream:
             return _ClosingStream(call.stream(params), headers)
         return await _unless_client_leaves(request, call.answer(params, headers))
+
+    async def _check(self, grammar: str | None) -> None:
+        """Raises ConstraintError when `grammar` does not compile (off the event loop: the
+        first one builds the tokenizer's index, about a second)."""
+        if grammar is not None:
+            await asyncio.to_thread(self.engine.grammars.check, grammar)
 
     def _check_model(self, body: _Request) -> None:
         if body.model is not None and body.model != self.engine.name:
@@ -366,6 +383,7 @@ class _Api:
         *,
         tool_calls: bool = False,
         parallel_tool_calls: bool = True,
+        grammar: str | None = None,
     ) -> list[SamplingParams]:
         if prompt_length < 1:
             raise EngineError(400, "the prompt is empty: it needs at least one token")
@@ -399,6 +417,7 @@ class _Api:
                 logit_bias=logit_bias,
                 presence_penalty=body.presence_penalty or 0.0,
                 frequency_penalty=body.frequency_penalty or 0.0,
+                grammar=grammar,
             )
             for index in range(body.n)
         ]

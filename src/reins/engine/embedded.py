@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import torch
 
 from reins.allocator import return_freed_memory
+from reins.engine.constraint import Grammars
 from reins.engine.folder import check_model_folder
 from reins.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from reins.engine.sampling import SamplingParams
@@ -90,6 +91,8 @@ class EmbeddedEngine:
         limit = getattr(model.config, "max_position_embeddings", None) or 4096
         self.max_model_len = min(max_model_len or 4096, limit)
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
+        self.grammars = Grammars(tokenizer, self.eos_token_ids)
+        """Structured output's compiler (`constraint.py`)."""
         self._weights_lock = threading.Lock()
         self.prefix_cache = PrefixCache(int(prefix_cache_gb * 2**30))
         self.scheduler = BatchScheduler(
@@ -226,9 +229,12 @@ class EmbeddedEngine:
             def on_finish(reason: str | None, error: str | None, index: int = index) -> None:
                 put(Finished(index, reason, error, sequences[index].cached_tokens))
 
-            sequences.append(
-                Sequence(list(prompt_ids), choice_params, on_token, on_finish, self.weight_version)
+            sequence = Sequence(
+                list(prompt_ids), choice_params, on_token, on_finish, self.weight_version
             )
+            if choice_params.grammar is not None:
+                sequence.matcher = self.grammars.matcher(choice_params.grammar)
+            sequences.append(sequence)
         for sequence in sequences:
             self.scheduler.submit(sequence)
         running = len(sequences)

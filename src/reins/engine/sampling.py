@@ -8,7 +8,8 @@ probability of the reshaped or truncated distribution the token was drawn from. 
 argmax of the reshaped logits.
 
 The reshaping is OpenAI's: a token's logit gets its `logit_bias`, less `frequency_penalty` times
-the number of times the response has sampled it so far, less `presence_penalty` once it has.
+the number of times the response has sampled it so far, less `presence_penalty` once it has; with
+structured output (`constraint.py`) the tokens its grammar does not allow next are masked out.
 
 A row whose logits are no distribution (NaN, or +inf) is refused with `UnsampleableRows` before
 anything is drawn, so the caller can fail that row alone and sample the others.
@@ -45,11 +46,18 @@ class SamplingParams:
     """(token ID, bias) added to that token's logit before sampling."""
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    grammar: str | None = None
+    """Structured output: the compiled grammar the response follows (`constraint.py`)."""
 
     @property
     def reshapes(self) -> bool:
         """Whether the logits are reshaped before sampling (see the module's doc)."""
-        return bool(self.logit_bias) or self.presence_penalty != 0 or self.frequency_penalty != 0
+        return (
+            bool(self.logit_bias)
+            or self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.grammar is not None
+        )
 
     def generator(self) -> torch.Generator | None:
         if self.seed is None:
@@ -94,9 +102,11 @@ def sample_next(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     outputs: list[list[int]] | None = None,
+    allowed: list[torch.Tensor | None] | None = None,
 ) -> tuple[list[int], list[float]]:
     """One token per row of `logits` ([rows, vocab]), and its logprob (see the module docstring).
     `outputs`: each row's response so far, which the penalties count (needed when a row has one).
+    `allowed`: per row, None or which tokens its grammar allows next (booleans, [vocab]).
 
     A sampled row draws one uniform number from its generator (the global one when it has none)
     and takes the token where that number falls in the row's cumulative distribution: one random
@@ -114,7 +124,9 @@ def sample_next(
         raise UnsampleableRows(torch.nonzero(unsampleable)[:, 0].tolist())
     drawn_from, shaped = logprobs, logits
     if any(p.reshapes for p in params):
-        shaped = _reshaped(logits, params, outputs or [[] for _ in params])
+        shaped = _reshaped(
+            logits, params, outputs or [[] for _ in params], allowed or [None for _ in params]
+        )
         drawn_from = torch.log_softmax(shaped / scale[:, None], dim=-1)
 
     tokens = torch.zeros(len(params), dtype=torch.long)
@@ -146,9 +158,13 @@ def sample_next(
 
 
 def _reshaped(
-    logits: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    outputs: list[list[int]],
+    allowed: list[torch.Tensor | None],
 ) -> torch.Tensor:
-    """The logits the rows are drawn from: each reshaping row's with its bias and penalties."""
+    """The logits the rows are drawn from: each reshaping row's with its bias and penalties,
+    and without the tokens its grammar does not allow."""
     shaped = logits.clone()
     vocab = logits.shape[-1]
     for row, p in enumerate(params):
@@ -160,6 +176,9 @@ def _reshaped(
         if outputs[row] and (p.presence_penalty or p.frequency_penalty):
             counts = torch.bincount(torch.tensor(outputs[row]), minlength=vocab)[:vocab]
             shaped[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        mask = allowed[row]
+        if mask is not None:
+            shaped[row].masked_fill_(~mask, -torch.inf)
     return shaped
 
 

@@ -43,6 +43,7 @@ from transformers.cache_utils import DynamicLayer
 
 from reins.engine.attention import use_engine_attention
 from reins.engine.chat import tool_turn_end
+from reins.engine.constraint import ConstraintError, Matcher
 from reins.engine.prefix_cache import Match, PrefixCache, as_tokens, common_prefix
 from reins.engine.sampling import (
     TOOL_TURN_TOKENS,
@@ -107,6 +108,8 @@ class Sequence:
     kv_generation: int = -1
     """The weight generation its KV was computed under (set at prefill)."""
     match: Match | None = field(default=None, repr=False)
+    matcher: Matcher | None = field(default=None, repr=False)
+    """Structured output: where the response stands in its grammar (`constraint.py`)."""
     _tokens: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -433,36 +436,49 @@ class BatchScheduler:
 
     def _sample(self, sequences: list[Sequence], logits: torch.Tensor) -> None:
         logits = logits.cpu()
-        try:
-            tokens, logprobs = sample_next(
-                logits,
-                [s.params for s in sequences],
-                [s.generator for s in sequences],
-                [s.output_ids for s in sequences],
-            )
-        except UnsampleableRows as error:
-            # Nothing was drawn: those rows fail alone, the others are sampled without them.
-            for row in error.rows:
-                sequences[row].finish_reason = "error"
-                sequences[row].error = (
-                    "the model's next-token logits for this request are NaN or infinite: "
-                    "nothing can be sampled from them"
+        allowed: list[torch.Tensor | None] = []
+        for sequence in sequences:
+            try:
+                allowed.append(
+                    sequence.matcher.allowed(logits.shape[-1]) if sequence.matcher else None
                 )
-            rows = [row for row in range(len(sequences)) if row not in set(error.rows)]
-            sequences = [sequences[row] for row in rows]
-            if not sequences:
-                return
-            tokens, logprobs = sample_next(
-                logits[rows],
-                [s.params for s in sequences],
-                [s.generator for s in sequences],
-                [s.output_ids for s in sequences],
-            )
-        for sequence, token, logprob in zip(sequences, tokens, logprobs, strict=True):
+            except ConstraintError as error:
+                allowed.append(None)
+                _failing(sequence, str(error))
+        rows = [row for row, sequence in enumerate(sequences) if sequence.error is None]
+        while rows:
+            try:
+                tokens, logprobs = sample_next(
+                    logits[rows] if len(rows) < len(sequences) else logits,
+                    [sequences[row].params for row in rows],
+                    [sequences[row].generator for row in rows],
+                    [sequences[row].output_ids for row in rows],
+                    [allowed[row] for row in rows],
+                )
+                break
+            except UnsampleableRows as error:
+                # Nothing was drawn: those rows fail alone, the others are sampled without them.
+                for index in error.rows:
+                    _failing(
+                        sequences[rows[index]],
+                        "the model's next-token logits for this request are NaN or infinite: "
+                        "nothing can be sampled from them",
+                    )
+                rows = [row for index, row in enumerate(rows) if index not in set(error.rows)]
+        else:
+            return
+        for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
+            sequence = sequences[row]
             sequence.output_ids.append(token)
             sequence.logprobs.append(logprob)
             sequence.next_token = token
             sequence.on_token(token, logprob)
+            if sequence.matcher is not None:
+                try:
+                    sequence.matcher.advance(token)
+                except ConstraintError as error:
+                    _failing(sequence, str(error))
+                    continue
             sequence.finish_reason = self._finish_reason(sequence)
 
     def _finish_reason(self, sequence: Sequence) -> str | None:
@@ -572,6 +588,11 @@ class BatchScheduler:
             stats.bytes / 2**30,
             stats.capacity_bytes / 2**30,
         )
+
+
+def _failing(sequence: Sequence, error: str) -> None:
+    """Marks `sequence` failed with `error`; it is told so when it leaves (`_retire`)."""
+    sequence.finish_reason, sequence.error = "error", error
 
 
 def _fail(sequences: Iterable[Sequence], error: str) -> None:

@@ -1,0 +1,187 @@
+"""Structured output: the tokens a response may take next, from a grammar (llguidance).
+
+A request's `response_format` (`json_object`, or `json_schema` with its schema) and a forced
+`tool_choice` (`required`, or a named function) make a grammar, as vLLM's structured output
+does: at each step the tokens that cannot continue it are masked out before the draw, and once
+the grammar is complete only end-of-sequence is left. A forced tool call is written in the
+engine's tool-call convention (`chat.py`): `<tool_call>` blocks of `{"name": ..., "arguments":
+...}`, the arguments following the function's `parameters` schema.
+
+The mask reshapes the distribution the token is drawn from, not the logprob reported for it,
+which stays the policy's own (`sampling.py`), as vLLM reports raw logprobs.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+JSON_OPTIONS = {"whitespace_flexible": True}
+"""vLLM's default for llguidance: any JSON whitespace between tokens."""
+
+
+class ConstraintError(ValueError):
+    """The request's structured output cannot be compiled (the message says why)."""
+
+
+def response_grammar(
+    response_format: Any,
+    tools: list[dict[str, Any]] | None,
+    tool_choice: Any,
+    *,
+    parallel_tool_calls: bool = True,
+) -> str | None:
+    """The grammar of a chat request's answer, or None when it is free text. A forced tool
+    choice wins over `response_format` (the answer is then a call): `required`, one call or more
+    (one without `parallel_tool_calls`); a named function, one call of it (as vLLM answers)."""
+    forced = _forced_tools(tools, tool_choice)
+    if forced:
+        several = parallel_tool_calls and tool_choice == "required"
+        return _tool_call_grammar(forced, parallel=several)
+    return format_grammar(response_format)
+
+
+def format_grammar(response_format: Any) -> str | None:
+    """The grammar of a `response_format` (chat or completions), or None for free text."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise ConstraintError("`response_format` must be an object with a `type`")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return _json_grammar({"type": "object"})
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict):
+            raise ConstraintError("`response_format.json_schema` must be an object")
+        schema = spec.get("schema", {})
+        if not isinstance(schema, dict):
+            raise ConstraintError("`response_format.json_schema.schema` must be an object")
+        return _json_grammar(schema)
+    raise ConstraintError(
+        f"`response_format.type` must be text, json_object or json_schema, not {kind!r}"
+    )
+
+
+def _forced_tools(tools: list[dict[str, Any]] | None, choice: Any) -> list[dict[str, Any]]:
+    """The functions one of which the answer must call ([] when it need not call any)."""
+    if choice in (None, "auto", "none"):
+        return []
+    functions = [tool.get("function") for tool in tools or [] if isinstance(tool, dict)]
+    named = [f for f in functions if isinstance(f, dict) and isinstance(f.get("name"), str)]
+    if choice == "required":
+        if not named:
+            raise ConstraintError("`tool_choice` is `required` but no tool is given")
+        return named
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not isinstance(name, str):
+        raise ConstraintError(
+            '`tool_choice` must be "none", "auto", "required" or '
+            '{"type": "function", "function": {"name": ...}}'
+        )
+    chosen = [f for f in named if f["name"] == name]
+    if not chosen:
+        raise ConstraintError(f"`tool_choice` names the function {name!r}, which is not in `tools`")
+    return chosen
+
+
+def _tool_call_grammar(functions: list[dict[str, Any]], *, parallel: bool) -> str:
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": function["name"]},
+                "arguments": function.get("parameters") or {"type": "object"},
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for function in functions
+    ]
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    options = json.dumps({"x-guidance": JSON_OPTIONS, **schema})
+    more = ' ("\\n" call)*' if parallel else ""
+    lark = f'start: call{more}\ncall: "<tool_call>\\n" %json {options} "\\n</tool_call>"\n'
+    from llguidance import LLMatcher
+
+    return str(LLMatcher.grammar_from_lark(lark))
+
+
+def _json_grammar(schema: dict[str, Any]) -> str:
+    from llguidance import LLMatcher
+
+    try:
+        return str(LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))  # type: ignore[arg-type]
+    except ValueError as error:
+        raise ConstraintError(f"the JSON schema cannot be read: {error}") from error
+
+
+class Grammars:
+    """One engine's compiler of grammars against its tokenizer (built on first use, ~1 s)."""
+
+    def __init__(self, tokenizer: Any, eos_token_ids: set[int]) -> None:
+        self._hf_tokenizer = tokenizer
+        self._eos = sorted(eos_token_ids)
+        self._lock = threading.Lock()
+        self._tokenizer: Any = None
+
+    def tokenizer(self) -> Any:
+        with self._lock:
+            if self._tokenizer is None:
+                import llguidance.hf
+
+                try:
+                    self._tokenizer = llguidance.hf.from_tokenizer(
+                        self._hf_tokenizer, eos_token=self._eos
+                    )
+                except ValueError as error:  # a slow (Python) tokenizer
+                    raise ConstraintError(
+                        f"structured output needs a fast tokenizer: {error}"
+                    ) from error
+            return self._tokenizer
+
+    def check(self, grammar: str) -> None:
+        """Raises ConstraintError, with llguidance's reason, when `grammar` does not compile."""
+        from llguidance import LLMatcher
+
+        message = LLMatcher.validate_grammar(grammar, self.tokenizer())
+        if message:
+            raise ConstraintError(f"the structured output cannot be compiled: {message}")
+
+    def matcher(self, grammar: str) -> Matcher:
+        return Matcher(self.tokenizer(), grammar)
+
+
+class Matcher:
+    """Where one response stands in its grammar."""
+
+    def __init__(self, tokenizer: Any, grammar: str) -> None:
+        from llguidance import LLMatcher
+
+        self._matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        self._check()
+
+    def allowed(self, width: int) -> torch.Tensor:
+        """Which of `width` token IDs (the logits' width) may come next, as booleans; IDs past
+        the tokenizer's vocabulary (a padded embedding matrix) never may."""
+        bits = np.unpackbits(
+            np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8), bitorder="little"
+        )
+        allowed = np.zeros(width, dtype=bool)
+        allowed[: min(width, len(bits))] = bits[:width]
+        self._check()
+        return torch.from_numpy(allowed)
+
+    def advance(self, token: int) -> None:
+        self._matcher.consume_token(token)
+        self._check()
+
+    def _check(self) -> None:
+        if self._matcher.is_error():
+            raise ConstraintError(f"structured output failed: {self._matcher.get_error()}")

@@ -1,0 +1,194 @@
+"""Structured output on the embedded engine (`reins.engine.constraint`): `response_format` and a
+forced `tool_choice` are enforced, as vLLM enforces them; the openai SDK is the client."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Literal
+
+import pytest
+from openai import BadRequestError, OpenAI
+from pydantic import BaseModel, Field
+
+from tests.embedded_support import WEATHER_TOOL, ServedEngine
+from tests.engine.test_embedded import complete
+
+TRIP_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Rome", "Oslo"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+        },
+    },
+}
+
+
+class Trip(BaseModel):
+    city: Literal["Paris", "Rome", "Oslo"]
+    days: int = Field(ge=1, le=7)
+
+
+def client(served: ServedEngine) -> OpenAI:
+    return OpenAI(base_url=served.base_url, api_key="unused", timeout=300, max_retries=0)
+
+
+def test_a_json_schema_answer_follows_the_schema(embedded: ServedEngine) -> None:
+    """The SDK's `parse` sends the model's schema (strict) and validates the answer with it."""
+    answer = client(embedded).chat.completions.parse(
+        model=embedded.name,
+        messages=[{"role": "user", "content": "Plan a trip."}],
+        response_format=Trip,
+        max_tokens=80,
+        n=4,
+        seed=3,
+    )
+    for choice in answer.choices:
+        assert choice.finish_reason == "stop"
+        trip = choice.message.parsed
+        assert trip is not None and trip.city in {"Paris", "Rome", "Oslo"} and 1 <= trip.days <= 7
+        assert json.loads(choice.message.content or "") == trip.model_dump()
+
+
+def test_a_json_object_answer_is_one_json_object(embedded: ServedEngine) -> None:
+    question = 'Give the answer as JSON with a key "answer". What is 2+2?'
+    answer = client(embedded).chat.completions.create(
+        model=embedded.name,
+        messages=[{"role": "user", "content": question}],
+        response_format={"type": "json_object"},
+        max_tokens=80,
+        n=4,
+        seed=3,
+    )
+    for choice in answer.choices:
+        assert choice.finish_reason == "stop"
+        assert isinstance(json.loads(choice.message.content or ""), dict)
+
+
+def test_completions_take_a_response_format_too(embedded: ServedEngine) -> None:
+    form = {"type": "json_schema", "json_schema": {"name": "trip", "schema": TRIP_SCHEMA}}
+    answer = complete(embedded, "Trip:", max_tokens=80, seed=3, response_format=form)
+    trip = Trip.model_validate_json(answer["choices"][0]["text"])
+    assert answer["choices"][0]["finish_reason"] == "stop" and 1 <= trip.days <= 7
+
+
+def test_a_named_tool_choice_is_one_call_of_that_tool(embedded: ServedEngine) -> None:
+    answer = client(embedded).chat.completions.create(
+        model=embedded.name,
+        messages=[{"role": "user", "content": "What time is it?"}],
+        tools=[WEATHER_TOOL, TIME_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=80,
+        n=3,
+        seed=2,
+    )
+    for choice in answer.choices:
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        calls = choice.message.tool_calls or []
+        assert [call.function.name for call in calls] == ["get_weather"]  # type: ignore[union-attr]
+        arguments = json.loads(calls[0].function.arguments)  # type: ignore[union-attr]
+        assert isinstance(arguments["city"], str)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_required_tool_choice_without_parallel_calls_is_one_call(
+    embedded: ServedEngine, stream: bool
+) -> None:
+    body: dict[str, Any] = {
+        "model": embedded.name,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "tools": [WEATHER_TOOL, TIME_TOOL],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_tokens": 80,
+        "seed": 5,
+    }
+    openai = client(embedded)
+    if stream:
+        chunks = list(openai.chat.completions.create(**body, stream=True))
+        names = [
+            call.function.name
+            for chunk in chunks
+            for call in chunk.choices[0].delta.tool_calls or []
+            if call.function and call.function.name
+        ]
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        choice = openai.chat.completions.create(**body).choices[0]
+        names = [call.function.name for call in choice.message.tool_calls or []]  # type: ignore[union-attr]
+        finish = choice.finish_reason
+    assert finish == "tool_calls" and len(names) == 1 and names[0] in {"get_weather", "get_time"}
+
+
+def test_the_reported_logprob_is_the_policys_own_not_the_masked_one(
+    embedded: ServedEngine,
+) -> None:
+    """The grammar reshapes the draw; the logprob the trainer gets stays the policy's (as
+    `logit_bias` leaves it: the same token forced that way reports the same number)."""
+    constrained = complete(
+        embedded,
+        "The sea is",
+        max_tokens=1,
+        logprobs=0,
+        seed=1,
+        response_format={"type": "json_object"},
+    )["choices"][0]
+    token = constrained["token_ids"][0]
+    logprob = constrained["logprobs"]["token_logprobs"][0]
+    forced = complete(
+        embedded, "The sea is", max_tokens=1, logprobs=0, logit_bias={str(token): 100}
+    )["choices"][0]
+    assert forced["token_ids"] == [token]
+    # Under the mask the token would be likely (few tokens may open a JSON object).
+    assert logprob < math.log(0.5)
+    assert logprob == pytest.approx(forced["logprobs"]["token_logprobs"][0], abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"response_format": {"type": "yaml"}}, "text, json_object or json_schema, not 'yaml'"),
+        ({"response_format": {"type": "json_schema"}}, "json_schema` must be an object"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "nosuchtype"}},
+                }
+            },
+            "cannot be compiled",
+        ),
+        (
+            {
+                "tools": [WEATHER_TOOL],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            "names the function 'f', which is not in `tools`",
+        ),
+        ({"tool_choice": "required"}, "`required` but no tool is given"),
+    ],
+    ids=["unknown-type", "no-schema", "bad-schema", "unknown-function", "required-no-tools"],
+)
+def test_structured_output_that_cannot_be_followed_is_400(
+    embedded: ServedEngine, fields: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(BadRequestError) as refused:
+        client(embedded).chat.completions.create(
+            model=embedded.name,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=4,
+            **fields,
+        )
+    assert says in str(refused.value)

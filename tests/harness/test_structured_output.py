@@ -1,0 +1,72 @@
+"""Structured output through the gateway proxy in front of the embedded engine, as harnesses ask
+for it: the Agents SDK's `output_type` (the Responses API's `text.format`), LangChain's
+`with_structured_output` (chat `response_format`), the Anthropic SDK's forced tool (Messages'
+`tool_choice`). The engine enforces each (`reins.engine.constraint`); the record is what the
+harness received."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.harness.clients import agents_sdk_on, chat_openai
+from tests.harness.conftest import Received, Rollout
+from tests.harness.test_anthropic_sdk import WEATHER_TOOL, client, received_of
+
+pytestmark = pytest.mark.slow
+
+
+class Trip(BaseModel):
+    city: Literal["Paris", "Rome", "Oslo"]
+    days: int = Field(ge=1, le=7)
+
+
+def test_the_agents_sdk_gets_its_output_type(val_rollout: Rollout) -> None:
+    from agents import Agent, ModelSettings, Runner
+
+    rollout = val_rollout
+    agents_sdk_on(rollout)
+    agent = Agent(
+        name="planner",
+        instructions="You plan trips.",
+        model="gpt-5.5",
+        model_settings=ModelSettings(max_tokens=80, temperature=0),
+        output_type=Trip,
+    )
+    result = Runner.run_sync(agent, "Plan a trip.")
+    trip = result.final_output
+    assert isinstance(trip, Trip) and 1 <= trip.days <= 7
+    text = result.raw_responses[0].output[0].content[0].text  # type: ignore[union-attr]
+    assert Trip.model_validate_json(text) == trip
+    rollout.assert_recorded_as_received([Received.text(text)], kind="responses")
+
+
+def test_langchain_with_structured_output_gets_its_schema(val_rollout: Rollout) -> None:
+    rollout = val_rollout
+    llm = chat_openai(rollout, 80, temperature=0)
+    structured = llm.with_structured_output(Trip, method="json_schema", include_raw=True)
+    answer = structured.invoke("Plan a trip.")
+    assert answer["parsing_error"] is None  # type: ignore[index]
+    trip = answer["parsed"]  # type: ignore[index]
+    assert isinstance(trip, Trip) and 1 <= trip.days <= 7
+    text = answer["raw"].content  # type: ignore[index]
+    rollout.assert_recorded_as_received([Received.text(text)])
+
+
+def test_an_anthropic_forced_tool_is_a_tool_use(val_rollout: Rollout) -> None:
+    """`tool_choice: {"type": "tool"}` on a question the model would answer in text."""
+    rollout = val_rollout
+    message = client(rollout).messages.create(
+        model=rollout.model,
+        max_tokens=80,
+        extra_body={"temperature": 0},  # the SDK no longer takes it as an argument
+        messages=[{"role": "user", "content": "Name a colour."}],
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
+    uses = [block for block in message.content if block.type == "tool_use"]
+    assert message.stop_reason == "tool_use" and [use.name for use in uses] == ["get_weather"]
+    assert isinstance(uses[0].input["city"], str)
+    rollout.assert_recorded_as_received([received_of(message)], kind="messages")
