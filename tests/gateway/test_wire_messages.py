@@ -105,6 +105,31 @@ def test_claude_codes_request_notes_what_the_engine_ignores() -> None:
     assert KIND == "messages"
 
 
+def test_output_config_format_is_the_chat_response_format() -> None:
+    """Structured output: the engine constrains the answer to the schema, as Anthropic does."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "output_config": {"format": {"type": "json_schema", "schema": schema}, "effort": "high"},
+    }
+    translation = translate(body)
+    assert translation.chat_request()["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema},
+    }
+    assert translation.notes == ["output_config ignored (effort)"]
+    for config, param in [
+        ("high", "output_config"),
+        ({"format": {"type": "json_object"}}, "output_config.format"),
+        ({"format": {"type": "json_schema", "schema": "{}"}}, "output_config.format.schema"),
+    ]:
+        with pytest.raises(WireError) as refused:
+            translate({**body, "output_config": config})
+        assert refused.value.param == param
+
+
 @pytest.mark.parametrize("name", ["claude.jsonl", "claude-tool.jsonl"])
 def test_claude_codes_tool_turn_answers_the_earlier_tool_use_with_a_tool_message(
     name: str,

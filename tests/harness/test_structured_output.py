@@ -70,3 +70,19 @@ def test_an_anthropic_forced_tool_is_a_tool_use(val_rollout: Rollout) -> None:
     assert message.stop_reason == "tool_use" and [use.name for use in uses] == ["get_weather"]
     assert isinstance(uses[0].input["city"], str)
     rollout.assert_recorded_as_received([received_of(message)], kind="messages")
+
+
+def test_the_anthropic_sdk_parses_its_output_format(val_rollout: Rollout) -> None:
+    """`messages.parse(output_format=...)` sends `output_config.format` (a JSON schema)."""
+    rollout = val_rollout
+    message = client(rollout).messages.parse(
+        model=rollout.model,
+        max_tokens=80,
+        extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": "Plan a trip."}],
+        output_format=Trip,
+    )
+    trip = message.parsed_output
+    assert message.stop_reason == "end_turn"
+    assert isinstance(trip, Trip) and 1 <= trip.days <= 7
+    rollout.assert_recorded_as_received([received_of(message)], kind="messages")

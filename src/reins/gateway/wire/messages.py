@@ -27,8 +27,10 @@ Request, block by block:
   switch of templates that have one; a template without it (the default model's) ignores it
   (noted). A last message from the assistant (a prefill to continue) is refused: engines start
   a new turn; an empty one after a user message (nothing to continue; Anthropic accepts it) is
-  dropped, noted. Fields this engine cannot honour (`output_config`, `context_management`,
-  `mcp_servers`, unknown ones) are noted; `metadata`, `service_tier`, `container` are ignored.
+  dropped, noted. `output_config.format` (structured output, a JSON schema) is the chat
+  `response_format`, which the engine enforces. Fields this engine cannot honour
+  (`output_config.effort`, `context_management`, `mcp_servers`, unknown ones) are noted;
+  `metadata`, `service_tier`, `container` are ignored.
 - What Anthropic's API refuses with a 400 is refused here too, so a harness meets the same
   errors in training as when deployed: `temperature` or `top_p` outside 0-1, a negative `top_k`,
   a stop sequence without non-whitespace, a thinking `budget_tokens` below 1,024 or not below
@@ -211,6 +213,9 @@ def translate(body: dict[str, Any]) -> Translation:
     chat["stream"] = bool(stream)
     if stream:
         chat["stream_options"] = {"include_usage": True}
+    form = _output_format(body.get("output_config"))
+    if form is not None:
+        chat["response_format"] = form
     _note_ignored(body, notes)
     thinking = chat.get("chat_template_kwargs", {}).get("enable_thinking")
     return Translation(
@@ -287,10 +292,30 @@ def _thinking_budget(value: Any) -> int | None:
     return budget
 
 
+def _output_format(config: Any) -> dict[str, Any] | None:
+    """The chat `response_format` of `output_config.format` (structured output): the engine
+    constrains the answer to the schema, as Anthropic does."""
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        raise _fail("must be an object", "output_config")
+    form = config.get("format")
+    if form is None:
+        return None
+    if not isinstance(form, dict) or form.get("type") != "json_schema":
+        raise _fail('must be {"type": "json_schema", "schema": {...}}', "output_config.format")
+    schema = form.get("schema")
+    if not isinstance(schema, dict):
+        raise _fail("required: the JSON schema, an object", "output_config.format.schema")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+
+
 def _note_ignored(body: dict[str, Any], notes: list[str]) -> None:
     output_config = body.get("output_config")
-    if isinstance(output_config, dict) and output_config:
-        notes.append(f"output_config ignored ({', '.join(sorted(map(str, output_config)))})")
+    if isinstance(output_config, dict):
+        ignored = sorted(str(key) for key in output_config if key != "format")
+        if ignored:
+            notes.append(f"output_config ignored ({', '.join(ignored)})")
     if body.get("context_management"):
         notes.append("context_management ignored: the history is sent to the model as it is")
     if body.get("mcp_servers"):
