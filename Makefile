@@ -85,3 +85,4 @@ bench: setup
 	$(PY) benchmarks/trainer_memory.py
 	$(PY) benchmarks/fsdp.py
 	$(PY) benchmarks/fleet.py
+	$(PY) benchmarks/structured_output.py

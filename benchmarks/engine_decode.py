@@ -104,7 +104,7 @@ def main() -> None:
             ]
             prompt = prompts[0]
             reset()
-            scheduler._prefill([sequence(p, row) for row, p in enumerate(prompts)])
+            scheduler._prefill_and_join([sequence(p, row) for row, p in enumerate(prompts)])
             results: dict[str, list[tuple[float, float]]] = {n: [] for n in IMPLEMENTATIONS}
             for _ in range(args.rounds):
                 for name in IMPLEMENTATIONS:
@@ -121,7 +121,7 @@ def main() -> None:
             )
         reset()
         # A later turn: the prompt so far is cached, `--new` tokens are prefilled over it.
-        version = scheduler.weight_version()
+        version = scheduler.weight_generation()
         longer = prompt + torch.randint(100, 40_000, (args.new,), generator=generator).tolist()
         prefill: dict[str, list[tuple[float, float]]] = {n: [] for n in IMPLEMENTATIONS}
         for _ in range(3):
