@@ -86,7 +86,8 @@ def main() -> None:
 
     def batch(prompts: list[list[int]], constrained: bool) -> tuple[Any, Any, Any]:
         scheduler._active, scheduler._cache, scheduler._mask = [], None, None
-        scheduler._prefill_and_join([sequence(p, row, constrained) for row, p in enumerate(prompts)])
+        rows = [sequence(prompt, row, constrained) for row, prompt in enumerate(prompts)]
+        scheduler._prefill_and_join(rows)
         return scheduler._active, scheduler._cache, scheduler._mask
 
     overhead = 0.0
