@@ -7,11 +7,12 @@ import json
 import math
 from typing import Any, Literal
 
+import httpx
 import pytest
 from openai import BadRequestError, OpenAI
 from pydantic import BaseModel, Field
 
-from tests.embedded_support import WEATHER_TOOL, ServedEngine
+from tests.embedded_support import FEW_SHOT_TOOL_USE, WEATHER_TOOL, ServedEngine
 from tests.engine.test_embedded import complete
 
 TRIP_SCHEMA = {
@@ -34,6 +35,22 @@ TIME_TOOL = {
         },
     },
 }
+
+
+STRICT_WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        **WEATHER_TOOL["function"],
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+"""`get_weather` with a second required argument the few-shot history never shows."""
 
 
 class Trip(BaseModel):
@@ -130,6 +147,49 @@ def test_a_required_tool_choice_without_parallel_calls_is_one_call(
         names = [call.function.name for call in choice.message.tool_calls or []]  # type: ignore[union-attr]
         finish = choice.finish_reason
     assert finish == "tool_calls" and len(names) == 1 and names[0] in {"get_weather", "get_time"}
+
+
+def test_with_tool_choice_auto_a_strict_tools_call_follows_its_schema(
+    embedded: ServedEngine,
+) -> None:
+    """As vLLM does with a `strict` tool: the text is free, but a call the model opens must fit
+    the schema. The few-shot history makes the model call `get_weather` with a city alone."""
+    openai = client(embedded)
+
+    def arguments(tool: dict[str, Any]) -> dict[str, Any]:
+        answer = openai.chat.completions.create(
+            model=embedded.name,
+            messages=FEW_SHOT_TOOL_USE,  # type: ignore[arg-type]
+            tools=[tool],  # type: ignore[list-item]
+            max_tokens=60,
+            temperature=0,
+        )
+        calls = answer.choices[0].message.tool_calls or []
+        assert [call.function.name for call in calls] == ["get_weather"]  # type: ignore[union-attr]
+        parsed: dict[str, Any] = json.loads(calls[0].function.arguments)  # type: ignore[union-attr]
+        return parsed
+
+    assert arguments(WEATHER_TOOL) == {"city": "Paris"}  # not strict: not constrained
+    strict = arguments(STRICT_WEATHER_TOOL)
+    assert strict["city"] == "Paris" and strict["unit"] in {"C", "F"} and len(strict) == 2
+
+    # Text that opens no call is left as the model writes it: the chat answer is the greedy
+    # completion of the same prompt, unconstrained.
+    question = [{"role": "user", "content": "Tell me a joke."}]
+    chat = openai.chat.completions.create(
+        model=embedded.name,
+        messages=question,  # type: ignore[arg-type]
+        tools=[STRICT_WEATHER_TOOL],  # type: ignore[list-item]
+        max_tokens=24,
+        temperature=0,
+    )
+    rendered = httpx.post(
+        f"{embedded.server.url}/tokenize",
+        json={"messages": question, "tools": [STRICT_WEATHER_TOOL]},
+        timeout=60,
+    )
+    free = complete(embedded, rendered.json()["tokens"], max_tokens=24, temperature=0)
+    assert chat.choices[0].message.content == free["choices"][0]["text"]
 
 
 def test_the_reported_logprob_is_the_policys_own_not_the_masked_one(

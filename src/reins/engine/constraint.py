@@ -1,11 +1,15 @@
 """Structured output: the tokens a response may take next, from a grammar (llguidance).
 
-A request's `response_format` (`json_object`, or `json_schema` with its schema) and a forced
-`tool_choice` (`required`, or a named function) make a grammar, as vLLM's structured output
-does: at each step the tokens that cannot continue it are masked out before the draw, and once
-the grammar is complete only end-of-sequence is left. A forced tool call is written in the
-engine's tool-call convention (`chat.py`): `<tool_call>` blocks of `{"name": ..., "arguments":
-...}`, the arguments following the function's `parameters` schema.
+A request's `response_format` (`json_object`, or `json_schema` with its schema), a forced
+`tool_choice` (`required`, or a named function) and, with `tool_choice` auto, a tool marked
+`strict` make a grammar, as vLLM's structured output does: at each step the tokens that cannot
+continue it are masked out before the draw, and once the grammar is complete only
+end-of-sequence is left. Calls are written in the engine's tool-call convention (`chat.py`):
+`<tool_call>` blocks of `{"name": ..., "arguments": ...}`, the arguments following the function's
+`parameters` schema. With `tool_choice` auto the text is free until the model opens a
+`<tool_call>` (a lazy trigger): the call must then name an offered function, with arguments that
+follow its schema when it is `strict` (vLLM applies its structural tags to auto calls only when a
+tool is strict, as here).
 
 The mask reshapes the distribution the token is drawn from, not the logprob reported for it,
 which stays the policy's own (`sampling.py`), as vLLM reports raw logprobs.
@@ -42,7 +46,10 @@ def response_grammar(
     if forced:
         several = parallel_tool_calls and tool_choice == "required"
         return _tool_call_grammar(forced, parallel=several)
-    return format_grammar(response_format)
+    form = format_grammar(response_format)
+    if form is None and tool_choice in (None, "auto"):
+        return _strict_calls_grammar(_functions(tools))
+    return form
 
 
 def format_grammar(response_format: Any) -> str | None:
@@ -73,8 +80,7 @@ def _forced_tools(tools: list[dict[str, Any]] | None, choice: Any) -> list[dict[
     """The functions one of which the answer must call ([] when it need not call any)."""
     if choice in (None, "auto", "none"):
         return []
-    functions = [tool.get("function") for tool in tools or [] if isinstance(tool, dict)]
-    named = [f for f in functions if isinstance(f, dict) and isinstance(f.get("name"), str)]
+    named = _functions(tools)
     if choice == "required":
         if not named:
             raise ConstraintError("`tool_choice` is `required` but no tool is given")
@@ -91,13 +97,24 @@ def _forced_tools(tools: list[dict[str, Any]] | None, choice: Any) -> list[dict[
     return chosen
 
 
-def _tool_call_grammar(functions: list[dict[str, Any]], *, parallel: bool) -> str:
+def _functions(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    functions = [tool.get("function") for tool in tools or [] if isinstance(tool, dict)]
+    return [f for f in functions if isinstance(f, dict) and isinstance(f.get("name"), str)]
+
+
+def _call_schema(functions: list[dict[str, Any]], *, strict_only: bool = False) -> str:
+    """The JSON schema of one call's object: one of `functions` by name, with its arguments'
+    schema (any object for a function not `strict`, when `strict_only`)."""
     calls = [
         {
             "type": "object",
             "properties": {
                 "name": {"const": function["name"]},
-                "arguments": function.get("parameters") or {"type": "object"},
+                "arguments": (
+                    function.get("parameters") or {"type": "object"}
+                    if function.get("strict") is True or not strict_only
+                    else {"type": "object"}
+                ),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
@@ -105,9 +122,35 @@ def _tool_call_grammar(functions: list[dict[str, Any]], *, parallel: bool) -> st
         for function in functions
     ]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    options = json.dumps({"x-guidance": JSON_OPTIONS, **schema})
+    return json.dumps({"x-guidance": JSON_OPTIONS, **schema})
+
+
+def _tool_call_grammar(functions: list[dict[str, Any]], *, parallel: bool) -> str:
     more = ' ("\\n" call)*' if parallel else ""
-    lark = f'start: call{more}\ncall: "<tool_call>\\n" %json {options} "\\n</tool_call>"\n'
+    lark = (
+        f"start: call{more}\n"
+        f'call: "<tool_call>\\n" %json {_call_schema(functions)} "\\n</tool_call>"\n'
+    )
+    from llguidance import LLMatcher
+
+    return str(LLMatcher.grammar_from_lark(lark))
+
+
+def _strict_calls_grammar(functions: list[dict[str, Any]]) -> str | None:
+    """Free text in which each `<tool_call>` the model opens holds a call of an offered function
+    (its arguments following its schema when it is `strict`); None when no tool is strict."""
+    if not any(function.get("strict") is True for function in functions):
+        return None
+    lark = (
+        "%llguidance {}\n"
+        "start: call* TEXT\n"
+        "call: opening WS? %json "
+        + _call_schema(functions, strict_only=True)
+        + ' WS? "</tool_call>"\n'
+        'opening[lazy]: TEXT "<tool_call>"\n'
+        "TEXT: /(.|\\n)*/\n"
+        "WS: /[ \\t\\r\\n]+/\n"
+    )
     from llguidance import LLMatcher
 
     return str(LLMatcher.grammar_from_lark(lark))
