@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Literal
 
 import httpx
@@ -24,6 +25,8 @@ TRIP_SCHEMA = {
     "required": ["city", "days"],
     "additionalProperties": False,
 }
+JSON_QUESTION = 'Give the answer as JSON with a key "answer". What is 2+2?'
+"""A question the default model answers with a short JSON object (seed 3)."""
 TIME_TOOL = {
     "type": "function",
     "function": {
@@ -58,6 +61,10 @@ class Trip(BaseModel):
     days: int = Field(ge=1, le=7)
 
 
+def compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
 def client(served: ServedEngine) -> OpenAI:
     return OpenAI(base_url=served.base_url, api_key="unused", timeout=300, max_retries=0)
 
@@ -80,10 +87,9 @@ def test_a_json_schema_answer_follows_the_schema(embedded: ServedEngine) -> None
 
 
 def test_a_json_object_answer_is_one_json_object(embedded: ServedEngine) -> None:
-    question = 'Give the answer as JSON with a key "answer". What is 2+2?'
     answer = client(embedded).chat.completions.create(
         model=embedded.name,
-        messages=[{"role": "user", "content": question}],
+        messages=[{"role": "user", "content": JSON_QUESTION}],
         response_format={"type": "json_object"},
         max_tokens=80,
         n=4,
@@ -99,6 +105,44 @@ def test_completions_take_a_response_format_too(embedded: ServedEngine) -> None:
     answer = complete(embedded, "Trip:", max_tokens=80, seed=3, response_format=form)
     trip = Trip.model_validate_json(answer["choices"][0]["text"])
     assert answer["choices"][0]["finish_reason"] == "stop" and 1 <= trip.days <= 7
+
+
+@pytest.mark.parametrize(
+    ("structured", "follows"),
+    [
+        ({"choice": ["positive", "negative"]}, lambda text: text in {"positive", "negative"}),
+        ({"regex": "[0-9]{3}-[0-9]{4}"}, lambda text: re.fullmatch("[0-9]{3}-[0-9]{4}", text)),
+        ({"grammar": 'root ::= "yes" | "no"'}, lambda text: text in {"yes", "no"}),  # GBNF
+        ({"grammar": 'start: "yes" | "no"'}, lambda text: text in {"yes", "no"}),  # Lark
+        (
+            {"json": TRIP_SCHEMA, "disable_any_whitespace": True},
+            lambda text: (
+                json.dumps(Trip.model_validate_json(text).model_dump(), separators=(",", ":"))
+                == text
+            ),
+        ),
+        ({"json_object": True}, lambda text: isinstance(json.loads(text), dict)),
+    ],
+    ids=["choice", "regex", "gbnf", "lark", "json-compact", "json-object"],
+)
+def test_vllms_structured_outputs_field_is_followed(
+    embedded: ServedEngine, structured: dict[str, Any], follows: Any
+) -> None:
+    """vLLM's own request field, as a client written for vLLM sends it."""
+    answer = client(embedded).chat.completions.create(
+        model=embedded.name,
+        messages=[{"role": "user", "content": JSON_QUESTION}],
+        max_tokens=80,
+        seed=3,
+        n=2,
+        extra_body={"structured_outputs": structured},
+    )
+    for choice in answer.choices:
+        assert choice.finish_reason == "stop" and follows(choice.message.content)
+    prompt = f"{JSON_QUESTION}\nAnswer: "
+    completion = complete(embedded, prompt, max_tokens=80, seed=3, structured_outputs=structured)
+    assert completion["choices"][0]["finish_reason"] == "stop"
+    assert follows(completion["choices"][0]["text"])
 
 
 def test_a_named_tool_choice_is_one_call_of_that_tool(embedded: ServedEngine) -> None:
@@ -238,8 +282,30 @@ def test_the_reported_logprob_is_the_policys_own_not_the_masked_one(
             "names the function 'f', which is not in `tools`",
         ),
         ({"tool_choice": "required"}, "`required` but no tool is given"),
+        (
+            {"extra_body": {"structured_outputs": {"choice": ["a"], "regex": "b"}}},
+            "takes exactly one of json, regex, choice, grammar, json_object, structural_tag; "
+            "got regex, choice",
+        ),
+        ({"extra_body": {"structured_outputs": {"regex": "("}}}, "unclosed group"),
+        (
+            {
+                "response_format": {"type": "json_object"},
+                "extra_body": {"structured_outputs": {"json_object": True}},
+            },
+            "`response_format` or `structured_outputs`, not both",
+        ),
     ],
-    ids=["unknown-type", "no-schema", "bad-schema", "unknown-function", "required-no-tools"],
+    ids=[
+        "unknown-type",
+        "no-schema",
+        "bad-schema",
+        "unknown-function",
+        "required-no-tools",
+        "two-kinds",
+        "bad-regex",
+        "both-fields",
+    ],
 )
 def test_structured_output_that_cannot_be_followed_is_400(
     embedded: ServedEngine, fields: dict[str, Any], says: str

@@ -72,6 +72,8 @@ class _Request(BaseModel):
     stream_options: dict[str, Any] | None = None
     response_format: Any = None
     """Structured output (`constraint.py`): `{"type": "json_object"}`, or `json_schema`."""
+    structured_outputs: Any = None
+    """vLLM's structured output field (`json`, `regex`, `choice`, `grammar`, `json_object`)."""
 
     @field_validator("n", mode="before")
     @classmethod
@@ -244,7 +246,11 @@ class _Api:
                 prompt_ids = self._tokens(text)
             parallel = body.parallel_tool_calls is not False
             grammar = response_grammar(
-                body.response_format, tools, body.tool_choice, parallel_tool_calls=parallel
+                body.response_format,
+                tools,
+                body.tool_choice,
+                parallel_tool_calls=parallel,
+                structured_outputs=body.structured_outputs,
             )
             await self._check(grammar)
             params = self._params(
@@ -273,7 +279,7 @@ class _Api:
             if body.echo:
                 raise EngineError(400, "`echo` is not supported by the embedded engine")
             prompt_ids = self._completion_prompt(body.prompt)
-            grammar = format_grammar(body.response_format)
+            grammar = format_grammar(body.response_format, body.structured_outputs)
             await self._check(grammar)
             params = self._params(body, len(prompt_ids), grammar=grammar)
         except ValidationError as error:

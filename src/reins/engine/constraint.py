@@ -9,7 +9,8 @@ end-of-sequence is left. Calls are written in the engine's tool-call convention 
 `parameters` schema. With `tool_choice` auto the text is free until the model opens a
 `<tool_call>` (a lazy trigger): the call must then name an offered function, with arguments that
 follow its schema when it is `strict` (vLLM applies its structural tags to auto calls only when a
-tool is strict, as here).
+tool is strict, as here). vLLM's own request field, `structured_outputs` (`json`, `regex`,
+`choice`, `grammar` in Lark or GBNF, `json_object`), is read as vLLM reads it.
 
 The mask reshapes the distribution the token is drawn from, not the logprob reported for it,
 which stays the policy's own (`sampling.py`), as vLLM reports raw logprobs.
@@ -38,22 +39,29 @@ def response_grammar(
     tool_choice: Any,
     *,
     parallel_tool_calls: bool = True,
+    structured_outputs: Any = None,
 ) -> str | None:
     """The grammar of a chat request's answer, or None when it is free text. A forced tool
-    choice wins over `response_format` (the answer is then a call): `required`, one call or more
-    (one without `parallel_tool_calls`); a named function, one call of it (as vLLM answers)."""
+    choice wins over the answer's format (the answer is then a call): `required`, one call or
+    more (one without `parallel_tool_calls`); a named function, one call of it (as vLLM
+    answers)."""
     forced = _forced_tools(tools, tool_choice)
     if forced:
         several = parallel_tool_calls and tool_choice == "required"
         return _tool_call_grammar(forced, parallel=several)
-    form = format_grammar(response_format)
+    form = format_grammar(response_format, structured_outputs)
     if form is None and tool_choice in (None, "auto"):
         return _strict_calls_grammar(_functions(tools))
     return form
 
 
-def format_grammar(response_format: Any) -> str | None:
-    """The grammar of a `response_format` (chat or completions), or None for free text."""
+def format_grammar(response_format: Any, structured_outputs: Any = None) -> str | None:
+    """The grammar of a `response_format` or of vLLM's `structured_outputs` (chat or
+    completions; one of the two), or None for free text."""
+    if structured_outputs is not None:
+        if response_format is not None:
+            raise ConstraintError("give `response_format` or `structured_outputs`, not both")
+        return _vllm_grammar(structured_outputs)
     if response_format is None:
         return None
     if not isinstance(response_format, dict):
@@ -74,6 +82,46 @@ def format_grammar(response_format: Any) -> str | None:
     raise ConstraintError(
         f"`response_format.type` must be text, json_object or json_schema, not {kind!r}"
     )
+
+
+_VLLM_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+def _vllm_grammar(structured: Any) -> str:
+    """The grammar of vLLM's `structured_outputs`: exactly one kind of constraint."""
+    if not isinstance(structured, dict):
+        raise ConstraintError("`structured_outputs` must be an object")
+    kinds = [kind for kind in _VLLM_KINDS if structured.get(kind) not in (None, False)]
+    if len(kinds) != 1:
+        raise ConstraintError(
+            f"`structured_outputs` takes exactly one of {', '.join(_VLLM_KINDS)}; "
+            f"got {', '.join(kinds) or 'none'}"
+        )
+    kind, value = kinds[0], structured[kinds[0]]
+    flexible = structured.get("disable_any_whitespace") is not True
+    import llguidance
+
+    try:
+        if kind == "json_object":
+            return _json_grammar({"type": "object"}, flexible=flexible)
+        if kind == "json":
+            schema = json.loads(value) if isinstance(value, str) else value
+            if not isinstance(schema, dict):
+                raise ConstraintError("`structured_outputs.json` must be a JSON schema object")
+            return _json_grammar(schema, flexible=flexible)
+        if kind == "choice":
+            if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+                raise ConstraintError("`structured_outputs.choice` must be a list of strings")
+            return str(llguidance.grammar_from("choice", value))  # type: ignore[arg-type]
+        if kind == "regex" and isinstance(value, str):
+            return str(llguidance.grammar_from("regex", value))
+        if kind == "grammar" and isinstance(value, str):  # Lark or GBNF
+            return str(llguidance.grammar_from("grammar", value))
+    except ValueError as error:
+        raise ConstraintError(f"`structured_outputs.{kind}` cannot be read: {error}") from error
+    if kind == "structural_tag":
+        raise ConstraintError("`structured_outputs.structural_tag` is not supported here")
+    raise ConstraintError(f"`structured_outputs.{kind}` must be a string")
 
 
 def _forced_tools(tools: list[dict[str, Any]] | None, choice: Any) -> list[dict[str, Any]]:
@@ -156,11 +204,12 @@ def _strict_calls_grammar(functions: list[dict[str, Any]]) -> str | None:
     return str(LLMatcher.grammar_from_lark(lark))
 
 
-def _json_grammar(schema: dict[str, Any]) -> str:
+def _json_grammar(schema: dict[str, Any], *, flexible: bool = True) -> str:
     from llguidance import LLMatcher
 
+    options = {"whitespace_flexible": flexible}
     try:
-        return str(LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))  # type: ignore[arg-type]
+        return str(LLMatcher.grammar_from_json_schema(schema, defaults=options))  # type: ignore[arg-type]
     except ValueError as error:
         raise ConstraintError(f"the JSON schema cannot be read: {error}") from error
 
