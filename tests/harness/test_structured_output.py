@@ -86,3 +86,19 @@ def test_the_anthropic_sdk_parses_its_output_format(val_rollout: Rollout) -> Non
     assert message.stop_reason == "end_turn"
     assert isinstance(trip, Trip) and 1 <= trip.days <= 7
     rollout.assert_recorded_as_received([received_of(message)], kind="messages")
+
+
+def test_vllms_structured_outputs_pass_the_proxy(rollout: Rollout) -> None:
+    """A client written for vLLM (its `structured_outputs` field), in train mode."""
+    from openai import OpenAI
+
+    sdk = OpenAI(base_url=rollout.base_url, api_key=rollout.token, timeout=300, max_retries=0)
+    answer = sdk.chat.completions.create(
+        model=rollout.model,
+        messages=[{"role": "user", "content": "Is the sea blue?"}],
+        max_tokens=8,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    text = answer.choices[0].message.content
+    assert text in {"yes", "no"} and answer.choices[0].finish_reason == "stop"
+    rollout.assert_recorded_as_received([Received.text(text)])
