@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -215,13 +216,20 @@ def _json_grammar(schema: dict[str, Any], *, flexible: bool = True) -> str:
 
 
 class Grammars:
-    """One engine's compiler of grammars against its tokenizer (built on first use, ~1 s)."""
+    """One engine's compiler of grammars against its tokenizer (built on first use, ~1 s).
+
+    A compiled grammar is kept (the last `COMPILED` ones): a harness sends the same schema or
+    tools at every call, and each response starts from a copy of the compiled matcher, which
+    costs next to nothing where compiling a large schema takes milliseconds or more."""
+
+    COMPILED = 64
 
     def __init__(self, tokenizer: Any, eos_token_ids: set[int]) -> None:
         self._hf_tokenizer = tokenizer
         self._eos = sorted(eos_token_ids)
         self._lock = threading.Lock()
         self._tokenizer: Any = None
+        self._compiled: OrderedDict[str, Any] = OrderedDict()
 
     def tokenizer(self) -> Any:
         with self._lock:
@@ -239,25 +247,39 @@ class Grammars:
             return self._tokenizer
 
     def check(self, grammar: str) -> None:
-        """Raises ConstraintError, with llguidance's reason, when `grammar` does not compile."""
-        from llguidance import LLMatcher
-
-        message = LLMatcher.validate_grammar(grammar, self.tokenizer())
-        if message:
-            raise ConstraintError(f"the structured output cannot be compiled: {message}")
+        """Compiles `grammar` (kept for `matcher`); raises ConstraintError, with llguidance's
+        reason, when it does not compile. Slow for a large grammar: call it off the event loop."""
+        self._prototype(grammar)
 
     def matcher(self, grammar: str) -> Matcher:
-        return Matcher(self.tokenizer(), grammar)
+        """A matcher at the start of `grammar` (compiled now unless `check` compiled it)."""
+        return Matcher(self._prototype(grammar).deep_copy())
+
+    def _prototype(self, grammar: str) -> Any:
+        with self._lock:
+            compiled = self._compiled.get(grammar)
+            if compiled is not None:
+                self._compiled.move_to_end(grammar)
+                return compiled
+        from llguidance import LLMatcher
+
+        compiled = LLMatcher(self.tokenizer(), grammar, log_level=0)
+        if compiled.is_error():
+            raise ConstraintError(
+                f"the structured output cannot be compiled: {compiled.get_error()}"
+            )
+        with self._lock:
+            self._compiled[grammar] = compiled
+            while len(self._compiled) > self.COMPILED:
+                self._compiled.popitem(last=False)
+        return compiled
 
 
 class Matcher:
     """Where one response stands in its grammar."""
 
-    def __init__(self, tokenizer: Any, grammar: str) -> None:
-        from llguidance import LLMatcher
-
-        self._matcher = LLMatcher(tokenizer, grammar, log_level=0)
-        self._check()
+    def __init__(self, matcher: Any) -> None:
+        self._matcher = matcher
 
     def allowed(self, width: int) -> torch.Tensor:
         """Which of `width` token IDs (the logits' width) may come next, as booleans; IDs past
