@@ -10,9 +10,11 @@ from typing import Any, Literal
 
 import httpx
 import pytest
+import torch
 from openai import BadRequestError, OpenAI
 from pydantic import BaseModel, Field
 
+from reins.engine.constraint import format_grammar
 from tests.embedded_support import FEW_SHOT_TOOL_USE, WEATHER_TOOL, ServedEngine
 from tests.engine.test_embedded import complete
 
@@ -318,3 +320,19 @@ def test_structured_output_that_cannot_be_followed_is_400(
             **fields,
         )
     assert says in str(refused.value)
+
+
+def test_responses_of_one_grammar_advance_apart(embedded: ServedEngine) -> None:
+    """The compiled grammar is kept and copied: one response's tokens never move another."""
+    grammars = embedded.engine.grammars
+    grammar = format_grammar({"type": "json_object"})
+    assert grammar is not None
+    first, second = grammars.matcher(grammar), grammars.matcher(grammar)
+    width = len(embedded.engine.tokenizer)
+    opening = embedded.engine.tokenizer("{", add_special_tokens=False)["input_ids"]
+    start = first.allowed(width)
+    assert bool(start[opening[0]])
+    first.advance(opening[0])
+    assert torch.equal(second.allowed(width), start)
+    assert not torch.equal(first.allowed(width), start)
+    assert torch.equal(grammars.matcher(grammar).allowed(width), start)
