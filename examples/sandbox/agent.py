@@ -227,8 +227,14 @@ def episode(
     result = Episode(ended=f"no finish after {max_turns} model calls")
     while result.turns < max_turns and not result.finished:
         try:
+            # Every turn is a tool call (the episode ends with `finish`): the engine constrains
+            # the answer to one, so a small model that would answer in prose still acts.
             response = client.chat.completions.create(
-                model=MODEL, messages=messages, tools=TOOLS, max_tokens=MAX_TOKENS
+                model=MODEL,
+                messages=messages,
+                tools=TOOLS,
+                tool_choice="required",
+                max_tokens=MAX_TOKENS,
             )
         except openai.BadRequestError as error:
             if result.turns == 0:
