@@ -102,3 +102,31 @@ def test_vllms_structured_outputs_pass_the_proxy(rollout: Rollout) -> None:
     text = answer.choices[0].message.content
     assert text in {"yes", "no"} and answer.choices[0].finish_reason == "stop"
     rollout.assert_recorded_as_received([Received.text(text)])
+
+
+def test_the_agents_sdk_forced_tool_gets_arguments_of_its_schema(val_rollout: Rollout) -> None:
+    """`ModelSettings(tool_choice=NAME)` on a strict function tool (the SDK's default), through
+    the Responses API: one call, its arguments valid for the tool's signature."""
+    from agents import Agent, ModelSettings, Runner, function_tool
+
+    rollout = val_rollout
+    agents_sdk_on(rollout)
+    seen: list[tuple[str, str]] = []
+
+    @function_tool
+    def get_weather(city: str, unit: Literal["C", "F"]) -> str:
+        """The current weather in a city."""
+        seen.append((city, unit))
+        return "Sunny"
+
+    agent = Agent(
+        name="forecaster",
+        instructions="You answer questions about the weather.",
+        model="gpt-5.5",
+        model_settings=ModelSettings(max_tokens=80, temperature=0, tool_choice="get_weather"),
+        tools=[get_weather],
+        tool_use_behavior="stop_on_first_tool",
+    )
+    result = Runner.run_sync(agent, "Weather in Paris?")
+    assert len(seen) == 1 and isinstance(seen[0][0], str) and seen[0][1] in {"C", "F"}
+    assert result.final_output == "Sunny"
