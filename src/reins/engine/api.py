@@ -19,7 +19,15 @@ import uuid
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -60,6 +68,8 @@ class _Request(BaseModel):
     top_k: int | None = Field(default=None, ge=-1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    min_tokens: int | None = Field(default=None, ge=0)
+    """vLLM's: end of sequence and the stop tokens are held back until this many tokens."""
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     """What a generator's seed can be (negative ones count from 2**64)."""
@@ -91,10 +101,33 @@ class ChatRequest(_Request):
     """False: one tool call at most (the first `</tool_call>` ends the answer), as OpenAI and
     vLLM answer; null or true: as many as the model writes."""
     logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    """Accepted as OpenAI bounds it; the alternatives are not computed (they come back empty)."""
     reins_prefix_token_ids: list[StrictInt] | None = None
     """Token reuse (the gateway's `token_reuse`): an earlier call's prompt and response IDs; when
     the messages' rendering starts with their text, the prompt is those IDs + the tokens of the
     rest (`chat.extend_prompt`), else the rendering as usual."""
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("`top_logprobs` needs `logprobs: true`")
+        return self
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_are_functions(cls, tools: list[dict[str, Any]] | None) -> Any:
+        """Each tool is `{"type": "function", "function": {"name": ...}}`, as OpenAI checks."""
+        for index, tool in enumerate(tools or []):
+            function = tool.get("function")
+            if tool.get("type", "function") != "function" or not isinstance(function, dict):
+                raise ValueError(
+                    f'tools[{index}] must be {{"type": "function", "function": {{...}}}}'
+                )
+            name = function.get("name")
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"tools[{index}].function needs a `name` (a non-empty string)")
+        return tools
 
 
 class CompletionRequest(_Request):
@@ -404,6 +437,11 @@ class _Api:
         # More than the context has room for is served up to the context's end (finish_reason
         # `length`): coding-agent CLIs send max_tokens of 32k-64k whatever the model.
         asked = body.max_completion_tokens or body.max_tokens
+        min_tokens = body.min_tokens or 0
+        if asked is not None and min_tokens > asked:
+            raise EngineError(
+                400, f"min_tokens ({min_tokens}) must not be more than max_tokens ({asked})"
+            )
         if asked is not None:
             asked = min(asked, room)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
@@ -424,6 +462,8 @@ class _Api:
                 presence_penalty=body.presence_penalty or 0.0,
                 frequency_penalty=body.frequency_penalty or 0.0,
                 grammar=grammar,
+                min_tokens=min_tokens,
+                end_token_ids=frozenset(self.engine.eos_token_ids) | self.stop_token_ids,
             )
             for index in range(body.n)
         ]

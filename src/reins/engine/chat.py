@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+ROLES = ("system", "developer", "user", "assistant", "tool")
+"""The chat roles OpenAI takes (its legacy `function` role aside)."""
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 SAMPLED_TURNS = 65_536
@@ -100,6 +102,10 @@ def prepare_messages(
         if not isinstance(message, dict) or "role" not in message:
             raise ChatRequestError(f"messages[{position}] has no `role`")
         role = str(message["role"])
+        if role not in ROLES:
+            raise ChatRequestError(
+                f"messages[{position}].role is {role!r}; it must be one of {', '.join(ROLES)}"
+            )
         if role == "developer":
             role = "system"
         content = text_of(message.get("content"))

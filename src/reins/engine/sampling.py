@@ -9,7 +9,8 @@ argmax of the reshaped logits.
 
 The reshaping is OpenAI's: a token's logit gets its `logit_bias`, less `frequency_penalty` times
 the number of times the response has sampled it so far, less `presence_penalty` once it has; with
-structured output (`constraint.py`) the tokens its grammar does not allow next are masked out.
+structured output (`constraint.py`) the tokens its grammar does not allow next are masked out, and
+with vLLM's `min_tokens` the ends of sequence until that many tokens were sampled.
 
 A row whose logits are no distribution (NaN, or +inf) is refused with `UnsampleableRows` before
 anything is drawn, so the caller can fail that row alone and sample the others.
@@ -48,6 +49,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     grammar: str | None = None
     """Structured output: the compiled grammar the response follows (`constraint.py`)."""
+    min_tokens: int = 0
+    """vLLM's: the tokens in `end_token_ids` cannot be drawn before this many were sampled."""
+    end_token_ids: frozenset[int] = frozenset()
+    """End-of-sequence and `stop_token_ids`: what `min_tokens` holds back."""
 
     @property
     def reshapes(self) -> bool:
@@ -57,6 +62,7 @@ class SamplingParams:
             or self.presence_penalty != 0
             or self.frequency_penalty != 0
             or self.grammar is not None
+            or self.min_tokens > 0
         )
 
     def generator(self) -> torch.Generator | None:
@@ -176,6 +182,8 @@ def _reshaped(
         if outputs[row] and (p.presence_penalty or p.frequency_penalty):
             counts = torch.bincount(torch.tensor(outputs[row]), minlength=vocab)[:vocab]
             shaped[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        if len(outputs[row]) < p.min_tokens and p.end_token_ids:
+            shaped[row, sorted(p.end_token_ids)] = -torch.inf
         mask = allowed[row]
         if mask is not None:
             shaped[row].masked_fill_(~mask, -torch.inf)
