@@ -284,6 +284,7 @@ def test_the_reported_logprob_is_the_policys_own_not_the_masked_one(
             "names the function 'f', which is not in `tools`",
         ),
         ({"tool_choice": "required"}, "`required` but no tool is given"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": {"function": "f"}}, "`tool_choice` must be"),
         (
             {"extra_body": {"structured_outputs": {"choice": ["a"], "regex": "b"}}},
             "takes exactly one of json, regex, choice, grammar, json_object, structural_tag; "
@@ -304,6 +305,7 @@ def test_the_reported_logprob_is_the_policys_own_not_the_masked_one(
         "bad-schema",
         "unknown-function",
         "required-no-tools",
+        "function-not-an-object",
         "two-kinds",
         "bad-regex",
         "both-fields",

@@ -118,6 +118,8 @@ def _vllm_grammar(structured: Any) -> str:
             return str(llguidance.grammar_from("regex", value))
         if kind == "grammar" and isinstance(value, str):  # Lark or GBNF
             return str(llguidance.grammar_from("grammar", value))
+    except ConstraintError:
+        raise
     except ValueError as error:
         raise ConstraintError(f"`structured_outputs.{kind}` cannot be read: {error}") from error
     if kind == "structural_tag":
@@ -134,7 +136,8 @@ def _forced_tools(tools: list[dict[str, Any]] | None, choice: Any) -> list[dict[
         if not named:
             raise ConstraintError("`tool_choice` is `required` but no tool is given")
         return named
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str):
         raise ConstraintError(
             '`tool_choice` must be "none", "auto", "required" or '
