@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.embedded_support import ServedEngine
@@ -50,3 +51,16 @@ def test_min_tokens_holds_the_end_back(embedded: ServedEngine) -> None:
     assert not set(held["token_ids"][: least - 1]) & ends
     # The tokens before the first end are the greedy answer's, unchanged.
     assert held["token_ids"][: len(free["token_ids"]) - 1] == free["token_ids"][:-1]
+
+
+def test_the_legacy_function_role_reads_as_a_tool_result(embedded: ServedEngine) -> None:
+    def rendered(role: str) -> list[int]:
+        messages = [*HI, {"role": "assistant", "content": "Hi"}, {"role": role, "content": "42"}]
+        response = httpx.post(
+            f"{embedded.server.url}/tokenize", json={"messages": messages}, timeout=60
+        )
+        assert response.status_code == 200, response.text
+        tokens: list[int] = response.json()["tokens"]
+        return tokens
+
+    assert rendered("function") == rendered("tool")

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-ROLES = ("system", "developer", "user", "assistant", "tool")
-"""The chat roles OpenAI takes (its legacy `function` role aside)."""
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+"""The chat roles OpenAI takes; its legacy `function` (a function's result) is read as `tool`."""
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 SAMPLED_TURNS = 65_536
@@ -108,6 +108,8 @@ def prepare_messages(
             )
         if role == "developer":
             role = "system"
+        elif role == "function":
+            role = "tool"
         content = text_of(message.get("content"))
         _check_tool_calls(message.get("tool_calls"), position)
         as_sampled = sampled.recall(message) if sampled is not None else None
