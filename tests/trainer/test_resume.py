@@ -182,6 +182,29 @@ def test_a_damaged_checkpoint_is_refused_naming_the_one_before_it(
         asyncio.run(train(run, resume=True))
 
 
+@pytest.mark.parametrize(
+    ("rng", "says"),
+    [
+        (lambda rng: {k: v for k, v in rng.items() if k != "numpy"}, "state lacks numpy"),
+        (lambda rng: {**rng, "torch": rng["torch"][:10]}, "state cannot be restored"),
+    ],
+    ids=["missing-key", "truncated"],
+)
+def test_a_checkpoint_whose_rng_state_is_damaged_is_refused_before_loading(
+    tmp_path: Path, tiny_model_dir: Path, rng: Any, says: str
+) -> None:
+    """It was a raw KeyError (or torch's RuntimeError) after the weights were loaded."""
+    run = config(tmp_path, tiny_model_dir)
+    first, second = damaged_checkpoints(run, tiny_model_dir)
+    saved = json.loads((second / "trainer.json").read_text())
+    (second / "trainer.json").write_text(json.dumps({**saved, "rng": rng(saved["rng"])}))
+    with pytest.raises(resume.ResumeError) as refused:
+        asyncio.run(train(run, resume=True))
+    assert str(refused.value).startswith(f"checkpoint {second} cannot be loaded (")
+    assert says in str(refused.value)
+    assert str(refused.value).endswith(f"to resume from {first.name}, the one before it")
+
+
 # -- metrics on resume (pure) ----------------------------------------------------------------
 
 

@@ -57,11 +57,44 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    python = state["python"]
-    random.setstate((python[0], tuple(python[1]), python[2]))
-    numpy = state["numpy"]
-    np.random.set_state((numpy[0], np.asarray(numpy[1], dtype=np.uint32), *numpy[2:]))
-    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    python, numpy, generator = _rng_states(state)
+    random.setstate(python)
+    np.random.set_state(numpy)
+    torch.set_rng_state(generator)
+
+
+def check_rng(state: Any) -> None:
+    """Raises ValueError, saying what is wrong, when `state` is no RNG state `restore_rng`
+    takes (tried on fresh generators: the process's own are left alone)."""
+    python, numpy, generator = _rng_states(state)
+    try:
+        random.Random().setstate(python)
+        np.random.RandomState().set_state(numpy)
+        torch.Generator().set_state(generator)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(
+            f"its random number generators' state cannot be restored: {error}"
+        ) from error
+
+
+def _rng_states(state: Any) -> tuple[Any, Any, torch.Tensor]:
+    missing = [
+        key
+        for key in ("python", "numpy", "torch")
+        if not isinstance(state, dict) or key not in state
+    ]
+    if missing:
+        raise ValueError(f"its random number generators' state lacks {', '.join(missing)}")
+    try:
+        python = state["python"]
+        numpy = state["numpy"]
+        return (
+            (python[0], tuple(python[1]), python[2]),
+            (numpy[0], np.asarray(numpy[1], dtype=np.uint32), *numpy[2:]),
+            torch.tensor(state["torch"], dtype=torch.uint8),
+        )
+    except (TypeError, ValueError, IndexError, KeyError, RuntimeError) as error:
+        raise ValueError(f"its random number generators' state is malformed: {error!r}") from error
 
 
 def save(run_dir: Path, backend: Backend, state: TrainerState, *, keep: int) -> Path:

@@ -80,6 +80,7 @@ def find(config: TrainConfig) -> ResumePoint:
         )
     try:
         state = checkpoint.read_state(found)
+        checkpoint.check_rng(state.rng)
     except (OSError, ValueError, TypeError) as error:  # missing, not JSON, not a TrainerState
         raise ResumeError(damaged(found, error)) from error
     return ResumePoint(found, state, removed)
