@@ -86,7 +86,7 @@ def main() -> None:
 
     def sequence(prompt: list[int], seed: int) -> Sequence:
         params = SamplingParams(max_tokens=1 << 20, seed=seed)
-        return Sequence(prompt, params, lambda token, logprob: None, lambda reason, error: None)
+        return Sequence(prompt, params, lambda *_: None, lambda *_: None)
 
     def reset() -> None:
         scheduler._active, scheduler._cache, scheduler._mask = [], None, None

@@ -79,7 +79,7 @@ def main() -> None:
         params = SamplingParams(
             max_tokens=1 << 20, seed=seed, grammar=grammar if constrained else None
         )
-        row = Sequence(prompt, params, lambda token, logprob: None, lambda reason, error: None)
+        row = Sequence(prompt, params, lambda *_: None, lambda *_: None)
         if constrained:
             row.matcher = grammars.matcher(grammar)
         return row

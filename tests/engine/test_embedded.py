@@ -180,7 +180,7 @@ def test_a_prefill_that_fails_fails_only_its_own_request(embedded: ServedEngine)
     alone = asyncio.run(generate_tokens(embedded.engine, prompt, greedy(16)))
     tokens: list[int] = []
 
-    def on_token(token: int, _: float) -> None:
+    def on_token(token: int, *_: object) -> None:
         tokens.append(token)
         if len(tokens) == 4:  # on the engine's thread, mid-generation: it joins at the next step
             scheduler.submit(broken)

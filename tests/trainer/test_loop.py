@@ -15,6 +15,7 @@ import pytest
 
 from reins.trainer.config import TrainConfig
 from reins.trainer.data import TaskStream, load_tasks
+from reins.trainer.loop import AgentCannotRun
 from reins.trainer.runtime import train
 
 pytestmark = pytest.mark.slow
@@ -105,6 +106,24 @@ def test_a_group_with_a_crashing_rollout_is_dropped_and_counted(
     assert record["rollouts/failed"] == 2
     assert record["rollouts/dropped_groups"] == 1
     assert record["rollouts/trained"] == 2
+
+
+@pytest.mark.parametrize("val_every", [0, 1], ids=["in-training", "in-validation"])
+def test_an_agent_that_cannot_run_stops_the_run_at_its_first_rollouts(
+    tmp_path: Path, tiny_model_dir: Path, val_every: int
+) -> None:
+    """A mistyped command line failed every rollout of every step, and the run went through all
+    its steps, training on nothing, and ended as if it had worked."""
+    run = config(tmp_path, tiny_model_dir, agent="pyhton -m no_agent", steps=3, max_attempts=1)
+    run = run.model_copy(update={"val_every": val_every})
+    with pytest.raises(AgentCannotRun) as stopped:
+        asyncio.run(train(run))
+    message = str(stopped.value)
+    failed = 2 if val_every else 4  # the validation's two tasks, or step 0's four rollouts
+    assert message.startswith(f"every rollout so far failed ({failed} of {failed}, none succeeded)")
+    assert "check the agent setting ('pyhton -m no_agent')" in message
+    assert "pyhton: not found" in message  # the agent's log, as the shell wrote it
+    assert not (run.run_dir / "metrics.jsonl").exists() or metrics(run.run_dir) == []
 
 
 def test_every_rollout_without_a_reward_is_counted(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
+import os
 import shutil
 import sqlite3
 import time
@@ -180,6 +181,75 @@ def test_a_damaged_checkpoint_is_refused_naming_the_one_before_it(
     shutil.rmtree(second)
     with pytest.raises(resume.ResumeError, match="there is no earlier checkpoint: start the run"):
         asyncio.run(train(run, resume=True))
+
+
+def test_a_checkpoints_files_are_on_the_disk_before_it_is_renamed_into_place(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Else a power loss after the rename could leave a `step-*` name on files the disk never
+    received (a rename can reach the disk before the data it names)."""
+    synced: set[str] = set()
+    renamed: dict[str, set[str]] = {}
+    real_fsync, real_rename = os.fsync, Path.rename
+
+    def fsync(descriptor: int) -> None:
+        synced.add(os.readlink(f"/proc/self/fd/{descriptor}"))
+        real_fsync(descriptor)
+
+    def rename(self: Path, target: Any) -> Any:
+        renamed[Path(target).name] = set(synced)
+        return real_rename(self, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(Path, "rename", rename)
+    run = config(tmp_path, tiny_model_dir)
+    _, second = damaged_checkpoints(run, tiny_model_dir)
+    staging = second.with_name(f".{second.name}{checkpoint.STAGING}")
+    files = {str(p).replace(str(second), str(staging)) for p in second.rglob("*")}
+    assert {"model.pt", "optimizer.pt", "trainer.json"} <= {p.name for p in second.iterdir()}
+    assert files <= renamed[second.name]
+    assert str(staging) in renamed[second.name]  # the folder's entries too
+
+
+def test_a_crash_while_a_checkpoint_is_deleted_leaves_no_half_of_it(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pruning (or replacing a step's checkpoint) deleted the `step-*` folder in place: a crash
+    midway left a folder of that name without some of its files, which a resume then took for
+    a checkpoint."""
+    run = config(tmp_path, tiny_model_dir)
+    first, second = damaged_checkpoints(run, tiny_model_dir)
+    real_rmtree = shutil.rmtree
+
+    def killed_midway(path: Any, *args: Any, **kwargs: Any) -> None:
+        folder = Path(path)
+        if folder.is_dir() and checkpoint.PREFIX in folder.name:
+            (folder / "model.pt").unlink()
+            raise SystemExit("killed while deleting")
+        real_rmtree(path, *args, **kwargs)
+
+    backend_files = sorted(p.name for p in first.iterdir())
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed_midway)
+    from reins.trainer.backend import BackendConfig, TorchBackend
+    from reins.trainer.runtime import load_policy
+
+    backend = TorchBackend(load_policy(run)[0], BackendConfig())
+    for step in (3, 3):  # the prune of step 1, then a new save of step 3 over the old one
+        state = checkpoint.TrainerState(step, 2 * step, 0, checkpoint.capture_rng(), [0])
+        with pytest.raises(SystemExit):
+            checkpoint.save(run.run_dir, backend, state, keep=2)
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
+    left = sorted((run.run_dir / "checkpoints").glob(f"{checkpoint.PREFIX}*"))
+    assert [f.name for f in left] == [second.name]
+    assert sorted(p.name for p in left[0].iterdir()) == backend_files
+    removed = checkpoint.remove_partial(run.run_dir)
+    # The new save of step 3 was killed too: its staging folder goes with the trash.
+    assert sorted(p.name for p in removed) == [
+        f".{first.name}{checkpoint.TRASH}",
+        f".step-000003{checkpoint.STAGING}",
+        f".step-000003{checkpoint.TRASH}",
+    ]
+    assert sorted(p.name for p in (run.run_dir / "checkpoints").iterdir()) == [second.name]
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,9 @@ Answers carry the fields vLLM returns with `return_token_ids` and `logprobs` (to
 `prompt_token_ids` for chat, per-choice for completions; per-choice `token_ids`; logprobs of the
 sampled tokens), so the gateway's proxy reads both engines the same way, and the header
 `x-reins-weight-version` with the version of the weights each request started on. The token IDs
-are always returned (the proxy removes what the harness did not ask for); logprob alternatives
-(`top_logprobs`) are not computed and come back empty.
+are always returned (the proxy removes what the harness did not ask for), and the most likely
+alternatives at each position when asked (chat's `top_logprobs`, completions' `logprobs`), from
+the distribution whose logprob the sampled token reports.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from reins.engine.chat import (
 from reins.engine.constraint import ConstraintError, format_grammar, response_grammar
 from reins.engine.embedded import EmbeddedEngine, Token, WeightVersionError
 from reins.engine.metrics import CONTENT_TYPE, engine_metrics, render
-from reins.engine.sampling import SamplingParams
+from reins.engine.sampling import Alternatives, SamplingParams
 
 WEIGHT_VERSION_HEADER = "x-reins-weight-version"
 TOKEN_REUSE_HEADER = "x-reins-token-reuse"
@@ -102,7 +103,7 @@ class ChatRequest(_Request):
     vLLM answer; null or true: as many as the model writes."""
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    """Accepted as OpenAI bounds it; the alternatives are not computed (they come back empty)."""
+    """The most likely tokens listed at each position, most likely first (OpenAI's bounds)."""
     reins_prefix_token_ids: list[StrictInt] | None = None
     """Token reuse (the gateway's `token_reuse`): an earlier call's prompt and response IDs; when
     the messages' rendering starts with their text, the prompt is those IDs + the tokens of the
@@ -134,6 +135,8 @@ class CompletionRequest(_Request):
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     """Token IDs are integers only: pydantic's lax mode would read `true` or `1.0` as an ID."""
     logprobs: int | None = Field(default=None, ge=0, le=20)
+    """The most likely tokens listed at each position, with the sampled one (OpenAI's legacy
+    API: up to `logprobs + 1` of them)."""
     echo: bool | None = False
 
 
@@ -464,6 +467,7 @@ class _Api:
                 grammar=grammar,
                 min_tokens=min_tokens,
                 end_token_ids=frozenset(self.engine.eos_token_ids) | self.stop_token_ids,
+                top_logprobs=_alternatives_asked(body),
             )
             for index in range(body.n)
         ]
@@ -491,6 +495,9 @@ class _Choice:
         self.index = index
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
+        self.tops: list[Alternatives] = []
+        self.text_offsets: list[int] = [0]
+        """Completions' `text_offset`: where each token's text starts (one more: the end)."""
         self.shown = ""
         self.sent = 0
         """Tokens a stream has sent."""
@@ -552,6 +559,7 @@ class _Call:
                 if isinstance(item, Token):
                     choice.token_ids.append(item.token_id)
                     choice.logprobs.append(item.logprob)
+                    choice.tops.append(item.top)
                 elif item.error is not None:
                     return _error(500, item.error, "InternalServerError")
                 else:
@@ -596,11 +604,11 @@ class _Call:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
-        tokens, logprobs = choice.token_ids[: settled.count], choice.logprobs[: settled.count]
+        tokens = choice.token_ids[: settled.count]
         return {
             "index": choice.index,
             "message": message,
-            "logprobs": {"content": self._chat_logprobs(tokens, logprobs)},
+            "logprobs": {"content": self._chat_logprobs(choice, 0, settled.count)},
             "finish_reason": finish_reason,
             "stop_reason": settled.stop_reason,
             "token_ids": tokens,
@@ -608,30 +616,58 @@ class _Call:
 
     def _completion_choice(self, choice: _Choice) -> dict[str, Any]:
         settled = self.settled(choice, final=True)
-        tokens, logprobs = choice.token_ids[: settled.count], choice.logprobs[: settled.count]
+        tokens = choice.token_ids[: settled.count]
         return {
             "index": choice.index,
             "text": settled.text,
-            "logprobs": self._completion_logprobs(tokens, logprobs),
+            "logprobs": self._completion_logprobs(choice, 0, settled.count),
             "finish_reason": choice.finish_reason,
             "stop_reason": settled.stop_reason,
             "token_ids": tokens,
             "prompt_token_ids": self.prompt_ids,
         }
 
-    def _chat_logprobs(self, token_ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
-        pieces = self.engine.tokenizer.convert_ids_to_tokens(token_ids)
-        return [
-            {"token": piece, "logprob": logprob, "bytes": list(piece.encode()), "top_logprobs": []}
-            for piece, logprob in zip(pieces, logprobs, strict=True)
-        ]
+    def _chat_logprobs(self, choice: _Choice, start: int, end: int) -> list[dict[str, Any]]:
+        """Chat's logprobs of the choice's tokens `start:end`, each with its alternatives."""
+        texts = self.engine.token_texts
+        entries = []
+        for token, logprob, top in zip(
+            choice.token_ids[start:end],
+            choice.logprobs[start:end],
+            choice.tops[start:end],
+            strict=True,
+        ):
+            text, raw = texts(token)
+            alternatives = [
+                {"token": texts.text(other), "logprob": value, "bytes": texts(other)[1]}
+                for other, value in top
+            ]
+            entries.append(
+                {"token": text, "logprob": logprob, "bytes": raw, "top_logprobs": alternatives}
+            )
+        return entries
 
-    def _completion_logprobs(self, token_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+    def _completion_logprobs(self, choice: _Choice, start: int, end: int) -> dict[str, Any]:
+        """The legacy API's parallel lists for the choice's tokens `start:end`; `top_logprobs`
+        (when asked) maps the most likely tokens' texts, and the sampled one's, to logprobs."""
+        texts = self.engine.token_texts
+        tokens = [texts.text(token) for token in choice.token_ids[start:end]]
+        offsets = choice.text_offsets
+        while len(offsets) <= end:
+            offsets.append(offsets[-1] + len(texts.text(choice.token_ids[len(offsets) - 1])))
+        top: list[dict[str, float]] | None = None
+        if isinstance(self.body, CompletionRequest) and self.body.logprobs is not None:
+            top = [
+                {texts.text(other): value for other, value in alternatives} | {text: logprob}
+                for text, logprob, alternatives in zip(
+                    tokens, choice.logprobs[start:end], choice.tops[start:end], strict=True
+                )
+            ]
         return {
-            "tokens": self.engine.tokenizer.convert_ids_to_tokens(token_ids),
-            "token_logprobs": logprobs,
-            "top_logprobs": None,
-            "text_offset": [],
+            "tokens": tokens,
+            "token_logprobs": choice.logprobs[start:end],
+            "top_logprobs": top,
+            "text_offset": offsets[start:end],
         }
 
     async def stream(self, params: list[SamplingParams]) -> AsyncGenerator[bytes, None]:
@@ -645,6 +681,7 @@ class _Call:
                 if isinstance(item, Token):
                     choice.token_ids.append(item.token_id)
                     choice.logprobs.append(item.logprob)
+                    choice.tops.append(item.top)
                     chunk = self._progress(choice, started)
                     if chunk is not None:
                         yield chunk
@@ -671,12 +708,11 @@ class _Call:
         if self.kind == "chat":
             text = shown_content(text, tools=self.parse_tools, final=False) or ""
         delta = self._release(choice, text)
-        tokens = choice.token_ids[choice.sent : settled.count]
-        logprobs = choice.logprobs[choice.sent : settled.count]
-        if not tokens and not delta:
+        start = choice.sent
+        if settled.count <= start and not delta:
             return None
-        choice.sent += len(tokens)
-        return self._chunk(choice, delta, tokens, logprobs, started)
+        choice.sent = max(start, settled.count)
+        return self._chunk(choice, delta, start, started)
 
     def _release(self, choice: _Choice, text: str) -> str:
         """What of `text` (all the choice has shown so far, and more) was not sent yet."""
@@ -698,10 +734,11 @@ class _Call:
         self,
         choice: _Choice,
         delta: str,
-        token_ids: list[int],
-        logprobs: list[float],
+        start: int,
         started: set[int],
     ) -> bytes:
+        """The choice's text `delta` and its tokens from `start` to those sent so far."""
+        token_ids = choice.token_ids[start : choice.sent]
         first = choice.index not in started
         started.add(choice.index)
         if self.kind == "chat":
@@ -711,7 +748,7 @@ class _Call:
             entry: dict[str, Any] = {
                 "index": choice.index,
                 "delta": delta_body,
-                "logprobs": {"content": self._chat_logprobs(token_ids, logprobs)},
+                "logprobs": {"content": self._chat_logprobs(choice, start, choice.sent)},
                 "finish_reason": None,
                 "token_ids": token_ids,
             }
@@ -722,7 +759,7 @@ class _Call:
             entry = {
                 "index": choice.index,
                 "text": delta,
-                "logprobs": self._completion_logprobs(token_ids, logprobs),
+                "logprobs": self._completion_logprobs(choice, start, choice.sent),
                 "finish_reason": None,
                 "token_ids": token_ids,
             }
@@ -734,16 +771,17 @@ class _Call:
     def _last_chunk(self, choice: _Choice, started: set[int]) -> bytes:
         """The rest of the choice: the tokens and text held back, its tool calls, why it ended."""
         settled = self.settled(choice, final=True)
-        tokens = choice.token_ids[choice.sent : settled.count]
-        logprobs = choice.logprobs[choice.sent : settled.count]
-        choice.sent += len(tokens)
+        start = choice.sent
+        end = max(start, settled.count)
+        tokens = choice.token_ids[start:end]
+        choice.sent = end
         first = choice.index not in started
         started.add(choice.index)
         if self.kind != "chat":
             entry: dict[str, Any] = {
                 "index": choice.index,
                 "text": self._release(choice, settled.text),
-                "logprobs": self._completion_logprobs(tokens, logprobs) if tokens else None,
+                "logprobs": self._completion_logprobs(choice, start, end) if tokens else None,
                 "finish_reason": choice.finish_reason,
                 "stop_reason": settled.stop_reason,
                 "token_ids": tokens,
@@ -765,7 +803,7 @@ class _Call:
         entry = {
             "index": choice.index,
             "delta": delta,
-            "logprobs": {"content": self._chat_logprobs(tokens, logprobs)} if tokens else None,
+            "logprobs": {"content": self._chat_logprobs(choice, start, end)} if tokens else None,
             "finish_reason": finish_reason,
             "stop_reason": settled.stop_reason,
             "token_ids": tokens,
@@ -821,6 +859,16 @@ async def _json(request: Request) -> Any:
         return await request.json()
     except ValueError as error:
         raise EngineError(400, f"the request body is not JSON: {error}") from error
+
+
+def _alternatives_asked(body: _Request) -> int:
+    """How many most likely tokens each position lists: chat's `top_logprobs`, completions'
+    `logprobs` (an integer there)."""
+    if isinstance(body, ChatRequest):
+        return body.top_logprobs or 0
+    if isinstance(body, CompletionRequest):
+        return body.logprobs or 0
+    return 0
 
 
 def _validation_message(error: ValidationError) -> str:

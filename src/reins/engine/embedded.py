@@ -27,8 +27,9 @@ from reins.allocator import return_freed_memory
 from reins.engine.constraint import Grammars
 from reins.engine.folder import check_model_folder
 from reins.engine.prefix_cache import PrefixCache, PrefixCacheStats
-from reins.engine.sampling import SamplingParams
+from reins.engine.sampling import Alternatives, SamplingParams
 from reins.engine.scheduler import BatchScheduler, Sequence
+from reins.engine.token_text import TokenTexts
 from reins.engine.weights import check_fits, load_into, read_folder
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class Token:
     index: int
     token_id: int
     logprob: float
+    top: Alternatives = ()
+    """The most likely tokens at its position (as many as the request's `top_logprobs`)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class EmbeddedEngine:
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
         self.grammars = Grammars(tokenizer, self.eos_token_ids)
         """Structured output's compiler (`constraint.py`)."""
+        self.token_texts = TokenTexts(tokenizer)
+        """Each token's text and bytes, as logprobs show them."""
         self._weights_lock = threading.Lock()
         self.prefix_cache = PrefixCache(int(prefix_cache_gb * 2**30))
         self.scheduler = BatchScheduler(
@@ -223,8 +228,8 @@ class EmbeddedEngine:
         sequences: list[Sequence] = []
         for index, choice_params in enumerate(params):
 
-            def on_token(token: int, logprob: float, index: int = index) -> None:
-                put(Token(index, token, logprob))
+            def on_token(token: int, logprob: float, top: Alternatives, index: int = index) -> None:
+                put(Token(index, token, logprob, top))
 
             def on_finish(reason: str | None, error: str | None, index: int = index) -> None:
                 put(Finished(index, reason, error, sequences[index].cached_tokens))

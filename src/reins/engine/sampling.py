@@ -53,6 +53,8 @@ class SamplingParams:
     """vLLM's: the tokens in `end_token_ids` cannot be drawn before this many were sampled."""
     end_token_ids: frozenset[int] = frozenset()
     """End-of-sequence and `stop_token_ids`: what `min_tokens` holds back."""
+    top_logprobs: int = 0
+    """How many of the most likely tokens each sampled one reports beside it (`alternatives`)."""
 
     @property
     def reshapes(self) -> bool:
@@ -120,8 +122,7 @@ def sample_next(
     """
     logits = logits.float()
     greedy = torch.tensor([is_greedy(p) for p in params])
-    temperatures = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-    scale = torch.where(greedy, torch.ones_like(temperatures), temperatures)
+    scale = _scale(params)
     logprobs = torch.log_softmax(logits / scale[:, None], dim=-1)
     # NaN logits, or an infinite one, make a row's log-softmax NaN; sampling it would pick a
     # token outside the vocabulary.
@@ -161,6 +162,36 @@ def sample_next(
             tokens[index] = _inverse_cdf(probs, uniforms)
     picked = logprobs.gather(1, tokens[:, None])[:, 0]
     return tokens.tolist(), picked.tolist()
+
+
+Alternatives = tuple[tuple[int, float], ...]
+"""The most likely tokens at one position and their logprobs, most likely first."""
+
+
+def alternatives(logits: torch.Tensor, params: list[SamplingParams]) -> list[Alternatives]:
+    """Per row of `logits`, its `top_logprobs` most likely tokens in the distribution whose
+    logprob `sample_next` reports (the policy's own: before truncation, bias, penalties and
+    grammar), so the sampled token's logprob is the one it has among them."""
+    found: list[Alternatives] = [() for _ in params]
+    rows = [row for row, p in enumerate(params) if p.top_logprobs > 0]
+    if not rows:
+        return found
+    index = torch.tensor(rows)
+    logprobs = torch.log_softmax(logits[index].float() / _scale(params)[index][:, None], dim=-1)
+    values, tokens = torch.topk(logprobs, max(params[row].top_logprobs for row in rows), dim=-1)
+    for position, row in enumerate(rows):
+        width = params[row].top_logprobs
+        found[row] = tuple(
+            zip(tokens[position, :width].tolist(), values[position, :width].tolist(), strict=True)
+        )
+    return found
+
+
+def _scale(params: list[SamplingParams]) -> torch.Tensor:
+    """What each row's logits are divided by: its temperature, 1 for a greedy row."""
+    return torch.tensor(
+        [1.0 if is_greedy(p) else p.temperature for p in params], dtype=torch.float32
+    )
 
 
 def _reshaped(

@@ -47,8 +47,10 @@ from reins.engine.constraint import ConstraintError, Matcher
 from reins.engine.prefix_cache import Match, PrefixCache, as_tokens, common_prefix
 from reins.engine.sampling import (
     TOOL_TURN_TOKENS,
+    Alternatives,
     SamplingParams,
     UnsampleableRows,
+    alternatives,
     sample_next,
 )
 
@@ -81,7 +83,8 @@ computes their logits itself (see `_logits`)."""
 STATS_LOG_S = 30.0
 """The prefix cache's figures are logged at most this often, when they changed."""
 
-TokenSink = Callable[[int, float], None]
+TokenSink = Callable[[int, float, Alternatives], None]
+"""Called per sampled token with its logprob and, when asked, the most likely alternatives."""
 FinishSink = Callable[[str | None, str | None], None]
 """Called once with (finish_reason, error)."""
 
@@ -447,14 +450,17 @@ class BatchScheduler:
                 _failing(sequence, str(error))
         rows = [row for row, sequence in enumerate(sequences) if sequence.error is None]
         while rows:
+            rows_logits = logits[rows] if len(rows) < len(sequences) else logits
+            params = [sequences[row].params for row in rows]
             try:
                 tokens, logprobs = sample_next(
-                    logits[rows] if len(rows) < len(sequences) else logits,
-                    [sequences[row].params for row in rows],
+                    rows_logits,
+                    params,
                     [sequences[row].generator for row in rows],
                     [sequences[row].output_ids for row in rows],
                     [allowed[row] for row in rows],
                 )
+                tops = alternatives(rows_logits, params)
                 break
             except UnsampleableRows as error:
                 # Nothing was drawn: those rows fail alone, the others are sampled without them.
@@ -467,12 +473,12 @@ class BatchScheduler:
                 rows = [row for index, row in enumerate(rows) if index not in set(error.rows)]
         else:
             return
-        for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
+        for row, token, logprob, top in zip(rows, tokens, logprobs, tops, strict=True):
             sequence = sequences[row]
             sequence.output_ids.append(token)
             sequence.logprobs.append(logprob)
             sequence.next_token = token
-            sequence.on_token(token, logprob)
+            sequence.on_token(token, logprob, top)
             if sequence.matcher is not None:
                 try:
                     sequence.matcher.advance(token)

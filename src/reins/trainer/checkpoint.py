@@ -3,9 +3,12 @@
 trained, the step's metrics record, RNG states).
 
 Invariants:
-- a checkpoint is written in a hidden staging folder and renamed into place, so a folder named
-  `step-*` is complete; a staging folder left by a crash is never loaded (`latest` does not see
-  it) and `remove_partial` deletes it;
+- a checkpoint is written in a hidden staging folder, its files flushed to the disk (fsync), and
+  renamed into place, so a folder named `step-*` is complete, after a power loss too; a staging
+  folder left by a crash is never loaded (`latest` does not see it) and `remove_partial` deletes
+  it;
+- a checkpoint is deleted (pruned, or replaced by a new save of its step) by renaming it to a
+  hidden trash name first, so a crash mid-delete leaves no half-deleted `step-*` folder;
 - the trainer saves a step's checkpoint before it writes the step's metrics line, and the
   checkpoint holds that line, so a crash in between loses neither (`MetricsLog.settle`);
 - older checkpoints are pruned only after the new one is in place.
@@ -14,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -27,6 +31,7 @@ from reins.trainer.backend import Backend
 
 PREFIX = "step-"
 STAGING = ".partial"
+TRASH = ".trash"
 
 
 @dataclass
@@ -105,10 +110,15 @@ def save(run_dir: Path, backend: Backend, state: TrainerState, *, keep: int) -> 
     shutil.rmtree(staging, ignore_errors=True)
     backend.save_checkpoint(staging)
     (staging / "trainer.json").write_text(json.dumps(asdict(state), default=_plain))
-    shutil.rmtree(final, ignore_errors=True)
+    # Without it a power loss after the rename could leave the name of a complete checkpoint on
+    # files the disk never received.
+    _sync_tree(staging)
+    if final.exists():
+        _discard(final)
     staging.rename(final)
+    _sync_folder(root)
     for old in sorted(root.glob(f"{PREFIX}*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        _discard(old)
     return final
 
 
@@ -118,11 +128,41 @@ def latest(run_dir: Path) -> Path | None:
 
 
 def remove_partial(run_dir: Path) -> list[Path]:
-    """Deletes staging folders a crash left mid-save; returns them."""
-    partial = sorted((run_dir / "checkpoints").glob(f".{PREFIX}*{STAGING}"))
+    """Deletes staging folders a crash left mid-save, and checkpoints it left mid-delete;
+    returns them."""
+    root = run_dir / "checkpoints"
+    partial = sorted([*root.glob(f".{PREFIX}*{STAGING}"), *root.glob(f".{PREFIX}*{TRASH}")])
     for folder in partial:
         shutil.rmtree(folder, ignore_errors=True)
     return partial
+
+
+def _discard(folder: Path) -> None:
+    """Deletes a checkpoint: out of sight (renamed) first, then its files."""
+    trash = folder.with_name(f".{folder.name}{TRASH}")
+    shutil.rmtree(trash, ignore_errors=True)
+    folder.rename(trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _sync_tree(folder: Path) -> None:
+    """Flushes every file under `folder`, and the folders that name them, to the disk."""
+    for parent, _, files in os.walk(folder):
+        for name in files:
+            descriptor = os.open(os.path.join(parent, name), os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+        _sync_folder(Path(parent))
+
+
+def _sync_folder(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def read_state(folder: Path) -> TrainerState:

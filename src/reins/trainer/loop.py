@@ -216,6 +216,8 @@ class Trainer:
         """Rollouts finished and read by this process's updates, and those trained: their ratio
         is the work async drops (stale or failed groups)."""
         self._running: list[Group] = []
+        self._agent_ran = False
+        """Whether a rollout of this process's has succeeded (its agent can run)."""
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -402,6 +404,7 @@ class Trainer:
         trained: list[str] = []
         current = self.publisher.version
         kept: list[tuple[Group, list[Rollout]]] = []
+        self._check_agent_runs([self.watch.finished[r] for g in groups for r in g.rollout_ids])
         for group in groups:
             rollouts = [self.watch.finished[r] for r in group.rollout_ids]
             failed = [r for r in rollouts if r.status.state == "failed"]
@@ -439,6 +442,17 @@ class Trainer:
                 continue
             counts["dropped_groups"] += 1
         return records, counts, trained, staleness
+
+    def _check_agent_runs(self, finished: list[Rollout]) -> None:
+        """An `AgentCannotRun` when every rollout so far failed: a mistyped command or a crash
+        at start would otherwise fail every rollout of every step, and the run go through all
+        its steps training on nothing."""
+        if self._agent_ran or not finished:
+            return
+        if any(r.status.state != "failed" for r in finished):
+            self._agent_ran = True
+            return
+        raise AgentCannotRun(self.config.agent, finished)
 
     def _record(
         self, rollout: Rollout, read: DecodedRollout, counts: dict[str, int]
@@ -598,6 +612,7 @@ class Trainer:
         rewards = []
         records: list[RolloutRecord] = []
         finished = [self.watch.finished[group.rollout_ids[0]] for group in groups]
+        self._check_agent_runs(finished)
         succeeded = [r.rollout_id for r in finished if r.status.state == "succeeded"]
         read = {}
         if succeeded:
@@ -616,6 +631,35 @@ class Trainer:
         self.last_val = value
         self.last_val_metrics = agent_metric_means(records, "val/agent/")
         return value
+
+
+class AgentCannotRun(ValueError):
+    """Every rollout of the run's first step (or validation) failed."""
+
+    def __init__(self, agent: str, failed: list[Rollout]) -> None:
+        first = failed[0]
+        message = (
+            f"every rollout so far failed ({len(failed)} of {len(failed)}, none succeeded), so "
+            f"the agent cannot run: check the agent setting ({agent!r}). Rollout "
+            f"{first.rollout_id}: {first.status.reason or 'no reason given'}"
+        )
+        tail = _log_tail(first.status.reason or "")
+        super().__init__(message + (f"; its log ends:\n{tail}" if tail else ""))
+
+
+def _log_tail(reason: str, lines: int = 8) -> str:
+    """The last lines of the agent log a failure's reason names, when it is on this machine."""
+    path = reason.rpartition("(log: ")[2].removesuffix(")")
+    if not path or path == reason:
+        return ""
+    try:
+        with open(path, "rb") as log_file:
+            log_file.seek(0, 2)
+            log_file.seek(max(0, log_file.tell() - 4096))
+            text = log_file.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
 def agent_metric_means(records: list[RolloutRecord], prefix: str) -> dict[str, float]:
