@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from reins.trainer import checkpoint
 from reins.trainer.config import TrainConfig
 from reins.trainer.data import TaskStream, load_tasks
 from reins.trainer.loop import AgentCannotRun
@@ -85,6 +86,8 @@ def test_a_resumed_run_goes_on_from_its_checkpoint(tmp_path: Path, tiny_model_di
     longer = config(tmp_path, tiny_model_dir, steps=2, val_every=0)
     with pytest.raises(FileExistsError):
         asyncio.run(train(longer))
+    saved = checkpoint.read_state(checkpoint.latest(first.run_dir) or first.run_dir)
+    assert saved.stream == TaskStream(load_tasks(first.tasks), first.seed).identity()
     records = asyncio.run(train(longer, resume=True))
     assert [r["step"] for r in records] == [1]
     assert records[0]["weight_version"] == 2  # the version went on from the checkpoint

@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from reins.trainer import checkpoint, resume
+from reins.trainer.data import TaskStream, load_tasks
 from reins.trainer.metrics import MetricsLog
 from reins.trainer.runtime import train
-from tests.trainer.test_loop import config, metrics
+from tests.trainer.test_loop import config, metrics, tasks_file
 
 
 class Told:
@@ -250,6 +251,47 @@ def test_a_crash_while_a_checkpoint_is_deleted_leaves_no_half_of_it(
         f".step-000003{checkpoint.TRASH}",
     ]
     assert sorted(p.name for p in (run.run_dir / "checkpoints").iterdir()) == [second.name]
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"seed": 7}, "seed was 0, is 7"),
+        ({"words": ["ant", "bee", "cat", "dog", "eel", "fox", "gnu"]}, "6 tasks then, 7 now"),
+        ({"words": ["ant", "bee", "cat", "dog", "eel", "owl"]}, "6 tasks then, 6 now, other ones"),
+    ],
+    ids=["seed", "one-more-task", "another-task"],
+)
+def test_a_resume_whose_task_stream_changed_is_refused_saying_what_changed(
+    tmp_path: Path, tiny_model_dir: Path, change: dict[str, Any], says: str
+) -> None:
+    """The checkpoint's data position (and the groups it declares again) count positions in the
+    seeded task stream: with other tasks or another seed they named other tasks, silently."""
+    run = config(tmp_path, tiny_model_dir)
+    stream = TaskStream(load_tasks(run.tasks), run.seed)
+    state = checkpoint.TrainerState(2, 4, 2, checkpoint.capture_rng(), [0, 1, 2])
+    state.stream = stream.identity()
+    from reins.trainer.backend import BackendConfig, TorchBackend
+    from reins.trainer.runtime import load_policy
+
+    saved = checkpoint.save(
+        run.run_dir, TorchBackend(load_policy(run)[0], BackendConfig()), state, keep=1
+    )
+    resumed = run.model_copy(update={"seed": change.get("seed", run.seed)})
+    if "words" in change:
+        tasks_file(tmp_path, "train.jsonl", change["words"])
+    with pytest.raises(resume.ResumeError) as refused:
+        asyncio.run(train(resumed, resume=True))
+    assert str(refused.value) == (
+        f"run 't' cannot go on from {saved.name}: "
+        + ("" if "seed" in change else f"the training tasks ({run.tasks}) changed: ")
+        + says
+        + ". Its stream position would name other tasks: put them back as they were, or start "
+        "a new run under another run_name"
+    )
+    tasks_file(tmp_path, "train.jsonl", ["ant", "bee", "cat", "dog", "eel", "fox"])
+    point = resume.find(run)  # as they were: no refusal
+    resume.check_stream(point, TaskStream(load_tasks(run.tasks), run.seed).identity(), run)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """Checkpoints: `<run>/checkpoints/step-NNNNNN/` holds the backend's model and optimizer state and
 `trainer.json` (next step, data position, weight version and lineage, groups declared but not yet
-trained, the step's metrics record, RNG states).
+trained, the step's metrics record, RNG states, the training task stream's identity).
 
 Invariants:
 - a checkpoint is written in a hidden staging folder, its files flushed to the disk (fsync), and
@@ -51,6 +51,9 @@ class TrainerState:
     again."""
     record: dict[str, Any] | None = None
     """The metrics record of step `next_step - 1`."""
+    stream: dict[str, Any] | None = None
+    """The training task stream's identity (`TaskStream.identity`: seed, task count, digest);
+    None in checkpoints written before it was kept."""
 
 
 def capture_rng() -> dict[str, Any]:

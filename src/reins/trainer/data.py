@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import JsonValue, TypeAdapter, ValidationError
 
@@ -61,6 +63,19 @@ class TaskStream:
         self.tasks = tasks
         self.seed = seed
         self.position = position
+        self._digest: str | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """What a position means: the seed, and the tasks (their count and a digest of their ids
+        and inputs, in order). A resume whose stream has another identity would serve other
+        tasks at the checkpoint's positions."""
+        if self._digest is None:
+            hashed = hashlib.sha256()
+            for task in self.tasks:
+                hashed.update(json.dumps([task.id, task.input], sort_keys=True).encode())
+                hashed.update(b"\n")
+            self._digest = hashed.hexdigest()
+        return {"seed": self.seed, "tasks": len(self.tasks), "digest": self._digest}
 
     def _order(self, epoch: int) -> list[int]:
         order = list(range(len(self.tasks)))

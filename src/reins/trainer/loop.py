@@ -315,6 +315,7 @@ class Trainer:
             lineage=list(self.lineage),
             pending=sorted(g.position for g in self._running),
             record=record,
+            stream=self.train_tasks.identity(),
         )
         checkpoint.save(self.config.run_dir, self.backend, state, keep=self.config.keep_checkpoints)
 

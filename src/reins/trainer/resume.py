@@ -23,6 +23,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from reins.client import DatabaseChanged, GatewayClient, GatewayError, check_database
 from reins.trainer import checkpoint
@@ -94,6 +95,29 @@ def load(point: ResumePoint, backend: Backend) -> TrainerState:
     except Exception as error:  # torch.load and load_state_dict fail in many ways, all alike here
         raise ResumeError(damaged(point.folder, error)) from error
     return point.state
+
+
+def check_stream(point: ResumePoint, now: dict[str, Any], config: TrainConfig) -> None:
+    """A `ResumeError` when the training tasks or the seed changed since the checkpoint: its
+    data position, and the positions of the groups it declares again, would then name other
+    tasks (some trained twice, some never) while the run looks continuous."""
+    then = point.state.stream
+    if then is None or then == now:
+        return
+    changes = []
+    if then.get("seed") != now["seed"]:
+        changes.append(f"seed was {then.get('seed')}, is {now['seed']}")
+    if then.get("tasks") != now["tasks"] or then.get("digest") != now["digest"]:
+        changes.append(
+            f"the training tasks ({config.tasks}) changed: {then.get('tasks')} tasks then, "
+            f"{now['tasks']} now" + ("" if then.get("tasks") != now["tasks"] else ", other ones")
+        )
+    raise ResumeError(
+        f"run {config.run_name!r} cannot go on from {point.folder.name}: "
+        + "; ".join(changes)
+        + ". Its stream position would name other tasks: put them back as they were, or start "
+        "a new run under another run_name"
+    )
 
 
 def damaged(folder: Path, error: BaseException) -> str:

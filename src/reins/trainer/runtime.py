@@ -447,6 +447,9 @@ async def _train_locked(
             f"{run_dir} already holds a run; pass --resume to go on with it, or choose another "
             "run_name"
         )
+    stream = TaskStream(train_tasks, config.seed)
+    if point is not None:
+        resuming.check_stream(point, stream.identity(), config)
     metrics = MetricsLog(run_dir, tensorboard=config.tensorboard)
     final_validation = True
     if point is not None:
@@ -485,7 +488,6 @@ async def _train_locked(
     else:
         model, tokenizer, folder = load_policy(config)
         backend = TorchBackend(model, _backend_config(config))
-    stream = TaskStream(train_tasks, config.seed)
     versions = resuming.VersionLedger.open(run_dir)
     start_step, version, lineage, pending = 0, 0, [0], []
     if point is not None:
