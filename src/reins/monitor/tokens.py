@@ -31,7 +31,15 @@ class TokenText:
     tokenizer: Any
 
     def texts(self, ids: Sequence[int]) -> list[str]:
-        return [str(t) for t in self.tokenizer.batch_decode([[i] for i in ids])]
+        """Each token decoded alone, as `batch_decode` does, through the Rust tokenizer when
+        there is one (a long rollout's 90k tokens: ~0.2 s against ~1 s)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return [str(t) for t in self.tokenizer.batch_decode([[i] for i in ids])]
+        decoded: list[str] = backend.decode_batch([[i] for i in ids], skip_special_tokens=False)
+        if getattr(self.tokenizer, "clean_up_tokenization_spaces", False):
+            return [str(self.tokenizer.clean_up_tokenization(t)) for t in decoded]
+        return decoded
 
     def decode(self, ids: NDArray[np.int32]) -> str:
         return str(self.tokenizer.decode(ids.tolist()))
