@@ -5,6 +5,7 @@ answers and chunks in, `Response` objects and SSE events out, parsed with the op
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -581,6 +582,79 @@ def test_a_text_stream_sends_deltas_and_completes_with_usage() -> None:
     assert completed.usage.input_tokens == 9
     assert response == completed
     assert events[0].response.status == "in_progress" and events[0].response.id == completed.id
+
+
+def entry(token: str, logprob: float) -> dict[str, Any]:
+    """A chat logprobs entry with one alternative."""
+    top = [{"token": token, "logprob": logprob, "bytes": list(token.encode())}]
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": top}
+
+
+LOGPROBS = {"include": ["message.output_text.logprobs"], "top_logprobs": 1}
+
+
+def test_included_logprobs_ask_the_engine_for_them_and_ignore_other_includes() -> None:
+    chat = translate(body(**LOGPROBS)).chat_request()
+    assert (chat["logprobs"], chat["top_logprobs"]) == (True, 1)
+    plain = translate(body(include=["reasoning.encrypted_content"], top_logprobs=3))
+    assert "logprobs" not in plain.chat_request() and "top_logprobs" not in plain.chat_request()
+    assert plain.notes == [
+        "`include` reasoning.encrypted_content ignored: no encrypted reasoning or extra fields "
+        "are returned",
+        "`top_logprobs` is ignored: `include` does not name message.output_text.logprobs",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"include": "message.output_text.logprobs"}, "`include` must be a list of strings"),
+        ({"include": [1]}, "`include` must be a list of strings"),
+        ({"top_logprobs": 21}, "`top_logprobs` must be from 0 to 20, not 21"),
+        ({"top_logprobs": 1.5}, "`top_logprobs` must be an integer from 0 to 20"),
+    ],
+)
+def test_logprob_settings_that_cannot_be_served_are_400s(fields: dict[str, Any], says: str) -> None:
+    with pytest.raises(WireError, match=re.escape(says)):
+        translate(body(**fields))
+
+
+def test_an_answer_with_included_logprobs_shows_them_on_its_text() -> None:
+    answer = chat_answer("Hello")
+    entries = [entry("Hel", -0.5), entry("lo", -0.25)]
+    answer["choices"][0]["logprobs"] = {"content": entries}
+    shown = Response.model_validate(translate(body(**LOGPROBS)).answer(answer))
+    text = shown.output[0].content[0]
+    assert [e.model_dump() for e in text.logprobs or []] == entries
+    hidden = Response.model_validate(translate(body()).answer(answer))
+    assert hidden.output[0].content[0].logprobs == []
+
+
+def test_streamed_logprobs_go_with_their_text_and_equal_the_whole_answers() -> None:
+    first, second, last = entry("Hel", -0.5), entry("lo", -0.25), entry("<|im_end|>", -0.01)
+
+    def scored(entries: list[dict[str, Any]], finish: str | None = None, **delta: Any) -> Any:
+        piece = chunk(finish, **delta)
+        piece["choices"][0]["logprobs"] = {"content": entries}
+        return piece
+
+    chunks = [
+        scored([first], role="assistant", content="Hel"),
+        scored([second], content="lo"),
+        scored([last], "stop"),  # the end-of-turn token: no text
+        USAGE_CHUNK,
+    ]
+    events, response = stream(body(**LOGPROBS), chunks)
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert [[x.model_dump() for x in e.logprobs] for e in deltas] == [[first], [second]]
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert [x.model_dump() for x in done.logprobs] == [first, second, last]
+    streamed = response.output[0].content[0]
+    whole = chat_answer("Hello")
+    whole["choices"][0]["logprobs"] = {"content": [first, second, last]}
+    answered = Response.model_validate(translate(body(**LOGPROBS)).answer(whole))
+    assert streamed == answered.output[0].content[0]
+    assert [x.model_dump() for x in streamed.logprobs or []] == [first, second, last]
 
 
 def test_text_then_a_whole_tool_call_in_the_last_chunk_embedded_style() -> None:

@@ -163,3 +163,44 @@ def test_bad_input_is_a_recorded_400_in_openai_shape(rollout: Rollout) -> None:
     (call,) = rollout.calls()
     assert (call["status"], call["kind"]) == (400, "responses")
     assert "nope" in call["error"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_included_logprobs_are_the_recorded_policys(rollout: Rollout, stream: bool) -> None:
+    """`include=["message.output_text.logprobs"]` with `top_logprobs`: the SDK's output text
+    carries each answer token's logprob (the one recorded for training) and its alternatives."""
+    sdk = client(rollout)
+    fields: dict[str, Any] = {
+        "model": rollout.model,
+        "input": QUESTIONS[0],
+        "max_output_tokens": MAX_TOKENS,
+        "store": False,
+        "include": ["message.output_text.logprobs"],
+        "top_logprobs": 2,
+    }
+    streamed: list[Any] = []
+    if stream:
+        final: Any = None
+        with sdk.responses.stream(**fields) as events:
+            for event in events:
+                if event.type == "response.output_text.delta":
+                    streamed += event.logprobs
+                elif event.type in ("response.completed", "response.incomplete"):
+                    final = event.response
+        response = final
+    else:
+        response = sdk.responses.create(**fields)
+    (message,) = [item for item in response.output if item.type == "message"]
+    entries = message.content[0].logprobs
+    (call,) = rollout.calls()
+    assert [entry.logprob for entry in entries] == call["response_logprobs"]
+    for entry in entries:
+        alternatives = [top.logprob for top in entry.top_logprobs]
+        assert len(alternatives) == 2 and alternatives == sorted(alternatives, reverse=True)
+        assert entry.logprob <= alternatives[0] + 1e-6
+    text = b"".join(bytes(entry.bytes) for entry in entries).decode()
+    assert text.startswith(response.output_text)
+    if stream:  # every entry came with a delta, but those of the tokens after the last text
+        shown = [entry.model_dump() for entry in entries]
+        assert [entry.model_dump() for entry in streamed] == shown[: len(streamed)]
+        assert len(streamed) >= len(entries) - 1

@@ -32,6 +32,10 @@ Invariants and decisions:
   argument pieces as deltas, so a streamed answer is the non-streamed one. Leading whitespace
   with no text after it is no message (the space before a `<tool_call>`). Engine reasoning
   (`reasoning_content`) becomes a `reasoning` item with `reasoning_text` content.
+- Logprobs: `include: ["message.output_text.logprobs"]` asks the engine for chat logprobs (with
+  `top_logprobs` alternatives); every token's entry goes with the message (a streamed delta
+  carries those that arrived with or before its text), so a stream shows what the whole answer
+  does.
 - Streams: every event has `type` and a `sequence_number` counting from 0; `stream_end` closes
   the open item and sends `response.completed` (or `response.incomplete` on length/abort); an
   engine error chunk sends `response.failed` and nothing follows.
@@ -57,9 +61,9 @@ _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_t
 _MEDIA_PARTS = ("input_image", "input_file", "input_audio")
 _ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 _ERROR_TYPES[429] = "rate_limit_error"
+LOGPROBS = "message.output_text.logprobs"
+"""The `include` value that asks for the message text's token logprobs."""
 _IGNORED = {
-    "include": "`include` is ignored: no encrypted reasoning or extra fields are returned",
-    "top_logprobs": "`top_logprobs` is ignored",
     "max_tool_calls": "`max_tool_calls` is not enforced",
     "service_tier": "`service_tier` is ignored",
     "stop": "`stop` is not a Responses API field; ignored",
@@ -74,6 +78,7 @@ _STATEFUL = {
 }
 _KNOWN = {
     *_IGNORED,
+    *("include", "top_logprobs"),
     *_STATEFUL,
     *("model", "input", "instructions", "tools", "tool_choice", "max_output_tokens"),
     *("temperature", "top_p", "parallel_tool_calls", "stream", "stream_options", "store"),
@@ -144,8 +149,36 @@ def translate(body: dict[str, Any]) -> Translation:
     form = _response_format(body.get("text"))
     if form is not None:
         chat["response_format"] = form
+    shows_logprobs = _logprobs(body, chat, notes)
     _note_ignored(body, notes)
-    return Translation(chat, _echo(body), tools, notes, stream=stream)
+    return Translation(
+        chat, _echo(body), tools, notes, stream=stream, shows_logprobs=shows_logprobs
+    )
+
+
+def _logprobs(body: dict[str, Any], chat: dict[str, Any], notes: list[str]) -> bool:
+    """Whether the answer shows the message text's token logprobs (`include` names
+    `LOGPROBS`), with `top_logprobs` alternatives each; the chat request asks for them."""
+    include = _get(body, "include", list, "a list of strings") or []
+    if not all(isinstance(value, str) for value in include):
+        raise _bad("include", f"`include` must be a list of strings, not {_show(include)}")
+    others = sorted(set(include) - {LOGPROBS})
+    if others:
+        notes.append(
+            f"`include` {', '.join(others)} ignored: no encrypted reasoning or extra fields are "
+            "returned"
+        )
+    top = _get(body, "top_logprobs", int, "an integer from 0 to 20")
+    if top is not None and not 0 <= top <= 20:
+        raise _bad("top_logprobs", f"`top_logprobs` must be from 0 to 20, not {top}")
+    if LOGPROBS not in include:
+        if top:
+            notes.append(f"`top_logprobs` is ignored: `include` does not name {LOGPROBS}")
+        return False
+    chat["logprobs"] = True
+    if top:
+        chat["top_logprobs"] = top
+    return True
 
 
 def _bad(param: str, message: str) -> WireError:
@@ -492,8 +525,18 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def _output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _output_text(text: str, logprobs: list[Any] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+
+def _logprob_entries(choice: dict[str, Any]) -> list[Any]:
+    """A chat choice's token logprobs (token, logprob, bytes, top_logprobs: the Responses
+    entry's fields too)."""
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    return (
+        [entry for entry in content if isinstance(entry, dict)] if isinstance(content, list) else []
+    )
 
 
 @dataclass
@@ -510,13 +553,15 @@ class _Item:
     status: str = "in_progress"
     raw: str = ""
     """A custom call's chat arguments, `{"input": ...}`, as they arrive."""
+    logprobs: list[Any] = field(default_factory=list)
+    """A message's token logprobs, when the request included them."""
 
     def body(self, final: bool = True) -> dict[str, Any]:
         """The item as the API shows it: whole, or empty as `output_item.added` opens it."""
         text = self.text if final else ""
         head: dict[str, Any] = {"type": self.kind, "id": self.id}
         if self.kind == "message":
-            parts = [_output_text(text)] if final else []
+            parts = [_output_text(text, self.logprobs)] if final else []
             return head | {"role": "assistant", "status": self.status, "content": parts}
         if self.kind == "reasoning":
             parts = [{"type": "reasoning_text", "text": text}] if final else []
@@ -572,11 +617,16 @@ class Translation:
         notes: list[str],
         *,
         stream: bool,
+        shows_logprobs: bool = False,
     ) -> None:
         self.notes = notes
         """What was dropped or ignored, for the record."""
         self.stream = stream
         """Whether the harness asked for a stream."""
+        self.shows_logprobs = shows_logprobs
+        """The harness included the message text's logprobs: chat's token entries (all of the
+        answer's tokens, as vLLM's Responses API gives them) go with the message."""
+        self._held_logprobs: list[Any] = []  # entries not yet sent with a text delta
         self._chat, self._echo, self._tools = chat, echo, tools
         self._id, self._created = _new_id("resp"), int(time.time())
         self._items: list[_Item] = []
@@ -618,6 +668,7 @@ class Translation:
                     {**call, "index": position} if isinstance(call, dict) else call
                     for position, call in enumerate(calls)
                 ]
+            self._hold_logprobs(choice)
             self._feed(message)
             self._finish_reason, self._usage = choice.get("finish_reason"), chat.get("usage")
             self._count(chat, choice)
@@ -638,6 +689,7 @@ class Translation:
         choices = chunk.get("choices") if self._final is None else None
         for choice in choices if isinstance(choices, list) else ():
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                self._hold_logprobs(choice)
                 delta = choice.get("delta")
                 self._feed(delta if isinstance(delta, dict) else {})
                 self._count({}, choice)
@@ -700,6 +752,17 @@ class Translation:
             if isinstance(call, dict):
                 self._hold(call)
 
+    def _hold_logprobs(self, choice: dict[str, Any]) -> None:
+        if self.shows_logprobs:
+            self._held_logprobs += _logprob_entries(choice)
+
+    def _message_logprobs(self) -> list[Any]:
+        """The held entries, now the open message's."""
+        assert self._open is not None
+        entries, self._held_logprobs = self._held_logprobs, []
+        self._open.logprobs += entries
+        return entries
+
     def _text(self, kind: Literal["message", "reasoning"], piece: str) -> None:
         if self._open is None or self._open.kind != kind:
             if kind == "message" and not (self._pending + piece).strip():
@@ -712,7 +775,7 @@ class Translation:
             piece, self._pending = self._pending + piece, ""
         assert self._open is not None
         self._open.text += piece
-        extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
+        extra: dict[str, Any] = {"logprobs": self._message_logprobs()} if kind == "message" else {}
         name = "output_text" if kind == "message" else "reasoning_text"
         self._emit(f"response.{name}.delta", **self._where(), content_index=0, delta=piece, **extra)
 
@@ -783,10 +846,15 @@ class Translation:
         where = self._where()
         if item.kind == "message":
             text = item.text
+            self._message_logprobs()  # those of the tokens after its last text
             self._emit(
-                "response.output_text.done", **where, content_index=0, text=text, logprobs=[]
+                "response.output_text.done",
+                **where,
+                content_index=0,
+                text=text,
+                logprobs=item.logprobs,
             )
-            part = _output_text(text)
+            part = _output_text(text, item.logprobs)
             self._emit("response.content_part.done", **where, content_index=0, part=part)
         elif item.kind == "reasoning":
             self._emit("response.reasoning_text.done", **where, content_index=0, text=item.text)
