@@ -124,7 +124,7 @@ def test_an_agent_that_cannot_run_stops_the_run_at_its_first_rollouts(
     message = str(stopped.value)
     failed = 2 if val_every else 4  # the validation's two tasks, or step 0's four rollouts
     assert message.startswith(f"every rollout so far failed ({failed} of {failed}, none succeeded)")
-    assert "check the agent setting ('pyhton -m no_agent')" in message
+    assert "check the agent setting ('pyhton -m no_agent') and rollout_timeout_s" in message
     assert "pyhton: not found" in message  # the agent's log, as the shell wrote it
     assert not (run.run_dir / "metrics.jsonl").exists() or metrics(run.run_dir) == []
 

@@ -640,9 +640,10 @@ class AgentCannotRun(ValueError):
     def __init__(self, agent: str, failed: list[Rollout]) -> None:
         first = failed[0]
         message = (
-            f"every rollout so far failed ({len(failed)} of {len(failed)}, none succeeded), so "
-            f"the agent cannot run: check the agent setting ({agent!r}). Rollout "
-            f"{first.rollout_id}: {first.status.reason or 'no reason given'}"
+            f"every rollout so far failed ({len(failed)} of {len(failed)}, none succeeded): the "
+            "run stops rather than go through its steps training on nothing; check the agent "
+            f"setting ({agent!r}) and rollout_timeout_s. Rollout {first.rollout_id}: "
+            f"{first.status.reason or 'no reason given'}"
         )
         tail = _log_tail(first.status.reason or "")
         super().__init__(message + (f"; its log ends:\n{tail}" if tail else ""))
