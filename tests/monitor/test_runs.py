@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from reins.monitor import runs
 from reins.monitor.panels import Series, charts, stacked
 from reins.monitor.runs import list_runs, load_run, run_path
 from reins.monitor.svg import nice_ticks, render
@@ -23,6 +24,45 @@ def test_metrics_are_flattened_and_a_half_written_line_is_skipped(runs_dir: Path
     assert run.steps[0]["samples/split_reasons/template"] == 2
     assert run.series("reward/mean")[0][0] == 1.0
     assert run.config_text and "group_size" in run.config_text
+
+
+def test_the_runs_list_reads_only_what_was_appended_since_its_last_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every load of /ui/runs parsed every run's whole metrics.jsonl (megabytes for long runs)."""
+    folder = tmp_path / "long"
+    folder.mkdir()
+    metrics = folder / "metrics.jsonl"
+
+    def lines(steps: range) -> str:
+        return "".join(json.dumps({"step": i, "reward": {"mean": i / 10}}) + "\n" for i in steps)
+
+    def listed() -> tuple[int, dict[str, object]]:
+        (info,) = list_runs(tmp_path)
+        return info.steps, info.last
+
+    def read_whole() -> tuple[int, dict[str, object]]:
+        steps = load_run(folder).steps
+        return len(steps), steps[-1] if steps else {}
+
+    metrics.write_text(lines(range(500)) + "[1]\n" + '{"step": 500')  # a half-written line
+    parsed: list[bytes] = []
+    row = runs._row
+    monkeypatch.setattr(runs, "_row", lambda line: parsed.append(line) or row(line))
+    assert listed() == read_whole() == (500, {"step": 499, "reward/mean": 49.9})
+    parsed.clear()
+    with metrics.open("a") as log:
+        log.write(', "reward": {"mean": 0.5}}\n' + lines(range(501, 503)))
+    assert listed() == read_whole() == (503, {"step": 502, "reward/mean": 50.2})
+    assert len(parsed) == 4  # the line completed, two more, and the empty tail
+    # A resume rewrites the file (a new one renamed into place): read again from its start.
+    staging = folder / "metrics.staging"
+    staging.write_text(lines(range(3)))
+    staging.replace(metrics)
+    assert listed() == read_whole() == (3, {"step": 2, "reward/mean": 0.2})
+    # Written over in place (same inode), longer than what was read: read again too.
+    metrics.write_text(lines(range(100, 110)))
+    assert listed() == read_whole() == (10, {"step": 109, "reward/mean": 10.9})
 
 
 def test_missing_keys_are_skipped_and_unknown_keys_get_their_own_chart(tmp_path: Path) -> None:

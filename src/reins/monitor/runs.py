@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,17 +151,77 @@ def list_runs(runs_dir: Path) -> list[RunInfo]:
         metrics = folder / METRICS_FILE
         if not metrics.is_file():
             continue
-        steps, _ = read_metrics(metrics)
+        steps, last = summary(metrics)
         infos.append(
             RunInfo(
                 name=folder.name,
                 path=folder,
                 modified=metrics.stat().st_mtime,
-                steps=len(steps),
-                last=steps[-1] if steps else {},
+                steps=steps,
+                last=last,
             )
         )
     return sorted(infos, key=lambda info: info.modified, reverse=True)
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What `summary` read of a metrics.jsonl: its complete lines up to `offset`."""
+
+    inode: int
+    offset: int
+    before: bytes
+    """The bytes just before `offset`: the file is taken as the same when they still are (an
+    inode number can be reused by a file renamed into place later)."""
+    steps: int
+    last: dict[str, Any]
+
+
+_summaries: dict[Path, _Read] = {}
+_summaries_lock = threading.Lock()
+
+
+def summary(metrics: Path) -> tuple[int, dict[str, Any]]:
+    """The step count and last step of a metrics.jsonl, as `read_metrics` counts them, reading
+    only the lines appended since the last call (the trainer appends; a rewrite renames a new
+    file into place): the runs list reads every run's file on each load, megabytes for long
+    runs."""
+    inode = metrics.stat().st_ino
+    with _summaries_lock:
+        known = _summaries.get(metrics)
+    with metrics.open("rb") as lines:
+        if known is not None and known.inode == inode:
+            lines.seek(known.offset - len(known.before))
+            if lines.read(len(known.before)) != known.before:
+                known = None
+        if known is None or known.inode != inode:
+            known = _Read(inode, 0, b"", 0, {})
+        lines.seek(known.offset)
+        data = lines.read()
+    complete, newline, tail = data.rpartition(b"\n")
+    steps, raw_last = known.steps, None
+    for line in complete.split(b"\n") if newline else ():
+        row = _row(line)
+        if row is not None:
+            steps, raw_last = steps + 1, row
+    last = known.last if raw_last is None else flatten(raw_last)
+    offset = known.offset + len(complete) + len(newline)
+    before = (known.before + (complete + newline)[-64:])[-64:]
+    read = _Read(inode, offset, before, steps, last)
+    with _summaries_lock:
+        _summaries[metrics] = read
+    row = _row(tail)  # a line being written: counted while it reads as one, not kept
+    return (steps + 1, flatten(row)) if row is not None else (steps, last)
+
+
+def _row(line: bytes) -> dict[str, Any] | None:
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line.decode("utf-8", errors="replace"))
+    except json.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def run_names(runs_dir: Path) -> list[str]:
