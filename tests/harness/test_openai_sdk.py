@@ -110,3 +110,33 @@ def test_tool_calling_conversation(val_rollout: Rollout) -> None:
     else:
         received.append(Received.text(text))
     val_rollout.assert_recorded_as_received(received)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_asked_logprobs_carry_alternatives_and_are_recorded_as_received(
+    rollout: Rollout, stream: bool
+) -> None:
+    """`logprobs=True, top_logprobs=3` through the proxy: the SDK gets each token's logprob (the
+    one recorded for training) with three alternatives, and the record holds what it got."""
+    fields: dict[str, Any] = {
+        "model": rollout.model,
+        "messages": [{"role": "user", "content": QUESTIONS[0]}],
+        "max_tokens": MAX_TOKENS,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
+    if stream:
+        entries: list[Any] = []
+        for chunk in client(rollout).chat.completions.create(**fields, stream=True):
+            if chunk.choices and chunk.choices[0].logprobs:
+                entries += chunk.choices[0].logprobs.content or []
+    else:
+        completion = client(rollout).chat.completions.create(**fields)
+        entries = list(completion.choices[0].logprobs.content or [])
+    (call,) = rollout.calls()
+    assert [entry.logprob for entry in entries] == call["response_logprobs"]
+    for entry in entries:
+        alternatives = [top.logprob for top in entry.top_logprobs]
+        assert len(alternatives) == 3 and alternatives == sorted(alternatives, reverse=True)
+    recorded = call["response"]["choices"][0]["logprobs"]["content"]
+    assert recorded == [entry.model_dump() for entry in entries]

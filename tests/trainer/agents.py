@@ -34,6 +34,8 @@ def two_calls(task: dict[str, Any]) -> float:
     return (zlib.crc32(text.encode()) % 1001) / 1000
 
 
-def no_reward(task: dict[str, Any]) -> None:
-    """`two_calls`, but it reports no reward: it exits 0 without one."""
-    two_calls(task)
+def no_reward(task: dict[str, Any]) -> float | None:
+    """`two_calls`, but it reports no reward (it exits 0 without one) unless the task says
+    `rewarded: true`."""
+    reward = two_calls(task)
+    return reward if task.get("rewarded") else None

@@ -132,12 +132,40 @@ def test_an_agent_that_cannot_run_stops_the_run_at_its_first_rollouts(
 def test_every_rollout_without_a_reward_is_counted(tmp_path: Path, tiny_model_dir: Path) -> None:
     """Agents that exit 0 without a reward: the groups are dropped and each of their rollouts is
     counted (only the first of each group was)."""
+    tasks = tmp_path / "half.jsonl"
+    words = {"ant": True, "bee": False, "cat": False}  # one task's agents report a reward
+    tasks.write_text(
+        "".join(
+            json.dumps({"id": w, "input": {"word": w, "rewarded": r}}) + "\n"
+            for w, r in words.items()
+        )
+    )
     agent = "tests.trainer.agents:no_reward"
-    run = config(tmp_path, tiny_model_dir, agent=agent, steps=1, val_every=0)
+    run = config(
+        tmp_path, tiny_model_dir, agent=agent, steps=1, val_every=0, tasks=tasks, tasks_per_step=3
+    )
     (record,) = asyncio.run(train(run))
     assert record["rollouts/missing_reward"] == 4
     assert record["rollouts/dropped_groups"] == 2
-    assert (record["rollouts/trained"], record["rollouts/failed"]) == (0, 0)
+    assert (record["rollouts/trained"], record["rollouts/failed"]) == (2, 0)
+
+
+@pytest.mark.parametrize("val_every", [0, 1], ids=["in-training", "in-validation"])
+def test_an_agent_that_reports_no_reward_stops_the_run_at_its_first_rollouts(
+    tmp_path: Path, tiny_model_dir: Path, val_every: int
+) -> None:
+    """Agents that exit 0 and never report a reward: every group was dropped (and validation read
+    0 for each) in every step, and the run ended as if it had worked."""
+    agent = "tests.trainer.agents:no_reward"
+    run = config(tmp_path, tiny_model_dir, agent=agent, steps=3, val_every=val_every)
+    with pytest.raises(AgentCannotRun) as stopped:
+        asyncio.run(train(run))
+    total = 2 if val_every else 4
+    assert str(stopped.value).startswith(
+        f"no rollout so far reported a reward ({total} of {total} ended without one, 0 failed): "
+        "the run stops rather than go through its steps training on nothing; check the agent "
+        f"setting ('{agent}'): an agent reports its reward with reins.agent.report_reward"
+    )
 
 
 def test_a_sync_step_reports_how_long_it_waited_on_its_slowest_rollouts(

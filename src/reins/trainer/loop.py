@@ -405,13 +405,15 @@ class Trainer:
         trained: list[str] = []
         current = self.publisher.version
         kept: list[tuple[Group, list[Rollout]]] = []
-        self._check_agent_runs([self.watch.finished[r] for g in groups for r in g.rollout_ids])
+        tally = _Tally()
         for group in groups:
             rollouts = [self.watch.finished[r] for r in group.rollout_ids]
             failed = [r for r in rollouts if r.status.state == "failed"]
             counts["failed"] += len(failed)
+            tally.failed += failed
             if failed and self.config.failed_rollouts == "drop_group":
                 counts["dropped_groups"] += 1
+                tally.unread += len(rollouts) - len(failed)
                 continue
             kept.append((group, rollouts))
         # One binary read for the step (`reins.recordbatch`), not a JSON read per rollout.
@@ -420,7 +422,15 @@ class Trainer:
         for group, rollouts in kept:
             # Every rollout is read, so each one without a reward is counted, not only a
             # group's first; one missing drops the group (`_record` says when).
-            found = [self._record(r, read[r.rollout_id], counts) for r in rollouts]
+            found = []
+            for rollout in rollouts:
+                missing = counts["missing_reward"]
+                found.append(self._record(rollout, read[rollout.rollout_id], counts))
+                if rollout.status.state != "failed":
+                    if counts["missing_reward"] > missing:
+                        tally.unrewarded.append(rollout)
+                    else:
+                        tally.rewarded += 1
             group_records = [record for record in found if record is not None]
             if len(group_records) == len(found):
                 served = [[call.model_version for call in r.calls] for r in group_records]
@@ -442,18 +452,19 @@ class Trainer:
                 trained.append(group.group_id)
                 continue
             counts["dropped_groups"] += 1
+        self._check_agent_runs(tally)
         return records, counts, trained, staleness
 
-    def _check_agent_runs(self, finished: list[Rollout]) -> None:
-        """An `AgentCannotRun` when every rollout so far failed: a mistyped command or a crash
-        at start would otherwise fail every rollout of every step, and the run go through all
-        its steps training on nothing."""
-        if self._agent_ran or not finished:
+    def _check_agent_runs(self, tally: _Tally) -> None:
+        """An `AgentCannotRun` when no rollout so far reported a reward: each failed, or ended
+        without one. A mistyped command, a crash at start or a forgotten reward would otherwise
+        do so in every step, and the run go through all its steps training on nothing."""
+        if self._agent_ran:
             return
-        if any(r.status.state != "failed" for r in finished):
+        if tally.rewarded:
             self._agent_ran = True
-            return
-        raise AgentCannotRun(self.config.agent, finished)
+        elif not tally.unread and (tally.failed or tally.unrewarded):
+            raise AgentCannotRun(self.config.agent, tally.failed, tally.unrewarded)
 
     def _record(
         self, rollout: Rollout, read: DecodedRollout, counts: dict[str, int]
@@ -613,7 +624,7 @@ class Trainer:
         rewards = []
         records: list[RolloutRecord] = []
         finished = [self.watch.finished[group.rollout_ids[0]] for group in groups]
-        self._check_agent_runs(finished)
+        tally = _Tally(failed=[r for r in finished if r.status.state != "succeeded"])
         succeeded = [r.rollout_id for r in finished if r.status.state == "succeeded"]
         read = {}
         if succeeded:
@@ -626,27 +637,60 @@ class Trainer:
                 record = record_of(read[rollout.rollout_id])
                 rewards.append(record.reward)
                 records.append(record)
+                tally.rewarded += 1
             except MissingRewardError:
                 rewards.append(0.0)
+                tally.unrewarded.append(rollout)
+        self._check_agent_runs(tally)
         value = float(np.mean(rewards))
         self.last_val = value
         self.last_val_metrics = agent_metric_means(records, "val/agent/")
         return value
 
 
-class AgentCannotRun(ValueError):
-    """Every rollout of the run's first step (or validation) failed."""
+@dataclass
+class _Tally:
+    """How the rollouts of an update or a validation ended, for `_check_agent_runs`."""
 
-    def __init__(self, agent: str, failed: list[Rollout]) -> None:
-        first = failed[0]
+    failed: list[Rollout] = field(default_factory=list)
+    unrewarded: list[Rollout] = field(default_factory=list)
+    """Succeeded without reporting a reward."""
+    rewarded: int = 0
+    unread: int = 0
+    """Not read (their group was dropped for a failed one): whether they have a reward is not
+    known."""
+
+
+class AgentCannotRun(ValueError):
+    """No rollout of the run's first step (or validation) reported a reward: each failed, or
+    ended without one."""
+
+    def __init__(self, agent: str, failed: list[Rollout], unrewarded: list[Rollout]) -> None:
+        total = len(failed) + len(unrewarded)
+        if not unrewarded:
+            head = f"every rollout so far failed ({total} of {total}, none succeeded)"
+        else:
+            head = (
+                f"no rollout so far reported a reward ({len(unrewarded)} of {total} ended "
+                f"without one, {len(failed)} failed)"
+            )
         message = (
-            f"every rollout so far failed ({len(failed)} of {len(failed)}, none succeeded): the "
-            "run stops rather than go through its steps training on nothing; check the agent "
-            f"setting ({agent!r}) and rollout_timeout_s. Rollout {first.rollout_id}: "
-            f"{first.status.reason or 'no reason given'}"
+            f"{head}: the run stops rather than go through its steps training on nothing; "
+            f"check the agent setting ({agent!r})"
         )
-        tail = _log_tail(first.status.reason or "")
-        super().__init__(message + (f"; its log ends:\n{tail}" if tail else ""))
+        if failed:
+            first = failed[0]
+            reason = first.status.reason or "no reason given"
+            message += f" and rollout_timeout_s. Rollout {first.rollout_id}: {reason}"
+            tail = _log_tail(reason)
+            message += f"; its log ends:\n{tail}" if tail else ""
+        else:
+            message += (
+                ": an agent reports its reward with reins.agent.report_reward (a "
+                "`module:function` agent by returning a number). Rollout "
+                f"{unrewarded[0].rollout_id} ended without one"
+            )
+        super().__init__(message)
 
 
 def _log_tail(reason: str, lines: int = 8) -> str:
