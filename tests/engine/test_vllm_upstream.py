@@ -66,6 +66,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.embedded_support import ServedEngine
 from tests.vllm_support import VllmServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -144,6 +145,38 @@ def test_chat_returns_prompt_ids_completion_ids_and_logprobs(
     assert (
         tokenizer.decode(completion_ids, skip_special_tokens=True) == (choice["message"]["content"])
     )
+
+
+def test_logprob_alternatives_have_vllms_shape_in_the_embedded_engine(
+    vllm_server: VllmServer, http: httpx.Client, embedded: ServedEngine
+) -> None:
+    """`top_logprobs: 3` (chat) and `logprobs: 3` (completions): the embedded engine answers the
+    fields vLLM answers, with the same kinds of values, and the same first greedy token."""
+    greedy = {"temperature": 0, "max_tokens": 4}
+    chat = {"messages": QUESTION, "logprobs": True, "top_logprobs": 3, **greedy}
+    legacy = {"prompt": "The capital of France is", "logprobs": 3, **greedy}
+    theirs = post(http, "/chat/completions", {"model": vllm_server.served_model_name, **chat})
+    ours = httpx.post(
+        f"{embedded.base_url}/chat/completions", json={"model": embedded.name, **chat}, timeout=120
+    ).json()
+    first = [answer["choices"][0]["logprobs"]["content"][0] for answer in (theirs, ours)]
+    assert first[0].keys() == first[1].keys() == {"token", "logprob", "bytes", "top_logprobs"}
+    assert first[0]["token"] == first[1]["token"]
+    for entry in first:
+        assert len(entry["top_logprobs"]) == 3
+        assert all(top.keys() == {"token", "logprob", "bytes"} for top in entry["top_logprobs"])
+        assert entry["top_logprobs"][0]["token"] == entry["token"]  # greedy: the most likely
+    theirs = post(http, "/completions", {"model": vllm_server.served_model_name, **legacy})
+    ours = httpx.post(
+        f"{embedded.base_url}/completions", json={"model": embedded.name, **legacy}, timeout=120
+    ).json()
+    shown = [answer["choices"][0]["logprobs"] for answer in (theirs, ours)]
+    assert shown[0].keys() == shown[1].keys()
+    assert shown[0]["tokens"][0] == shown[1]["tokens"][0]
+    for logprobs in shown:
+        assert len(logprobs["text_offset"]) == len(logprobs["tokens"])
+        assert logprobs["text_offset"][0] == 0
+        assert all(3 <= len(top) <= 4 for top in logprobs["top_logprobs"])  # + the sampled one
 
 
 def test_chat_without_return_token_ids_has_null_id_fields(

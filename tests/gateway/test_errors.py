@@ -84,10 +84,31 @@ def test_a_path_or_method_no_route_has_is_named_in_the_error(gateway: Gateway) -
     assert slashed.json()["error"].startswith("GET /api/rollouts/a/b: no such route")
     deleted = gateway.http.delete("/api/rollouts/r")
     assert deleted.status_code == 405
-    assert deleted.json()["error"] == "DELETE /api/rollouts/r: this path does not take DELETE"
+    assert deleted.json()["error"] == (
+        "DELETE /api/rollouts/r: this path does not take DELETE (it takes GET, PATCH)"
+    )
     call = gateway.http.get("/proxy/rollout/r/attempt/1/mode/train/openai/v1/chat/completions")
     assert call.status_code == 405
-    assert "does not take GET" in call.json()["error"]["message"]  # the OpenAI API's shape
+    assert "does not take GET (it takes POST)" in call.json()["error"]["message"]  # OpenAI's shape
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("PUT", "/api/rollouts", "GET, POST"),  # two routes: the list and the declaration
+        ("PUT", "/healthz", "GET, HEAD"),
+        ("DELETE", "/api/rollouts/r/attempt/1/events", "POST"),
+        ("PUT", "/api/rollouts/r/events", "GET"),
+    ],
+)
+def test_a_405_allows_every_method_of_its_path(
+    gateway: Gateway, method: str, path: str, allowed: str
+) -> None:
+    """Starlette's `Allow` named the methods of the first route of the path only."""
+    answer = gateway.http.request(method, path)
+    assert answer.status_code == 405
+    assert answer.headers["allow"] == allowed
+    assert answer.json()["error"].endswith(f"(it takes {allowed})")
 
 
 def test_a_body_sent_to_a_route_that_takes_none_is_422_not_ignored(gateway: Gateway) -> None:

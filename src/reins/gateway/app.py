@@ -11,6 +11,7 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import reins
@@ -214,6 +215,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         response = shaped or _error(exc.status_code, message)
         if exc.headers:
             response.headers.update(exc.headers)
+        if exc.status_code == 405 and exc.detail == "Method Not Allowed":
+            response.headers["Allow"] = ", ".join(_allowed_methods(request))
         return response
 
 
@@ -225,8 +228,25 @@ def _routing_message(request: Request, exc: StarletteHTTPException) -> str:
     if exc.status_code == 404 and exc.detail == "Not Found":
         return f"{where}: no such route (see GET /openapi.json for the gateway's routes)"
     if exc.status_code == 405 and exc.detail == "Method Not Allowed":
-        return f"{where}: this path does not take {request.method}"
+        allowed = ", ".join(_allowed_methods(request))
+        return f"{where}: this path does not take {request.method} (it takes {allowed})"
     return str(exc.detail)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods some route of the path takes (asked of the router, method by method):
+    Starlette's `Allow` named only those of the first route of the path (`PUT /api/rollouts`
+    said POST, not GET too; `PUT /healthz` GET, not HEAD)."""
+    routes = request.app.router.routes
+
+    def served(method: str) -> bool:
+        scope = {**request.scope, "method": method}
+        return any(route.matches(scope)[0] is Match.FULL for route in routes)
+
+    return [method for method in _METHODS if served(method)]
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 
 
 def _outage(request: Request, status_code: int, message: str) -> Response:
