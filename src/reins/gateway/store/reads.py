@@ -67,11 +67,29 @@ def rollout_filters(
         text = sa.cast(rollouts.c.input, sa.Text)
         where.append(
             sa.or_(
-                rollouts.c.rollout_id.icontains(search, autoescape=True),
-                *(text.icontains(needle, autoescape=True) for needle in needles),
+                _contains_folded(rollouts.c.rollout_id, search, sqlite=sqlite),
+                *(_contains_folded(text, needle, sqlite=sqlite) for needle in needles),
             )
         )
     return where
+
+
+FOLD = "reins_fold"
+"""SQLite's name for `fold`: its own `lower()` folds ASCII letters only, PostgreSQL's all."""
+
+
+def fold(value: object) -> object:
+    """Lower case, as PostgreSQL's `lower()` makes it (every script's letters, not only ASCII)."""
+    return value.lower() if isinstance(value, str) else value
+
+
+def _contains_folded(
+    column: sa.ColumnElement[str], needle: str, *, sqlite: bool
+) -> sa.ColumnElement[bool]:
+    """`needle` in `column`, case folded the same way on both databases ("CAFÉ" finds "café")."""
+    if not sqlite:
+        return column.icontains(needle, autoescape=True)
+    return sa.func.reins_fold(column).contains(needle.lower(), autoescape=True)
 
 
 class DashboardReads:

@@ -50,7 +50,7 @@ from reins.gateway.store.appends import (
 from reins.gateway.store.board import ReplicaBoard
 from reins.gateway.store.journal import CLEAR_FROM_BYTES, CallJournal, JournaledPost
 from reins.gateway.store.packing import Key, Packer, expand_rows, packed_event_of, record_parts
-from reins.gateway.store.reads import DashboardReads, rollout_filters
+from reins.gateway.store.reads import FOLD, DashboardReads, fold, rollout_filters
 from reins.gateway.store.tables import (
     ATTEMPT_STATE,
     PACKING_COLUMNS,
@@ -156,6 +156,7 @@ def _install_sqlite_pragmas(engine: sa.Engine, synchronous: str) -> None:
         cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA busy_timeout=10000")
         cursor.close()
+        dbapi_connection.create_function(FOLD, 1, fold, deterministic=True)
 
 
 def _keep_statement_journals_in_memory(engine: sa.Engine) -> None:
