@@ -254,14 +254,20 @@ def test_reading_a_run_does_not_hold_up_the_gateway(
     # the gateway (the proxy's included), and the rollouts page read every run's file for names.
     write_run(runs_dir, "demo")
     reading, release = threading.Event(), threading.Event()
-    read = runs.read_metrics
+    read, summary = runs.read_metrics, runs.summary
 
     def held(path: Path) -> tuple[list[dict[str, object]], int]:
         reading.set()
         release.wait(60)
         return read(path)
 
+    def held_summary(path: Path) -> tuple[int, dict[str, object]]:
+        reading.set()
+        release.wait(60)
+        return summary(path)
+
     monkeypatch.setattr(runs, "read_metrics", held)
+    monkeypatch.setattr(runs, "summary", held_summary)  # the runs list's read
     for path in ("/ui/runs", "/ui/runs/demo", "/ui/runs/demo/charts"):
         reading.clear()
         release.clear()
