@@ -456,6 +456,7 @@ def export(
     ] = None,
 ) -> None:
     """Write rollouts as JSONL, one per line: calls, rewards, events and agent logs."""
+    import signal
     import sys
 
     from reins.client import DatabaseChanged, GatewayError
@@ -477,6 +478,12 @@ def export(
     except (GatewayError, DatabaseChanged) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from error
+    except BrokenPipeError:
+        # The reader went away (`reins export | head`): end as a shell tool killed by SIGPIPE
+        # does, quietly, rather than exit 1 as if the export had failed. Standard output points
+        # to /dev/null so that its last flush at exit raises nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(128 + signal.SIGPIPE) from None
     finally:
         if handle is not sys.stdout:
             handle.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,21 @@ def test_export_command_writes_a_file(gateway: Gateway, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "exported 3 rollouts" in result.stderr
     assert len(out.read_text().splitlines()) == 3
+
+
+def test_export_to_a_reader_that_went_away_ends_quietly_as_sigpipe_does(gateway: Gateway) -> None:
+    """`reins export | head`: the export exited 1, as if it had failed."""
+    many_rollouts(gateway, 3, run="cli")
+    exporting = subprocess.Popen(
+        [sys.executable, "-m", "reins.cli", "export", "--gateway", gateway.url,
+         "--api-key", gateway.api_key],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert exporting.stdout is not None and exporting.stderr is not None
+    exporting.stdout.close()  # no reader left: its first write fails
+    errors = exporting.stderr.read()
+    assert exporting.wait(timeout=120) == 128 + signal.SIGPIPE
+    assert errors == ""
 
 
 def test_export_command_says_when_the_key_is_wrong(gateway: Gateway, tmp_path: Path) -> None:
