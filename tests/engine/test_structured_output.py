@@ -265,7 +265,10 @@ def test_the_reported_logprob_is_the_policys_own_not_the_masked_one(
 @pytest.mark.parametrize(
     ("fields", "says"),
     [
-        ({"response_format": {"type": "yaml"}}, "text, json_object or json_schema, not 'yaml'"),
+        (
+            {"response_format": {"type": "yaml"}},
+            "text, json_object, json_schema or structural_tag, not 'yaml'",
+        ),
         ({"response_format": {"type": "json_schema"}}, "json_schema` must be an object"),
         (
             {
@@ -320,6 +323,105 @@ def test_structured_output_that_cannot_be_followed_is_400(
             messages=[{"role": "user", "content": "Hi"}],
             max_tokens=4,
             **fields,
+        )
+    assert says in str(refused.value)
+
+
+TAG = {
+    "type": "structural_tag",
+    "structures": [{"begin": "e", "schema": {"enum": [1, 2, 3]}, "end": "!"}],
+    "triggers": ["e"],
+}
+"""After the answer's first "e": one of 1, 2, 3, then "!" (an English answer has an "e")."""
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"response_format": TAG},
+        {"extra_body": {"structured_outputs": {"structural_tag": json.dumps(TAG)}}},
+    ],
+    ids=["response-format", "vllm-structured-outputs"],
+)
+def test_a_structural_tag_constrains_what_follows_its_trigger(
+    embedded: ServedEngine, fields: dict[str, Any]
+) -> None:
+    """vLLM's structural tags (xgrammar's `structures` and `triggers`): free text until a
+    trigger, then the structure it begins; free text again after its end."""
+    answer = client(embedded).chat.completions.create(
+        model=embedded.name,
+        messages=[{"role": "user", "content": "Describe the weather in Paris in spring."}],
+        max_tokens=40,
+        temperature=0,
+        **fields,
+    )
+    text = answer.choices[0].message.content or ""
+    assert "e" in text, text
+    assert re.match("e[123]!", text[text.index("e") :]), text
+    free = client(embedded).chat.completions.create(
+        model=embedded.name,
+        messages=[{"role": "user", "content": "Describe the weather in Paris in spring."}],
+        max_tokens=40,
+        temperature=0,
+    )
+    before = free.choices[0].message.content or ""
+    assert before[: before.index("e")] == text[: text.index("e")]  # untouched up to the trigger
+
+
+def test_a_structural_tag_holds_each_trigger_to_the_structures_it_begins(
+    embedded: ServedEngine,
+) -> None:
+    """Two triggers, two structures behind one of them; any text between the tags."""
+    weather = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tag = {
+        "structures": [
+            {"begin": "<function=get_weather>", "schema": weather, "end": "</function>"},
+            {"begin": "<function=get_time>", "schema": {"type": "object"}, "end": "</function>"},
+            {"begin": "<note>", "end": "</note>"},  # no schema: any JSON value
+        ],
+        "triggers": ["<function=", "<note>"],
+    }
+    grammar = format_grammar({"type": "structural_tag", **tag})
+    assert grammar is not None
+    tokenizer = embedded.engine.tokenizer
+
+    def follows(text: str) -> bool:
+        matcher = embedded.engine.grammars.matcher(grammar)
+        for token in tokenizer(text, add_special_tokens=False)["input_ids"]:
+            if not bool(matcher.allowed(len(tokenizer))[token]):
+                return False
+            matcher.advance(token)
+        return True
+
+    assert follows('Sure. <function=get_weather>{"city": "Paris"}</function> and <note>[1]</note>.')
+    assert follows("plain text only, no trigger")
+    assert not follows('<function=get_weather>{"town": "Paris"}')  # the schema
+    assert not follows("<function=get_date>{}")  # no structure begins so
+    assert not follows('<function=get_time>{"a": 1}</fun>')  # the end
+
+
+@pytest.mark.parametrize(
+    ("tag", "says"),
+    [
+        ({"format": {"type": "const_string", "value": "x"}}, "`format` form"),
+        ({"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": ["<b"]}, "none of the trig"),
+        ({"structures": [], "triggers": ["<a"]}, "format.structures` must be a non-empty list"),
+        (
+            {"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": []},
+            "format.triggers` must be",
+        ),
+    ],
+    ids=["format-form", "begin-without-trigger", "no-structures", "no-triggers"],
+)
+def test_a_structural_tag_that_cannot_be_followed_is_400(
+    embedded: ServedEngine, tag: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(BadRequestError) as refused:
+        client(embedded).chat.completions.create(
+            model=embedded.name,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=4,
+            response_format={"type": "structural_tag", **tag},  # type: ignore[typeddict-item]
         )
     assert says in str(refused.value)
 

@@ -10,7 +10,11 @@ end-of-sequence is left. Calls are written in the engine's tool-call convention 
 `<tool_call>` (a lazy trigger): the call must then name an offered function, with arguments that
 follow its schema when it is `strict` (vLLM applies its structural tags to auto calls only when a
 tool is strict, as here). vLLM's own request field, `structured_outputs` (`json`, `regex`,
-`choice`, `grammar` in Lark or GBNF, `json_object`), is read as vLLM reads it.
+`choice`, `grammar` in Lark or GBNF, `json_object`, `structural_tag`), is read as vLLM reads it.
+A structural tag (there, or as `response_format` `{"type": "structural_tag", ...}`) is
+xgrammar's first form, `structures` (`begin`, `schema`, `end`) and `triggers`: free text until
+the model writes a trigger, which must then go on as one of the structures whose `begin` starts
+with it, its JSON following the structure's schema, then its `end`; free text again after.
 
 The mask reshapes the distribution the token is drawn from, not the logprob reported for it,
 which stays the policy's own (`sampling.py`), as vLLM reports raw logprobs.
@@ -72,6 +76,8 @@ def format_grammar(response_format: Any, structured_outputs: Any = None) -> str 
         return None
     if kind == "json_object":
         return _json_grammar({"type": "object"})
+    if kind == "structural_tag":
+        return _structural_tag_grammar(response_format, "response_format")
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict):
@@ -81,7 +87,8 @@ def format_grammar(response_format: Any, structured_outputs: Any = None) -> str 
             raise ConstraintError("`response_format.json_schema.schema` must be an object")
         return _json_grammar(schema)
     raise ConstraintError(
-        f"`response_format.type` must be text, json_object or json_schema, not {kind!r}"
+        "`response_format.type` must be text, json_object, json_schema or structural_tag, "
+        f"not {kind!r}"
     )
 
 
@@ -118,12 +125,13 @@ def _vllm_grammar(structured: Any) -> str:
             return str(llguidance.grammar_from("regex", value))
         if kind == "grammar" and isinstance(value, str):  # Lark or GBNF
             return str(llguidance.grammar_from("grammar", value))
+        if kind == "structural_tag":
+            tag = json.loads(value) if isinstance(value, str) else value
+            return _structural_tag_grammar(tag, "structured_outputs.structural_tag")
     except ConstraintError:
         raise
     except ValueError as error:
         raise ConstraintError(f"`structured_outputs.{kind}` cannot be read: {error}") from error
-    if kind == "structural_tag":
-        raise ConstraintError("`structured_outputs.structural_tag` is not supported here")
     raise ConstraintError(f"`structured_outputs.{kind}` must be a string")
 
 
@@ -206,6 +214,63 @@ def _strict_calls_grammar(functions: list[dict[str, Any]]) -> str | None:
     from llguidance import LLMatcher
 
     return str(LLMatcher.grammar_from_lark(lark))
+
+
+def _structural_tag_grammar(tag: Any, where: str) -> str:
+    """Free text in which each trigger goes on as one of the structures it begins (see the
+    module's doc)."""
+    if not isinstance(tag, dict) or tag.get("type", "structural_tag") != "structural_tag":
+        raise ConstraintError(f"`{where}` must be an object of type structural_tag")
+    if "format" in tag:
+        raise ConstraintError(
+            f"`{where}`: xgrammar's `format` form of a structural tag is not supported here; "
+            "give `structures` and `triggers`"
+        )
+    structures, triggers = tag.get("structures"), tag.get("triggers")
+    if not isinstance(triggers, list) or not triggers:
+        raise ConstraintError(f"`{where}.triggers` must be a non-empty list of strings")
+    if not all(isinstance(t, str) and t for t in triggers):
+        raise ConstraintError(f"`{where}.triggers` must be a non-empty list of strings")
+    if not isinstance(structures, list) or not structures:
+        raise ConstraintError(f"`{where}.structures` must be a non-empty list")
+    rules, tags, used = [], [], set()
+    for index, structure in enumerate(structures):
+        path = f"{where}.structures[{index}]"
+        if not isinstance(structure, dict):
+            raise ConstraintError(f"`{path}` must be an object with begin, schema and end")
+        begin, end = structure.get("begin"), structure.get("end")
+        schema = structure.get("schema")
+        if not isinstance(begin, str) or not isinstance(end, str):
+            raise ConstraintError(f"`{path}` needs `begin` and `end` strings")
+        if schema is None:
+            schema = {}
+        if not isinstance(schema, dict):
+            raise ConstraintError(f"`{path}.schema` must be a JSON schema object")
+        opening = max((t for t in triggers if begin.startswith(t)), key=len, default=None)
+        if opening is None:
+            raise ConstraintError(f"`{path}.begin` {begin!r} starts with none of the triggers")
+        trigger = triggers.index(opening)
+        used.add(trigger)
+        rest = json.dumps(begin[len(opening) :]) if len(begin) > len(opening) else ""
+        content = json.dumps({"x-guidance": JSON_OPTIONS, **schema})
+        rules.append(f"tag_{index}: trigger_{trigger} {rest} %json {content} {json.dumps(end)}")
+        tags.append(f"tag_{index}")
+    lark = "\n".join(
+        [
+            "%llguidance {}",
+            "start: tagged* TEXT",
+            f"tagged: {' | '.join(tags)}",
+            *rules,
+            *(f"trigger_{k}[lazy]: TEXT {json.dumps(triggers[k])}" for k in sorted(used)),
+            "TEXT: /(.|\\n)*/",
+        ]
+    )
+    from llguidance import LLMatcher
+
+    try:
+        return str(LLMatcher.grammar_from_lark(lark))
+    except ValueError as error:
+        raise ConstraintError(f"`{where}` cannot be read: {error}") from error
 
 
 def _json_grammar(schema: dict[str, Any], *, flexible: bool = True) -> str:
