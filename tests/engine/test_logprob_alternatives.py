@@ -130,3 +130,49 @@ def test_a_token_holding_part_of_a_character_shows_its_own_bytes(
     assert len(shown) > 1
     assert b"".join(bytes(raw) for _, raw in shown) == text.encode()
     assert "\ufffd" in shown[0][0]  # the first token alone is no whole character
+
+
+def sentencepiece_style_tokenizer() -> Any:
+    """A tokenizer built as Llama 2's is (pieces with "▁" for a space, `<0xNN>` byte pieces for
+    characters outside its vocabulary, a decoder that strips the first space), with a tiny
+    vocabulary: no such tokenizer is on this machine."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["<unk>", "<s>", "</s>", "▁hello", "▁world", "▁", "h", "e", "l", "o", "w", "r", "d"]
+    vocab = {piece: index for index, piece in enumerate(pieces)}
+    vocab |= {f"<0x{byte:02X}>": len(pieces) + byte for byte in range(256)}
+    merges = [("▁", "h"), ("▁h", "e"), ("▁he", "l"), ("▁hel", "l"), ("▁hell", "o")]
+    vocab |= {"▁h": 300, "▁he": 301, "▁hel": 302, "▁hell": 303}
+    model = models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True)
+    backend = Tokenizer(model)
+    backend.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+    )
+    backend.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+
+
+def test_sentencepiece_tokens_keep_their_space_and_their_own_bytes() -> None:
+    """Decoded alone, "▁hello" lost its space and a byte piece was U+FFFD's three bytes."""
+    from reins.engine.token_text import TokenTexts
+
+    tokenizer = sentencepiece_style_tokenizer()
+    text = "hello world €"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    texts = TokenTexts(tokenizer)
+    shown = [texts(token) for token in ids]
+    assert tokenizer.decode(ids) == text
+    assert shown[0] == (" hello", list(b" hello"))  # the piece "▁hello"
+    assert b"".join(bytes(raw) for _, raw in shown) == f" {text}".encode()
+    assert [raw for _, raw in shown[-3:]] == [[byte] for byte in "€".encode()]
+    assert texts(tokenizer.eos_token_id) == ("</s>", list(b"</s>"))
