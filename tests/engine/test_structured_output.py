@@ -301,6 +301,21 @@ def test_the_reported_logprob_is_the_policys_own_not_the_masked_one(
             },
             "`response_format` or `structured_outputs`, not both",
         ),
+        *(
+            ({"response_format": {"type": "structural_tag", **tag}}, says)
+            for tag, says in [
+                ({"format": {"type": "const_string", "value": "x"}}, "`format` form"),
+                (
+                    {"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": ["<b"]},
+                    "starts with none of the triggers",
+                ),
+                ({"structures": [], "triggers": ["<a"]}, "format.structures` must be a non-empty"),
+                (
+                    {"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": []},
+                    "triggers` must",
+                ),
+            ]
+        ),
     ],
     ids=[
         "unknown-type",
@@ -312,6 +327,10 @@ def test_the_reported_logprob_is_the_policys_own_not_the_masked_one(
         "two-kinds",
         "bad-regex",
         "both-fields",
+        "tag-format-form",
+        "tag-begin-without-trigger",
+        "tag-no-structures",
+        "tag-no-triggers",
     ],
 )
 def test_structured_output_that_cannot_be_followed_is_400(
@@ -348,24 +367,21 @@ def test_a_structural_tag_constrains_what_follows_its_trigger(
 ) -> None:
     """vLLM's structural tags (xgrammar's `structures` and `triggers`): free text until a
     trigger, then the structure it begins; free text again after its end."""
-    answer = client(embedded).chat.completions.create(
-        model=embedded.name,
-        messages=[{"role": "user", "content": "Describe the weather in Paris in spring."}],
-        max_tokens=40,
-        temperature=0,
-        **fields,
-    )
-    text = answer.choices[0].message.content or ""
+
+    def describe(**more: Any) -> str:
+        answer = client(embedded).chat.completions.create(
+            model=embedded.name,
+            messages=[{"role": "user", "content": "Describe the weather in Paris in spring."}],
+            max_tokens=40,
+            temperature=0,
+            **more,
+        )
+        return answer.choices[0].message.content or ""
+
+    text, free = describe(**fields), describe()
     assert "e" in text, text
     assert re.match("e[123]!", text[text.index("e") :]), text
-    free = client(embedded).chat.completions.create(
-        model=embedded.name,
-        messages=[{"role": "user", "content": "Describe the weather in Paris in spring."}],
-        max_tokens=40,
-        temperature=0,
-    )
-    before = free.choices[0].message.content or ""
-    assert before[: before.index("e")] == text[: text.index("e")]  # untouched up to the trigger
+    assert free[: free.index("e")] == text[: text.index("e")]  # untouched up to the trigger
 
 
 def test_a_structural_tag_holds_each_trigger_to_the_structures_it_begins(
@@ -398,32 +414,6 @@ def test_a_structural_tag_holds_each_trigger_to_the_structures_it_begins(
     assert not follows('<function=get_weather>{"town": "Paris"}')  # the schema
     assert not follows("<function=get_date>{}")  # no structure begins so
     assert not follows('<function=get_time>{"a": 1}</fun>')  # the end
-
-
-@pytest.mark.parametrize(
-    ("tag", "says"),
-    [
-        ({"format": {"type": "const_string", "value": "x"}}, "`format` form"),
-        ({"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": ["<b"]}, "none of the trig"),
-        ({"structures": [], "triggers": ["<a"]}, "format.structures` must be a non-empty list"),
-        (
-            {"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": []},
-            "format.triggers` must be",
-        ),
-    ],
-    ids=["format-form", "begin-without-trigger", "no-structures", "no-triggers"],
-)
-def test_a_structural_tag_that_cannot_be_followed_is_400(
-    embedded: ServedEngine, tag: dict[str, Any], says: str
-) -> None:
-    with pytest.raises(BadRequestError) as refused:
-        client(embedded).chat.completions.create(
-            model=embedded.name,
-            messages=[{"role": "user", "content": "Hi"}],
-            max_tokens=4,
-            response_format={"type": "structural_tag", **tag},  # type: ignore[typeddict-item]
-        )
-    assert says in str(refused.value)
 
 
 def test_responses_of_one_grammar_advance_apart(embedded: ServedEngine) -> None:
