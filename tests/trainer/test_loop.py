@@ -125,7 +125,9 @@ def test_an_agent_that_cannot_run_stops_the_run_at_its_first_rollouts(
     failed = 2 if val_every else 4  # the validation's two tasks, or step 0's four rollouts
     assert message.startswith(f"every rollout so far failed ({failed} of {failed}, none succeeded)")
     assert "check the agent setting ('pyhton -m no_agent') and rollout_timeout_s" in message
-    assert "pyhton: not found" in message  # the agent's log, as the shell wrote it
+    # The agent's log, as the shell wrote it (dash: "pyhton: not found", bash: "command not found").
+    assert "pyhton" in message.partition("its log ends:")[2]
+    assert "not found" in message.partition("its log ends:")[2]
     assert not (run.run_dir / "metrics.jsonl").exists() or metrics(run.run_dir) == []
 
 
