@@ -37,6 +37,8 @@ class TokenTexts:
             else None
         )
         self._sentencepiece = _writes_spaces_as_pieces(decoder)
+        # Read once: transformers builds this mapping afresh at each access.
+        self._added = set(tokenizer.added_tokens_decoder)
         self._known: dict[int, tuple[str, list[int]]] = {}
 
     def __call__(self, token_id: int) -> tuple[str, list[int]]:
@@ -52,7 +54,7 @@ class TokenTexts:
         text = self.tokenizer.decode([token_id], skip_special_tokens=False)
         piece = self.tokenizer.convert_ids_to_tokens(token_id)
         # Added tokens are stored as their text, in neither scheme.
-        if not isinstance(piece, str) or token_id in self.tokenizer.added_tokens_decoder:
+        if not isinstance(piece, str) or token_id in self._added:
             return text, list(text.encode())
         if self._byte_of is not None and all(char in self._byte_of for char in piece):
             return text, [self._byte_of[char] for char in piece]
