@@ -38,6 +38,16 @@ hour per run on 2 cores; `--search-steps 8 --search-val-every 4` for about half 
         --search-val-every 4
     .venv/bin/python benchmarks/time_to_reward.py --stale-groups correct --tis-cap 2
     .venv/bin/python benchmarks/time_to_reward.py --job recall --entropy-coef 0.01
+    .venv/bin/python benchmarks/time_to_reward.py --budget sync-wall
+
+By default async makes as many updates as sync (`--budget updates`), so it stops at about half
+sync's wall time on the tiny job and a reward it would have reached in the other half counts as
+never reached. `--budget sync-wall` gives async sync's wall time instead: it runs up to 3x the
+updates and is cancelled (as Ctrl-C cancels `reins train`) when sync's wall time has passed; its
+final reward is then its last validation within that time, the same budget a user who waited
+as long as sync would have. Async validates more often in that time (every `--val-every` of its
+faster updates), so a noisy validation has more chances to cross the target: compare the finals
+too.
 
 Both runs set glibc's allocator as `reins train` does (`malloc_mmap_threshold_mb`). Each repeat
 also says where each run's time went: waiting for rollouts, updating (and how many updates moved
@@ -55,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
@@ -261,21 +272,36 @@ def search_config(folder: Path, repeat: int, mode: str, args: argparse.Namespace
     )
 
 
-def train_once(config: Any) -> Run:
+def train_once(config: Any, budget_s: float | None = None) -> Run:
+    """Trains `config` to its last step, or until `budget_s` seconds of wall time have passed:
+    the run is then cancelled as Ctrl-C cancels `reins train`, and only the validations that
+    finished within the budget count."""
     from reins.trainer.runtime import train
 
+    async def bounded() -> None:
+        if budget_s is None:
+            await train(config)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(train(config), budget_s)
+
     started = time.time()
-    records = asyncio.run(train(config))
+    asyncio.run(bounded())
     wall = time.time() - started
     metrics = (config.run_dir / "metrics.jsonl").read_text().splitlines()
     lines = [json.loads(line) for line in metrics]
+    curve = validation_curve(lines, started)
+    if budget_s is not None:
+        curve = [point for point in curve if point[0] <= budget_s]
+        wall = min(wall, budget_s)
+    steps = [line for line in lines if "time/step" in line]
     return Run(
         mode=config.mode,
         wall_s=wall,
-        curve=validation_curve(lines, started),
-        generated_per_trained=records[-1].get("rollouts/generated_per_trained", math.nan),
-        stale_groups=sum(r.get("rollouts/stale_groups", 0) for r in records),
-        split=TimeSplit.of(records),
+        curve=curve,
+        generated_per_trained=steps[-1].get("rollouts/generated_per_trained", math.nan),
+        stale_groups=sum(r.get("rollouts/stale_groups", 0) for r in steps),
+        split=TimeSplit.of(steps),
     )
 
 
@@ -325,6 +351,14 @@ def main() -> None:
         "--entropy-coef", type=float, default=0.0, help="the entropy bonus (both modes)"
     )
     parser.add_argument(
+        "--budget",
+        choices=["updates", "sync-wall"],
+        default="updates",
+        help="async's run: as many updates as sync's (updates), or as many as fit in sync's "
+        "wall time, stopped there (sync-wall): its final reward is then its last validation "
+        "within that time",
+    )
+    parser.add_argument(
         "--keep", type=Path, help="a folder to keep the runs in (metrics, checkpoints) for a look"
     )
     args = parser.parse_args()
@@ -340,7 +374,13 @@ def main() -> None:
             configs = [make_config(folder, repeat, mode, args) for mode in ("sync", "async")]
             # As `reins train` sets it (a process-wide setting: ~20 % of update time for memory).
             configure_allocator(configs[0])
-            runs = [train_once(config) for config in configs]
+            sync = train_once(configs[0])
+            if args.budget == "sync-wall":
+                # As many updates as fit in sync's wall time: more than async can make in it.
+                longer = configs[1].model_copy(update={"steps": configs[1].steps * 3})
+                runs = [sync, train_once(longer, budget_s=sync.wall_s)]
+            else:
+                runs = [sync, train_once(configs[1])]
             rows.append((repeat, runs[0], runs[1]))
             print(f"repeat {repeat}: " + "; ".join(
                 f"{r.mode} " + " ".join(f"{t:.0f}s:{v:.3f}" for t, _, v in r.curve) for r in runs
@@ -356,7 +396,11 @@ def main() -> None:
     if args.entropy_coef:
         settings += f", entropy coef {args.entropy_coef} (both modes)"
     load = os.getloadavg()[0]
-    print(f"job {args.job}, {args.repeats} repeats; async: {settings}; load {load:.1f}")
+    budget = {
+        "updates": "as many updates as sync",
+        "sync-wall": "as many updates as fit in sync's wall time",
+    }[args.budget]
+    print(f"job {args.job}, {args.repeats} repeats; async: {settings}; {budget}; load {load:.1f}")
     print(
         f"{'repeat':>6} {'target':>7} {'sync s':>7} {'async s':>8} {'ratio':>6}"
         f" {'sync final':>11} {'async final':>12} {'wall sync/async':>16} {'async gen/trained':>18}"
