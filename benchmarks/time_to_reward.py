@@ -74,7 +74,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,11 @@ class Run:
     @property
     def final(self) -> float:
         return self.curve[-1][2]
+
+    def cut(self, steps: int) -> Run:
+        """This run as if it had stopped after `steps` updates: its validations up to there."""
+        curve = [point for point in self.curve if point[1] <= steps]
+        return replace(self, curve=curve, wall_s=curve[-1][0] if curve else 0.0)
 
     def time_to(self, reward: float) -> float:
         """Seconds until a validation first reached `reward` (inf when none did)."""
@@ -438,6 +443,16 @@ def main() -> None:
         tail = sync.split.tail_s
         print(f"    sync waited {tail:.0f}s ({tail / sync.wall_s:.1%} of its wall time) from its "
               "steps' median rollout to their last: about what async can save")  # fmt: skip
+    if args.budget == "sync-wall":
+        # The same async runs read as the `updates` budget reads them: one run, both measures.
+        cut = [(sync, async_.cut(sync.split.updates)) for _, sync, async_ in rows]
+        found = [r for r in (ratio_of(sync, a) for sync, a in cut) if r is not None]
+        print(
+            "the same async runs after sync's number of updates (`--budget updates`): ratios "
+            + ", ".join(f"{r:.2f}" for r in found)
+            + f" (median {statistics.median(found) if found else math.nan:.2f}); final reward, "
+            "async minus sync: " + ", ".join(f"{a.final - sync.final:+.3f}" for sync, a in cut)
+        )
     median = statistics.median(ratios) if ratios else math.nan
     print(f"ratio spread over repeats: {spread(ratios) if ratios else 'n/a'}")
     print(f"final reward, async minus sync: median {statistics.median(final_gaps):+.3f}, "
