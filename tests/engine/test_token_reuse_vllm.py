@@ -311,3 +311,56 @@ def test_wire_api_conversations_reuse_their_tokens(
     assert [call["token_reuse"] for call in calls] == ["none", "reused", "reused"]
     assert_chained(calls)
     assert sequences(calls, tokenizer) == (1, [])
+
+
+@pytest.mark.parametrize("blank", [False, True], ids=["answer", "blank"])
+def test_reused_logprobs_are_what_vllm_chat_shows(
+    reusing: Gateway, vllm_server: VllmServer, tokenizer: Any, blank: bool
+) -> None:
+    """A reused call that asks for `top_logprobs` is shown the logprob entries vLLM's chat
+    route shows for the same request: each token's text and its alternatives. `blank`: the
+    end-of-turn token is biased up so that the answer is only that token, which the proxy shows
+    no text of (derender is not asked to parse it)."""
+    rollout = reusing.rollout(mode="val")
+    model = vllm_server.served_model_name
+    history: list[dict[str, Any]] = [{"role": "user", "content": QUESTIONS[0]}]
+    first = ask(rollout.sdk(), model, history, stream=False, temperature=0)
+    history += [first, {"role": "user", "content": QUESTIONS[1]}]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    asked: dict[str, Any] = {
+        "temperature": 0,
+        "max_tokens": 8,
+        "logprobs": True,
+        "top_logprobs": 2,
+        **({"logit_bias": {str(end): 100}} if blank else {}),
+    }
+    answer = rollout.sdk().chat.completions.create(model=model, messages=history, **asked)
+    recorded = rollout.calls()[1]
+    assert recorded["token_reuse"] == "reused"
+    direct = httpx.post(
+        f"{vllm_server.base_url}/chat/completions",
+        json={"model": model, "messages": history, "return_token_ids": True, **asked},
+        timeout=120,
+    ).json()
+    (expected,) = direct["choices"]
+    assert expected["token_ids"] == recorded["response_token_ids"]
+    if blank:
+        assert expected["token_ids"] == [end] and expected["message"]["content"] == ""
+    (choice,) = answer.choices
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    shown = [
+        (entry.token, entry.bytes, [(top.token, top.bytes) for top in entry.top_logprobs])
+        for entry in choice.logprobs.content
+    ]
+    wanted = [
+        (
+            entry["token"],
+            entry["bytes"],
+            [(top["token"], top["bytes"]) for top in entry["top_logprobs"]],
+        )
+        for entry in expected["logprobs"]["content"]
+    ]
+    assert shown == wanted
+    assert all(len(entry.top_logprobs) == 2 for entry in choice.logprobs.content)
+    for entry, want in zip(choice.logprobs.content, expected["logprobs"]["content"], strict=True):
+        assert entry.logprob == pytest.approx(want["logprob"], abs=1e-4)

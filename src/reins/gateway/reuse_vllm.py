@@ -256,16 +256,18 @@ class VllmReuse:
             if derendered is None:
                 raise ValueError(f"{DERENDER} refused the generated answer")
             answer = derendered
+        sampled = {choice["index"]: choice for choice in generated["choices"]}
+        unshown = await self._unshown_logprobs(context, generated, blank, sampled)
         for choice in blank:  # nothing shown (the answer ended at once): nothing to parse
             answer["choices"].append(
                 {
                     "index": choice["index"],
                     "message": {"role": "assistant", "content": ""},
+                    "logprobs": unshown.get(choice["index"]),
                     "finish_reason": choice["finish_reason"],
                     "stop_reason": choice.get("stop_reason"),
                 }
             )
-        sampled = {choice["index"]: choice for choice in generated["choices"]}
         for choice in answer["choices"]:
             mine = sampled[choice["index"]]
             choice["token_ids"] = mine["token_ids"]
@@ -275,6 +277,30 @@ class VllmReuse:
         answer["prompt_token_ids"] = generated.get("prompt_token_ids") or context.prompt
         answer["usage"] = generated.get("usage") or answer.get("usage")
         return json.dumps(answer).encode()
+
+    async def _unshown_logprobs(
+        self,
+        context: _Context,
+        generated: dict[str, Any],
+        blank: list[dict[str, Any]],
+        sampled: dict[int, dict[str, Any]],
+    ) -> dict[int, Any]:
+        """The chat-shaped logprobs of the choices that show no text (their one token ended
+        the answer), by index: derendered alone, only for their logprobs, since vLLM's chat route
+        shows that token's entry (its text and alternatives) though not its text. Empty when
+        none asked for logprobs."""
+        wanted = [
+            sampled[choice["index"]]
+            for choice in blank
+            if sampled[choice["index"]].get("logprobs") and sampled[choice["index"]]["token_ids"]
+        ]
+        if not wanted:
+            return {}
+        body = context.derender({**generated, "choices": wanted})
+        derendered = await self._post(context.root, DERENDER, body)
+        if derendered is None:
+            raise ValueError(f"{DERENDER} refused the generated answer's logprobs")
+        return {choice["index"]: choice.get("logprobs") for choice in derendered["choices"]}
 
     async def _stream(
         self, context: _Context, upstream: aiohttp.ClientResponse
