@@ -51,3 +51,17 @@ def test_the_time_split_counts_the_updates_that_moved_the_policy() -> None:
     split = TimeSplit.of([moved, idle, final_validation])
     assert (split.rollout_s, split.update_s, split.tail_s) == pytest.approx((8.5, 13.6, 1.25))
     assert (split.updates, split.updates_moved) == (2, 1)
+
+
+def test_a_run_cut_after_n_updates_keeps_the_validations_up_to_there() -> None:
+    """`--budget sync-wall` reads the same async run as the `updates` budget would: its
+    validations up to sync's number of updates, its final the one at that update."""
+    sync = _run([(100, 0.125), (500, 0.300), (1000, 0.600)])
+    longer = _run([(50, 0.125), (250, 0.400), (500, 0.550), (750, 0.650), (950, 0.700)])
+    cut = longer.cut(2)
+    assert cut.curve == [(50, 0, 0.125), (250, 1, 0.400), (500, 2, 0.550)]
+    assert (cut.final, cut.wall_s) == (0.550, 500)
+    assert ratio_of(sync, cut) == math.inf
+    assert ratio_of(sync, longer.cut(3)) == 0.75
+    assert ratio_of(sync, longer) == 0.75
+    assert longer.curve[-1] == (950, 4, 0.700)  # the run itself is unchanged
