@@ -304,7 +304,9 @@ def train_once(config: Any, budget_s: float | None = None) -> Run:
         mode=config.mode,
         wall_s=wall,
         curve=curve,
-        generated_per_trained=steps[-1].get("rollouts/generated_per_trained", math.nan),
+        generated_per_trained=(steps[-1] if steps else {}).get(
+            "rollouts/generated_per_trained", math.nan
+        ),
         stale_groups=sum(r.get("rollouts/stale_groups", 0) for r in steps),
         split=TimeSplit.of(steps),
     )
