@@ -289,11 +289,8 @@ class VllmReuse:
         the answer), by index: derendered alone, only for their logprobs, since vLLM's chat route
         shows that token's entry (its text and alternatives) though not its text. Empty when
         none asked for logprobs."""
-        wanted = [
-            sampled[choice["index"]]
-            for choice in blank
-            if sampled[choice["index"]].get("logprobs") and sampled[choice["index"]]["token_ids"]
-        ]
+        unshown = [sampled[choice["index"]] for choice in blank]
+        wanted = [choice for choice in unshown if choice.get("logprobs") and choice["token_ids"]]
         if not wanted:
             return {}
         body = context.derender({**generated, "choices": wanted})
