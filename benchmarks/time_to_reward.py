@@ -120,6 +120,8 @@ class Run:
     """(seconds since the run started when the validation finished, step, mean reward)."""
     generated_per_trained: float
     stale_groups: int
+    given_up_groups: int = 0
+    """Groups given up before they finished, too stale to train (`rollouts/cancelled_groups`)."""
     split: TimeSplit = field(default_factory=lambda: TimeSplit(0.0, 0.0, 0, 0))
 
     @property
@@ -308,6 +310,7 @@ def train_once(config: Any, budget_s: float | None = None) -> Run:
             "rollouts/generated_per_trained", math.nan
         ),
         stale_groups=sum(r.get("rollouts/stale_groups", 0) for r in steps),
+        given_up_groups=sum(r.get("rollouts/cancelled_groups", 0) for r in steps),
         split=TimeSplit.of(steps),
     )
 
@@ -442,6 +445,8 @@ def main() -> None:
             f" + {r.wall_s - r.split.rollout_s - r.split.update_s:.0f}s rest"
             for r in (sync, async_)
         ))  # fmt: skip
+        print(f"    async dropped {async_.stale_groups} stale groups it had taken and gave up "
+              f"{async_.given_up_groups} before they finished")  # fmt: skip
         tail = sync.split.tail_s
         print(f"    sync waited {tail:.0f}s ({tail / sync.wall_s:.1%} of its wall time) from its "
               "steps' median rollout to their last: about what async can save")  # fmt: skip

@@ -37,6 +37,7 @@ from reins.schemas import (
     RolloutPage,
     RolloutSpec,
     RolloutState,
+    RolloutStats,
     RolloutStatus,
     RolloutUpdate,
 )
@@ -47,6 +48,7 @@ _packed_events = TypeAdapter(list[PackedEvent])
 _Paged = TypeVar("_Paged", Event, PackedEvent)
 _acks = TypeAdapter(list[EventAck])
 _models = TypeAdapter(list[Model])
+_stats = TypeAdapter(dict[str, RolloutStats])
 _NEWER: Final = "allow"
 """How answers are read: fields this client does not know (a newer gateway's) are accepted and
 kept aside unread (`model_extra`), so a gateway can add to its answers without breaking the
@@ -345,6 +347,19 @@ class GatewayClient:
             if len(page) < 10_000:
                 return out
             after = page[-1].seq
+
+    async def rollout_stats(
+        self, rollout_ids: Sequence[str], *, chunk: int = 10_000
+    ) -> dict[str, RolloutStats]:
+        """Each rollout's latest attempt in figures (calls, tokens, the versions that served
+        them, last reward), computed by the gateway without sending the events."""
+        ids = list(dict.fromkeys(rollout_ids))
+        out: dict[str, RolloutStats] = {}
+        for start in range(0, len(ids), chunk):
+            body = {"rollout_ids": ids[start : start + chunk]}
+            answer = await self.request("POST", "/api/rollouts/stats", json=body)
+            out.update(_stats.validate_python(answer, extra=_NEWER))
+        return out
 
     async def get_records(
         self, rollout_ids: Sequence[str], *, chunk: int = 32

@@ -145,6 +145,33 @@ class RolloutDetail(_Wire):
     attempts: list[Attempt]
 
 
+class RolloutStats(_Wire):
+    """A rollout's latest attempt in figures, computed in the database (the dashboard's table,
+    ``POST /api/rollouts/stats``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    calls: int = 0
+    """`model_request` events."""
+    failed_calls: int = 0
+    """Of those, calls whose status is not 200."""
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    min_version: int | None = None
+    max_version: int | None = None
+    """Weight versions that served the calls."""
+    reward: float | None = None
+    """Value of the last `reward` event; None when there is none."""
+    started_at: float | None = None
+    """Unix time the first attempt opened."""
+    ended_at: float | None = None
+    """Unix time the latest attempt ended; None while it runs."""
+    events: int = 0
+    """Events of every attempt."""
+    last_seq: int = 0
+    """The highest event seq of any attempt (0: none): it changes whenever an event is added."""
+
+
 class RolloutPage(_Wire):
     items: list[Rollout]
     next_cursor: int

@@ -56,6 +56,7 @@ BODY_ROUTES = [
     ("POST", "/proxy/rollout/r/attempt/1/mode/train/openai/v1/chat/completions"),
     ("POST", "/proxy/rollout/r/attempt/1/mode/train/openai/v1/completions"),
     ("POST", "/api/records"),
+    ("POST", "/api/rollouts/stats"),
 ]
 
 

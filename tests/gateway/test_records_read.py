@@ -141,3 +141,41 @@ def test_a_stored_reward_that_does_not_parse_reads_as_missing() -> None:
     with pytest.raises(MissingRewardError, match=r"rollout r attempt 2 .*value: Input should"):
         record_of(decoded)
     assert record_of(decoded, missing_reward=0.0).reward == 0.0
+
+
+async def test_rollout_stats_give_the_latest_attempts_serving_versions(gateway: Gateway) -> None:
+    """`POST /api/rollouts/stats`: what the trainer asks once per update to find the running
+    groups already too stale to train, without reading their events."""
+    main = conversation(3, seed=5)
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        await client.create_rollouts([RolloutSpec(rollout_id=r) for r in ("a", "b")])
+        await client.open_attempt("a", attempt_id=1)
+        for n, version in enumerate((3, 5)):
+            data = {**main[n], "model_version": version}
+            event = EventIn(type="model_request", data=data, idempotency_key=f"c{n}")
+            await client.post_events("a", 1, [event])
+        await client.post_events("a", 1, [EventIn(type="reward", data={"value": 0.25})])
+        first = await client.rollout_stats(["a", "b"])
+        # A retry: the latest attempt's calls count, the first one's no longer.
+        await client.open_attempt("a", attempt_id=2)
+        data = {**main[0], "model_version": 7}
+        await client.post_events("a", 2, [EventIn(type="model_request", data=data)])
+        retried = await client.rollout_stats(["a"])
+        with pytest.raises(GatewayError) as missing:
+            await client.rollout_stats(["a", "nope"])
+    a, b = first["a"], first["b"]
+    assert (a.calls, a.min_version, a.max_version, a.reward) == (2, 3, 5, 0.25)
+    assert a.prompt_tokens == len(main[0]["prompt_token_ids"]) + len(main[1]["prompt_token_ids"])
+    assert (b.calls, b.min_version, b.max_version, b.reward, b.events) == (0, None, None, None, 0)
+    assert (retried["a"].calls, retried["a"].min_version, retried["a"].max_version) == (1, 7, 7)
+    assert retried["a"].events == 4
+    assert missing.value.status_code == 404
+    # Admin only, as every read of rollouts.
+    assert (
+        gateway.http.post(
+            "/api/rollouts/stats",
+            json={"rollout_ids": ["a"]},
+            headers={"Authorization": "Bearer x"},
+        ).status_code
+        == 401
+    )

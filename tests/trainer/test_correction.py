@@ -15,7 +15,7 @@ import torch
 from reins.samples.batch import TrainingSequence
 from reins.trainer.backend import TorchBackend
 from reins.trainer.correction import correction_weights
-from reins.trainer.staleness import rollout_staleness, spans_update, version_lags
+from reins.trainer.staleness import certain_drop, rollout_staleness, spans_update, version_lags
 from tests.trainer.batches import make_batch
 from tests.trainer.test_backend import load, parameters
 
@@ -225,3 +225,27 @@ def test_token_level_tis_from_the_updates_own_forward_equals_the_recomputing_pas
     corrected_vs_plain = largest_difference(inline, plain)
     assert corrected_vs_plain > 1e-4
     assert largest_difference(inline, recomputing) < corrected_vs_plain / 20
+
+
+def test_a_group_is_given_up_only_when_no_next_call_can_save_it() -> None:
+    lineage = [0, 1, 2, 3]
+    rules = {"max_staleness": 1, "drop_stale": True, "drop_spanning": False}
+    # At v3, a call served by v1 is 2 updates back: dropped whatever the group does next.
+    assert certain_drop([(3, 3), (1, 1)], 3, lineage, **rules) == (
+        "a call was served 2 updates back (max_staleness 1)"
+    )
+    # One update back, or no call yet (it will be served by v3 or later): it may be trained.
+    assert certain_drop([(2, 3), (None, None)], 3, lineage, **rules) is None
+    assert certain_drop([], 3, lineage, **rules) is None
+    # `stale_groups: correct` trains stale groups: only weights a crash discarded give it up.
+    correct = {**rules, "drop_stale": False}
+    assert certain_drop([(1, 1)], 3, lineage, **correct) is None
+    assert certain_drop([(5, 5)], 3, lineage, **correct) == (
+        "a call was served by weights a crash discarded"
+    )
+    # `spanning_rollouts: drop`: a rollout whose calls spanned an update stays spanning.
+    spanning = {**correct, "drop_spanning": True}
+    assert certain_drop([(2, 3)], 3, lineage, **spanning) == (
+        "a rollout's calls spanned an update (spanning_rollouts: drop)"
+    )
+    assert certain_drop([(3, 3), (2, 2)], 3, lineage, **spanning) is None

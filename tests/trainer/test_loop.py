@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
@@ -303,3 +304,46 @@ def test_async_stale_groups_trained_with_the_correction_waste_nothing(
     assert [r["rollouts/stale_groups_corrected"] for r in records] == [0, 0, 0, 1]
     assert records[3]["rollouts/staleness_max"] >= 2  # 3: first call by v0, trained at v3
     assert [r["rollouts/generated_per_trained"] for r in records] == [1.0] * 4
+
+
+def test_async_gives_up_a_group_too_stale_to_train_and_declares_another(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`stale_groups: drop`: the slow task's two rollouts make their first call under v0, then
+    wait for a file that never comes (the agent would wait 300 s). Once two updates have trained
+    the other tasks, the group is two versions stale whatever it does next (`max_staleness` 1):
+    the trainer fails its rollouts (the controller stops their agents) and declares a fresh
+    group in its place, so every update trains one whole group and the run ends in seconds."""
+    tasks = tmp_path / "slow.jsonl"
+    lines = [{"id": "slow", "input": {"word": "slow", "wait_for": str(tmp_path / "never")}}]
+    # Enough other tasks that the run (at most 7 groups) never declares the slow one again.
+    words = ("ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen")
+    lines += [{"id": w, "input": {"word": w}} for w in words]
+    tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    seed = next(
+        seed for seed in range(100)
+        if TaskStream(load_tasks(tasks), seed).take(1)[0][1].id == "slow"
+    )  # fmt: skip
+    run = config(
+        tmp_path, tiny_model_dir, mode="async", steps=5, val_every=0, tasks=tasks, seed=seed,
+        tasks_per_step=1, max_staleness=1, rollout_timeout_s=600,
+    )  # fmt: skip
+    records = asyncio.run(train(run))
+    # Given up in the wait after the second update past its first call: step 2's wait (the
+    # usual case), or step 3's if a slow agent's first call came after the first update.
+    given_up = [r["rollouts/cancelled_groups"] for r in records]
+    assert given_up in ([0, 0, 1, 0, 0], [0, 0, 0, 1, 0]), given_up
+    assert [r["rollouts/cancelled"] for r in records] == [2 * n for n in given_up]
+    assert [r["rollouts/stale_groups"] for r in records] == [0] * 5
+    assert [len(r["rollouts/groups"]) for r in records] == [1] * 5
+    assert "slow" not in "".join(g for r in records for g in r["rollouts/groups"])
+    # Nothing of the slow group finished on its own: no work counted as lost.
+    assert records[-1]["rollouts/generated_per_trained"] == 1.0
+    with sqlite3.connect(f"file:{run.run_dir / 'gateway.db'}?mode=ro", uri=True) as db:
+        slow = db.execute(
+            "SELECT state, reason FROM rollouts WHERE rollout_id LIKE '%.slow.%'"
+        ).fetchall()
+    assert slow == [
+        ("failed", "trainer: its group can no longer be trained: a call was served 2 updates "
+         "back (max_staleness 1)"),
+    ] * 2  # fmt: skip

@@ -42,7 +42,12 @@ from reins.trainer.memory import peak_gpu_mb, peak_rss_mb
 from reins.trainer.metrics import MetricsLog
 from reins.trainer.publish import WeightPublisher
 from reins.trainer.resume import VersionLedger
-from reins.trainer.staleness import rollout_staleness, spans_update, version_lags
+from reins.trainer.staleness import (
+    certain_drop,
+    rollout_staleness,
+    spans_update,
+    version_lags,
+)
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +221,11 @@ class Trainer:
         """Rollouts finished and read by this process's updates, and those trained: their ratio
         is the work async drops (stale or failed groups)."""
         self._running: list[Group] = []
+        self._checked_version: int | None = None
+        """The weight version at which the running groups' staleness was last checked."""
+        self._cancelled: set[str] = set()
+        """Rollouts this trainer failed because their group could no longer be trained."""
+        self._given_up = _GivenUp()
         self._agent_ran = False
         """Whether a rollout of this process's has succeeded (its agent can run)."""
 
@@ -261,18 +271,17 @@ class Trainer:
         running = self._running = (
             await self._declare(self.train_tasks.at(self.pending)) if self.pending else []
         )
-        capacity = self.config.tasks_per_step * (self.config.max_staleness + 1)
-        needed = self.config.steps * self.config.tasks_per_step
         for step in range(start_step, self.config.steps):
             val = await self._maybe_validate(step)
             started = time.monotonic()
             self.reporter.phase(step, "rollouts")
-            # Rollouts start at most `max_staleness` updates ahead of the one that trains them.
-            room = min(capacity - len(running), needed - self.train_tasks.position)
-            if room > 0:
-                running += await self._declare(self.train_tasks.take(room))
-            ready = await self._wait_groups(running, need=self.config.tasks_per_step)
-            running = self._running = [g for g in running if g not in ready]
+            running = self._running = running + await self._declare_room(running, step)
+
+            async def prune(groups: list[Group], step: int = step) -> list[Group]:
+                return await self._prune(groups, step)
+
+            ready = await self._wait_groups(running, need=self.config.tasks_per_step, prune=prune)
+            running = self._running = [g for g in self._running if g not in ready]
             rollout_s = time.monotonic() - started
             self.reporter.phase(step, "drain")
             drained_at = time.monotonic()
@@ -295,6 +304,84 @@ class Trainer:
             record["time/step"] = time.monotonic() - started
             records.append(self._finish_step(step, record))
         return records
+
+    async def _declare_room(self, running: list[Group], step: int) -> list[Group]:
+        """New groups for the room left: rollouts start at most `max_staleness` updates ahead
+        of the one that trains them, and no more are declared than the run's steps from `step`
+        on will train."""
+        per_step = self.config.tasks_per_step
+        capacity = per_step * (self.config.max_staleness + 1)
+        room = min(capacity, (self.config.steps - step) * per_step) - len(running)
+        return await self._declare(self.train_tasks.take(room)) if room > 0 else []
+
+    async def _prune(self, groups: list[Group], step: int) -> list[Group]:
+        """`async`: stops the work that can no longer be trained. A group certain to be
+        dropped for its staleness (or for a rollout that spanned an update, with
+        `spanning_rollouts: drop`) is given up, its unfinished rollouts failed by the trainer,
+        and a fresh group declared in its place, so that an update trains `tasks_per_step`
+        groups rather than fewer. A group with a failed rollout (`failed_rollouts:
+        drop_group`) has its other unfinished rollouts failed too; it stays, as in `sync`, to
+        be taken and dropped in its turn. Staleness changes only with the weights, so the
+        gateway is asked once per version (`POST /api/rollouts/stats`: the versions that
+        served each rollout's calls so far)."""
+        if self.config.failed_rollouts == "drop_group":
+            for group in groups:
+                if any(self._failed_on_its_own(rid) for rid in group.rollout_ids):
+                    await self._cancel(group, "another rollout of its group failed")
+        version = self.publisher.version
+        if version == self._checked_version:
+            return groups
+        stats = await self.client.rollout_stats([r for g in groups for r in g.rollout_ids])
+        self._checked_version = version
+        given_up: list[Group] = []
+        for group in groups:
+            reason = certain_drop(
+                [(stats[r].min_version, stats[r].max_version) for r in group.rollout_ids],
+                version,
+                self.lineage,
+                max_staleness=self.config.max_staleness,
+                drop_stale=self.config.stale_groups == "drop",
+                drop_spanning=self.config.spanning_rollouts == "drop",
+            )
+            if reason is not None:
+                given_up.append(group)
+                await self._cancel(group, f"its group can no longer be trained: {reason}")
+        if not given_up:
+            return groups
+        kept = self._running = [g for g in groups if g not in given_up]
+        for group in given_up:
+            self._given_up.groups += 1
+            self._given_up.finished += sum(self._finished_on_its_own(r) for r in group.rollout_ids)
+            self._given_up.failed += sum(self._failed_on_its_own(r) for r in group.rollout_ids)
+        kept += await self._declare_room(kept, step)
+        self._running = kept
+        return kept
+
+    def _finished_on_its_own(self, rollout_id: str) -> bool:
+        return rollout_id in self.watch.finished and rollout_id not in self._cancelled
+
+    def _failed_on_its_own(self, rollout_id: str) -> bool:
+        rollout = self.watch.finished.get(rollout_id)
+        return (
+            rollout is not None
+            and rollout.status.state == "failed"
+            and rollout_id not in self._cancelled
+        )
+
+    async def _cancel(self, group: Group, reason: str) -> None:
+        """Fails the group's unfinished rollouts (their agents are stopped by the controller):
+        `rollouts/cancelled` counts them."""
+        for rollout_id in group.rollout_ids:
+            if rollout_id in self.watch.finished or rollout_id in self._cancelled:
+                continue
+            try:
+                await self.client.set_status(rollout_id, "failed", f"trainer: {reason}")
+            except GatewayError as error:
+                if error.status_code != 409:  # 409: it finished meanwhile
+                    raise
+                continue
+            self._cancelled.add(rollout_id)
+            self._given_up.cancelled += 1
 
     def _finish_step(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
         """Commits a step: its checkpoint when due (holding its metrics line), then the line."""
@@ -355,16 +442,25 @@ class Trainer:
             ),
         )
 
-    async def _wait_groups(self, groups: list[Group], *, need: int) -> list[Group]:
-        """The first `need` groups (in completion order) whose rollouts all finished."""
+    async def _wait_groups(
+        self,
+        groups: list[Group],
+        *,
+        need: int,
+        prune: Callable[[list[Group]], Awaitable[list[Group]]] | None = None,
+    ) -> list[Group]:
+        """The first `need` groups (in completion order) whose rollouts all finished; `prune`,
+        when given, is first asked each time for the groups to wait on (`_prune`)."""
         limit = self.config.rollout_timeout_s * self.config.max_attempts + 60.0
-        total = sum(len(g.rollout_ids) for g in groups)
-        if need > len(groups):
-            raise RuntimeError(
-                f"the trainer waits for {need} finished groups but only {len(groups)} are "
-                "declared: nothing could ever end this wait (a bug; please report it)"
-            )
         while True:
+            if prune is not None:
+                groups = await prune(groups)
+            if need > len(groups):
+                raise RuntimeError(
+                    f"the trainer waits for {need} finished groups but only {len(groups)} are "
+                    "declared: nothing could ever end this wait (a bug; please report it)"
+                )
+            total = sum(len(g.rollout_ids) for g in groups)
             done_ids = {rid for g in groups for rid in g.rollout_ids if rid in self.watch.finished}
             self.reporter.rollouts(len(done_ids), total)
             complete = [g for g in groups if all(r in self.watch.finished for r in g.rollout_ids)]
@@ -409,8 +505,10 @@ class Trainer:
         for group in groups:
             rollouts = [self.watch.finished[r] for r in group.rollout_ids]
             failed = [r for r in rollouts if r.status.state == "failed"]
-            counts["failed"] += len(failed)
-            tally.failed += failed
+            # Those the trainer failed itself (`_prune`) are counted as cancelled, not failed.
+            own = [r for r in failed if r.rollout_id not in self._cancelled]
+            counts["failed"] += len(own)
+            tally.failed += own
             if failed and self.config.failed_rollouts == "drop_group":
                 counts["dropped_groups"] += 1
                 tally.unread += len(rollouts) - len(failed)
@@ -487,7 +585,11 @@ class Trainer:
     def _waste(self, groups: list[Group], trained: int) -> dict[str, float]:
         """Rollouts generated per rollout trained so far in this process (1.0: nothing lost;
         absent until one is trained)."""
-        self._generated += sum(len(group.rollout_ids) for group in groups)
+        self._generated += self._given_up.finished + sum(
+            rollout_id not in self._cancelled
+            for group in groups
+            for rollout_id in group.rollout_ids
+        )
         self._trained += trained
         if not self._trained:
             return {}
@@ -533,7 +635,9 @@ class Trainer:
         record: dict[str, Any] = {
             "weight_version": self.publisher.version,
             "rollouts/trained": used,
-            "rollouts/failed": counts["failed"],
+            "rollouts/failed": counts["failed"] + self._given_up.failed,
+            "rollouts/cancelled_groups": self._given_up.groups,
+            "rollouts/cancelled": self._given_up.cancelled,
             "rollouts/dropped_groups": counts["dropped_groups"],
             "rollouts/stale_groups": counts["stale_groups"],
             "rollouts/stale_groups_corrected": counts["stale_groups_corrected"],
@@ -551,6 +655,7 @@ class Trainer:
             **self._waste(groups, used),
             "memory/peak_rss_mb": peak_rss_mb(),
         }
+        self._given_up = _GivenUp()
         gpu_mb = peak_gpu_mb()
         if gpu_mb is not None:
             record["memory/peak_gpu_mb"] = gpu_mb
@@ -646,6 +751,19 @@ class Trainer:
         self.last_val = value
         self.last_val_metrics = agent_metric_means(records, "val/agent/")
         return value
+
+
+@dataclass
+class _GivenUp:
+    """The groups `_prune` gave up since the last update's metrics line."""
+
+    groups: int = 0
+    finished: int = 0
+    """Their rollouts that had finished (the work lost)."""
+    failed: int = 0
+    """Of those, the ones that failed."""
+    cancelled: int = 0
+    """Rollouts the trainer failed (theirs and those of groups with a failed rollout)."""
 
 
 @dataclass

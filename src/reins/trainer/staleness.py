@@ -8,6 +8,7 @@ its weights went through in order, so a version a crash discarded is infinitely 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 
@@ -34,3 +35,29 @@ def spans_update(versions: Iterable[int | None]) -> bool:
 def version_lags(lineage: Sequence[int]) -> dict[int, int]:
     """Each version of `lineage` -> updates behind its last (the weights trained now)."""
     return {version: len(lineage) - 1 - i for i, version in enumerate(lineage)}
+
+
+def certain_drop(
+    rollout_versions: Iterable[Sequence[int | None]],
+    trained_version: int,
+    lineage: Sequence[int],
+    *,
+    max_staleness: int,
+    drop_stale: bool,
+    drop_spanning: bool,
+) -> str | None:
+    """Why a group whose rollouts' calls so far were served by `rollout_versions` (one list per
+    rollout) will be dropped whatever its rollouts do next, or None when it may still be
+    trained. A staleness only grows (the trained version only moves on) and a rollout whose
+    calls spanned an update keeps having spanned it, so the trainer's rules (`max_staleness`
+    with `stale_groups: drop`, weights a crash discarded, `spanning_rollouts: drop`) can tell
+    before the group finishes."""
+    versions = [list(v) for v in rollout_versions]
+    stale = max((rollout_staleness(v, trained_version, lineage) for v in versions), default=0.0)
+    if math.isinf(stale):
+        return "a call was served by weights a crash discarded"
+    if stale > max_staleness and drop_stale:
+        return f"a call was served {stale:.0f} updates back (max_staleness {max_staleness})"
+    if drop_spanning and any(spans_update(v) for v in versions):
+        return "a rollout's calls spanned an update (spanning_rollouts: drop)"
+    return None

@@ -5,24 +5,32 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Query
+from pydantic import BaseModel, Field
 
 from reins.gateway.deps import Admin, AuthDep, RolloutIdPath, SettingsDep, StoreDep
 from reins.gateway.guards import GuardedRoute
+from reins.gateway.store import NotFound
 from reins.schemas import (
     Attempt,
     AttemptCreate,
+    Identifier,
     Mode,
     Rollout,
     RolloutDetail,
     RolloutPage,
     RolloutSpec,
     RolloutState,
+    RolloutStats,
     RolloutUpdate,
 )
 
 router = APIRouter(prefix="/api/rollouts", tags=["rollouts"], route_class=GuardedRoute)
 
 MAX_BATCH = 10_000
+
+
+class StatsRequest(BaseModel):
+    rollout_ids: list[Identifier] = Field(min_length=1, max_length=MAX_BATCH)
 
 
 @router.post("")
@@ -74,6 +82,19 @@ async def list_rollouts(
         run=run,
         search=q or None,
     )
+
+
+@router.post("/stats")
+async def rollout_stats(body: StatsRequest, store: StoreDep, _: Admin) -> dict[str, RolloutStats]:
+    """Each rollout's latest attempt in figures (calls, tokens, the weight versions that served
+    them, last reward, times), computed in the database without reading the events out: what
+    the dashboard's table shows, and how the trainer finds the running groups that are already
+    too stale to train. 404 when a rollout does not exist."""
+    stats = await store.rollout_stats(body.rollout_ids)
+    missing = next((rid for rid in body.rollout_ids if rid not in stats), None)
+    if missing is not None:
+        raise NotFound(f"rollout {missing!r} does not exist")
+    return stats
 
 
 @router.get("/{rollout_id}")

@@ -20,6 +20,7 @@ from reins.schemas import (
     RolloutPage,
     RolloutSpec,
     RolloutState,
+    RolloutStats,
     RolloutUpdate,
 )
 
@@ -69,31 +70,6 @@ class RolloutQuery:
     descending: bool = True
     offset: int = 0
     limit: int = 50
-
-
-@dataclass(frozen=True)
-class RolloutStats:
-    """What the dashboard's table shows of a rollout's latest attempt, computed in the database."""
-
-    calls: int = 0
-    """`model_request` events."""
-    failed_calls: int = 0
-    """Of those, calls whose status is not 200."""
-    prompt_tokens: int = 0
-    response_tokens: int = 0
-    min_version: int | None = None
-    max_version: int | None = None
-    """Weight versions that served the calls."""
-    reward: float | None = None
-    """Value of the last `reward` event; None when there is none."""
-    started_at: float | None = None
-    """Unix time the first attempt opened."""
-    ended_at: float | None = None
-    """Unix time the latest attempt ended; None while it runs."""
-    events: int = 0
-    """Events of every attempt."""
-    last_seq: int = 0
-    """The highest event seq of any attempt (0: none): it changes whenever an event is added."""
 
 
 class Store(Protocol):
