@@ -7,7 +7,8 @@ the same seed on the same tasks twice, in sync and in collocated async (paper 3.
 - the wall time at which each run's validation reward first reached the sync run's final one
   (time to reward), and their ratio, async over sync;
 - the final validation reward of each (async must not lose reward for its speed);
-- rollouts generated per rollout trained (async drops or corrects stale groups).
+- rollouts generated per rollout trained (async drops or corrects stale groups), and how many
+  groups async gave up before they finished (certain to be too stale to train).
 
 Runs differ by luck (which answers a policy happens to sample first decides what it settles on),
 so the benchmark repeats with other seeds and reports the median ratio and its spread.

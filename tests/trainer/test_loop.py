@@ -204,8 +204,15 @@ def test_async_run_drains_updates_and_resumes_the_gateway(
     assert all(r["rollouts/trained"] + 2 * r["rollouts/stale_groups"] == 4 for r in records)
     trained = np.cumsum([r["rollouts/trained"] for r in records])
     generated = 4 * np.arange(1, 4)  # two groups of two a step, trained or stale
+    # A group given up before it finished (too stale to train: rare with agents this quick)
+    # adds the rollouts of it that had finished, 0 to 2.
+    given_up = np.cumsum([r["rollouts/cancelled_groups"] for r in records])
     waste = [r.get("rollouts/generated_per_trained") for r in records]
-    assert waste == [g / t if t else None for g, t in zip(generated, trained, strict=True)]
+    for w, g, t, extra in zip(waste, generated, trained, given_up, strict=True):
+        if not t:
+            assert w is None
+        else:
+            assert g / t <= w <= (g + 2 * extra) / t
     assert all("time/wait" in r for r in records)
 
 
@@ -246,7 +253,25 @@ def test_rollouts_the_correction_masks_whole_are_not_counted_as_trained(
     trained = [4 - 2 * r["rollouts/stale_groups"] - m for r, m in zip(records, masked, strict=True)]
     assert [r["rollouts/trained"] for r in records] == trained
     waste = records[-1].get("rollouts/generated_per_trained")
-    assert waste == (pytest.approx(12 / sum(trained)) if sum(trained) else None)
+    if not sum(trained):
+        assert waste is None
+    else:  # 12 rollouts taken, and those finished of any group given up (0 to 2 each)
+        given_up = sum(r["rollouts/cancelled_groups"] for r in records)
+        assert 12 - 1e-9 <= waste * sum(trained) <= 12 + 2 * given_up + 1e-9
+
+
+def slow_task_first(tmp_path: Path, wait_for: Path, words: tuple[str, ...]) -> tuple[Path, int]:
+    """Tasks where `slow`'s rollouts wait between their two calls until `wait_for` exists, and a
+    seed whose shuffle declares it first (async: two groups then start together)."""
+    tasks = tmp_path / "slow.jsonl"
+    lines = [{"id": "slow", "input": {"word": "slow", "wait_for": str(wait_for)}}]
+    lines += [{"id": w, "input": {"word": w}} for w in words]
+    tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    seed = next(
+        seed for seed in range(100)
+        if TaskStream(load_tasks(tasks), seed).take(1)[0][1].id == "slow"
+    )  # fmt: skip
+    return tasks, seed
 
 
 @pytest.mark.parametrize("spanning", ["keep", "drop"])
@@ -259,15 +284,7 @@ def test_async_stale_groups_trained_with_the_correction_waste_nothing(
     rollout generated is trained. Its two rollouts spanned updates: with `spanning_rollouts:
     drop` the group is dropped for that (counted as spanning, not as corrected)."""
     release = tmp_path / "release"
-    tasks = tmp_path / "slow.jsonl"
-    lines = [{"id": "slow", "input": {"word": "slow", "wait_for": str(release)}}]
-    lines += [{"id": w, "input": {"word": w}} for w in ("ant", "bee", "cat")]
-    tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    # A seed whose shuffle declares the slow task first: two groups start together.
-    seed = next(
-        seed for seed in range(100)
-        if TaskStream(load_tasks(tasks), seed).take(1)[0][1].id == "slow"
-    )  # fmt: skip
+    tasks, seed = slow_task_first(tmp_path, release, ("ant", "bee", "cat"))
     run = config(
         tmp_path, tiny_model_dir, mode="async", steps=4, val_every=0, tasks=tasks, seed=seed,
         tasks_per_step=1, max_staleness=1, stale_groups="correct", tis_cap=2.0,
@@ -291,16 +308,22 @@ def test_async_stale_groups_trained_with_the_correction_waste_nothing(
         stop.set()
         watcher.join()
     assert [r["rollouts/stale_groups"] for r in records] == [0, 0, 0, 0]
-    # The slow group's two rollouts spanned updates (another rollout may too, when an update
-    # came between its two calls).
-    assert records[3]["rollouts/spanning"] >= 2
     if spanning == "drop":
-        assert records[3]["rollouts/spanning_groups_dropped"] >= 1
+        # The slow group is dropped for its spanning rollouts: taken at step 3 and dropped, or
+        # given up before (when the check after the third update already saw its second call).
+        dropped = records[3]["rollouts/spanning_groups_dropped"]
+        assert dropped + records[3]["rollouts/cancelled_groups"] >= 1
         assert [r["rollouts/stale_groups_corrected"] for r in records] == [0, 0, 0, 0]
         trained = [r["rollouts/trained"] for r in records]
         assert trained == [2 * len(r["rollouts/groups"]) for r in records]
-        assert records[3]["rollouts/generated_per_trained"] == pytest.approx(8 / sum(trained))
+        # 8 rollouts taken, and those finished of any group given up (0 to 2 each).
+        given_up = sum(r["rollouts/cancelled_groups"] for r in records)
+        generated = records[3]["rollouts/generated_per_trained"] * sum(trained)
+        assert 8 - 1e-9 <= generated <= 8 + 2 * given_up + 1e-9
         return
+    # The slow group's two rollouts spanned updates (another rollout may too, when an update
+    # came between its two calls).
+    assert records[3]["rollouts/spanning"] >= 2
     assert [r["rollouts/stale_groups_corrected"] for r in records] == [0, 0, 0, 1]
     assert records[3]["rollouts/staleness_max"] >= 2  # 3: first call by v0, trained at v3
     assert [r["rollouts/generated_per_trained"] for r in records] == [1.0] * 4
@@ -314,16 +337,9 @@ def test_async_gives_up_a_group_too_stale_to_train_and_declares_another(
     the other tasks, the group is two versions stale whatever it does next (`max_staleness` 1):
     the trainer fails its rollouts (the controller stops their agents) and declares a fresh
     group in its place, so every update trains one whole group and the run ends in seconds."""
-    tasks = tmp_path / "slow.jsonl"
-    lines = [{"id": "slow", "input": {"word": "slow", "wait_for": str(tmp_path / "never")}}]
     # Enough other tasks that the run (at most 7 groups) never declares the slow one again.
     words = ("ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen")
-    lines += [{"id": w, "input": {"word": w}} for w in words]
-    tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    seed = next(
-        seed for seed in range(100)
-        if TaskStream(load_tasks(tasks), seed).take(1)[0][1].id == "slow"
-    )  # fmt: skip
+    tasks, seed = slow_task_first(tmp_path, tmp_path / "never", words)
     run = config(
         tmp_path, tiny_model_dir, mode="async", steps=5, val_every=0, tasks=tasks, seed=seed,
         tasks_per_step=1, max_staleness=1, rollout_timeout_s=600,

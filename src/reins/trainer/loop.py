@@ -331,7 +331,15 @@ class Trainer:
         version = self.publisher.version
         if version == self._checked_version:
             return groups
-        stats = await self.client.rollout_stats([r for g in groups for r in g.rollout_ids])
+        try:
+            stats = await self.client.rollout_stats([r for g in groups for r in g.rollout_ids])
+        except GatewayError as error:
+            if error.status_code != 404:
+                raise
+            # Its rollouts are gone: the gateway is on another database, which the completion
+            # watch reports (`DatabaseChanged`) with what to do.
+            log.warning("cannot check the running groups' staleness: %s", error)
+            return groups
         self._checked_version = version
         given_up: list[Group] = []
         for group in groups:
