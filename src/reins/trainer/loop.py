@@ -323,7 +323,8 @@ class Trainer:
         drop_group`) has its other unfinished rollouts failed too; it stays, as in `sync`, to
         be taken and dropped in its turn. Staleness changes only with the weights, so the
         gateway is asked once per version (`POST /api/rollouts/stats`: the versions that
-        served each rollout's calls so far)."""
+        served each rollout's calls so far, of its latest attempt: a running attempt already
+        too stale is given up although a crash and a retry would have started it afresh)."""
         if self.config.failed_rollouts == "drop_group":
             for group in groups:
                 if any(self._failed_on_its_own(rid) for rid in group.rollout_ids):
