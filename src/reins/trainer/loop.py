@@ -378,19 +378,26 @@ class Trainer:
         )
 
     async def _cancel(self, group: Group, reason: str) -> None:
-        """Fails the group's unfinished rollouts (their agents are stopped by the controller):
-        `rollouts/cancelled` counts them."""
+        """`_fail_unfinished`, counted as `rollouts/cancelled` rather than as failed."""
+        failed = await self._fail_unfinished(group, f"trainer: {reason}")
+        self._cancelled.update(failed)
+        self._given_up.cancelled += len(failed)
+
+    async def _fail_unfinished(self, group: Group, reason: str) -> list[str]:
+        """Fails the group's unfinished rollouts (the controller stops their agents); returns
+        those it failed."""
+        failed = []
         for rollout_id in group.rollout_ids:
             if rollout_id in self.watch.finished or rollout_id in self._cancelled:
                 continue
             try:
-                await self.client.set_status(rollout_id, "failed", f"trainer: {reason}")
+                await self.client.set_status(rollout_id, "failed", reason)
             except GatewayError as error:
                 if error.status_code != 409:  # 409: it finished meanwhile
                     raise
                 continue
-            self._cancelled.add(rollout_id)
-            self._given_up.cancelled += 1
+            failed.append(rollout_id)
+        return failed
 
     def _finish_step(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
         """Commits a step: its checkpoint when due (holding its metrics line), then the line."""
@@ -486,15 +493,9 @@ class Trainer:
             await self.watch.changed(timeout_s=1.0)
 
     async def _fail_overdue(self, group: Group, limit: float) -> None:
-        for rollout_id in group.rollout_ids:
-            if rollout_id in self.watch.finished:
-                continue
-            reason = f"trainer: not finished {limit:.0f} s after it was declared"
-            try:
-                await self.client.set_status(rollout_id, "failed", reason)
-            except GatewayError as error:
-                if error.status_code != 409:  # 409: it finished meanwhile
-                    raise
+        await self._fail_unfinished(
+            group, f"trainer: not finished {limit:.0f} s after it was declared"
+        )
 
     # -- reading and updating --------------------------------------------------------------
 
