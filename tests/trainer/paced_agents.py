@@ -39,9 +39,11 @@ def stuck(task: dict[str, Any]) -> float:
     import subprocess
 
     child = subprocess.Popen(["sleep", "600"])
+    # Written under a hidden name, then renamed: a reader globbing `<run>.*` sees whole records.
     pid_file = os.path.join(task["pid_dir"], os.environ["REINS_ROLLOUT_ID"])
-    with open(pid_file + ".tmp", "w") as out:
+    partial = os.path.join(task["pid_dir"], "." + os.environ["REINS_ROLLOUT_ID"])
+    with open(partial, "w") as out:
         out.write(f"{os.getpid()} {child.pid}")
-    os.replace(pid_file + ".tmp", pid_file)
+    os.replace(partial, pid_file)
     time.sleep(600)
     return 0.0

@@ -217,9 +217,10 @@ def test_sigkill_of_reins_train_leaves_no_agent_nor_child_of_one(
     Whatever of a running attempt is left is killed by the reaper (`reins.controller.reaper`)."""
     pids = tmp_path / "pids"
     pids.mkdir()
-    record = f"{pids}/$REINS_ROLLOUT_ID"
+    # Written under a hidden name, then renamed: the `sk.*` glob sees only whole records.
+    record, partial = f"{pids}/$REINS_ROLLOUT_ID", f"{pids}/.$REINS_ROLLOUT_ID"
     agents = {
-        "command": f"sleep 600 & echo $$ $! > {record}.tmp && mv {record}.tmp {record}; wait",
+        "command": f"sleep 600 & echo $$ $! > {partial} && mv {partial} {record}; wait",
         "module": "tests.trainer.paced_agents:stuck",
     }
     config, output = stuck_run(tmp_path, tiny_model_dir, "sk", agents[kind])
