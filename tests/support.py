@@ -239,3 +239,22 @@ def stored_calls(db_path: Path) -> list[tuple[str, dict[str, Any]]]:
             data = restored[seq].data
         out.append((rollout_id, data))
     return out
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, ended but not waited for, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of the process's children, their children, and so on (Linux /proc)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            for child in map(int, (task / "children").read_text().split()):
+                found += [child, *descendants(child)]
+    return found

@@ -1,44 +1,184 @@
-"""Where SQLite's group commits run: a lone small commit on the event loop's thread (no hand-over
-to the writer thread and back), commits with posts queued behind them in the writer thread.
-Either way every event is stored once and its post answered with its own seq."""
+"""Where SQLite's group commits run. By default in a writer process of their own
+(`reins.gateway.store.writer.ProcessWriter`): started on the first commit, started again after
+it died, gone when the store closes or the gateway dies. With the writer thread (an in-memory
+database, or when asked): a lone small commit on the event loop's thread (no hand-over to the
+writer thread and back), commits with posts queued behind them in the writer thread. Either way
+every event is stored once and its post answered with its own seq."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reins.gateway.store import Conflict
+from reins.gateway.store.appends import Commit, pack_and_insert
+from reins.gateway.store.pragmas import sqlite_engine
 from reins.gateway.store.sql import SqlStore
+from reins.gateway.store.writer import ProcessWriter, ThreadWriter, WriterStopped
+from reins.packed import base_of
 from reins.schemas import AttemptCreate, EventIn, RolloutSpec
-from tests.support import PostgresServer
+from tests.support import PostgresServer, alive, descendants, running_gateway
 
 
-@pytest.fixture
-async def store(tmp_path: Any) -> AsyncIterator[SqlStore]:
-    sql_store = SqlStore(f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}")
+async def _open_store(path: Path, event_writer: Any) -> SqlStore:
+    sql_store = SqlStore(f"sqlite+aiosqlite:///{path}", event_writer=event_writer)
     await sql_store.init()
     await sql_store.create_rollouts([RolloutSpec(rollout_id="r")])
     await sql_store.open_attempt("r", AttemptCreate())
+    return sql_store
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqlStore]:
+    """A store whose commits run in the writer thread."""
+    sql_store = await _open_store(tmp_path / "gateway.db", "thread")
+    yield sql_store
+    await sql_store.close()
+
+
+@pytest.fixture
+async def process_store(tmp_path: Path) -> AsyncIterator[SqlStore]:
+    """A store whose commits run in a writer process (the default)."""
+    sql_store = await _open_store(tmp_path / "gateway.db", "process")
     yield sql_store
     await sql_store.close()
 
 
 def _threads_of_commits(store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     names: list[str] = []
-    write = store._write_events
+    writer = store._writer
+    assert isinstance(writer, ThreadWriter)
+    write = writer.write_now
 
     def spied(*args: Any) -> Any:
         names.append(threading.current_thread().name)
         return write(*args)
 
-    monkeypatch.setattr(store, "_write_events", spied)
+    monkeypatch.setattr(writer, "write_now", spied)
     return names
+
+
+def _call(n: int) -> dict[str, Any]:
+    """Call n of a conversation: its prompt extends call n-1's prompt + response."""
+    return {
+        "prompt_token_ids": list(range(3 * n + 1)),
+        "response_token_ids": [3 * n + 1, 3 * n + 2],
+        "response_logprobs": [-0.5, -0.25],
+        "status": 200,
+    }
+
+
+async def _packed_bases(store: SqlStore) -> list[int | None]:
+    async with store.engine.connect() as conn:
+        blobs = (await conn.exec_driver_sql("SELECT packed FROM events ORDER BY seq")).scalars()
+        return [base_of(blob) for blob in blobs]
+
+
+def _until(condition: Any, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)  # polling /proc, bounded by the deadline
+
+
+async def test_commits_run_in_a_writer_process_that_ends_with_the_store(
+    tmp_path: Path,
+) -> None:
+    sql_store = await _open_store(tmp_path / "gateway.db", "process")
+    writer = sql_store._writer
+    assert isinstance(writer, ProcessWriter)
+    assert writer.pid is None  # started by the first commit
+    acks = await asyncio.gather(
+        *(
+            sql_store.append_events(
+                "r", 1, [EventIn(type="model_request", data=_call(n), idempotency_key=f"k{n}")]
+            )
+            for n in range(20)
+        )
+    )
+    pid = writer.pid
+    assert pid is not None and pid != os.getpid() and alive(pid)
+    stored = await sql_store.get_events("r", attempt_id=1)
+    assert {event.idempotency_key: event.seq for event in stored} == {
+        ack[0].idempotency_key: ack[0].seq for ack in acks
+    }
+    assert [event.data for event in stored] == [_call(int(e.idempotency_key[1:])) for e in stored]
+    # Packed in the writer, each call but the first against an earlier one.
+    bases = await _packed_bases(sql_store)
+    assert len(bases) == 20 and bases.count(None) == 1
+    await sql_store.close()
+    _until(lambda: not alive(pid), "the writer process outlived its store")
+
+
+async def test_a_killed_writer_process_is_replaced_and_no_post_is_lost(
+    process_store: SqlStore,
+) -> None:
+    writer = process_store._writer
+    assert isinstance(writer, ProcessWriter)
+    first = (
+        await process_store.append_events("r", 1, [EventIn(type="model_request", data=_call(0))])
+    )[0]
+    pid = writer.pid
+    assert pid is not None
+    # Stopped, so it cannot read the next commit; killed once that commit is in its pipe.
+    os.kill(pid, signal.SIGSTOP)
+    post = asyncio.create_task(
+        process_store.append_events(
+            "r", 1, [EventIn(type="model_request", data=_call(1), idempotency_key="lost")]
+        )
+    )
+    deadline = time.monotonic() + 10
+    while writer._answer is None:
+        assert time.monotonic() < deadline, "the commit never reached the writer's pipe"
+        await asyncio.sleep(0)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(WriterStopped, match="killed by signal 9"):
+        await post
+    assert not alive(pid)
+    # The next commit starts another writer; the retried post is stored once, packed against
+    # the first call (the new writer rebuilt its bases from the rows).
+    events_in = [EventIn(type="model_request", data=_call(1), idempotency_key="lost")]
+    second = (await process_store.append_events("r", 1, events_in))[0]
+    assert writer.pid not in (None, pid)
+    replayed = (await process_store.append_events("r", 1, events_in))[0]
+    assert replayed.seq == second.seq > first.seq
+    stored = await process_store.get_events("r", attempt_id=1)
+    assert [event.seq for event in stored] == [first.seq, second.seq]
+    assert [event.data for event in stored] == [_call(0), _call(1)]
+    assert await _packed_bases(process_store) == [None, first.seq]
+
+
+@pytest.mark.slow
+def test_the_writer_process_ends_with_a_killed_gateway(tmp_path: Path) -> None:
+    """SIGKILL of `reins gateway`: its writer process (and the fork server it came from) read
+    the end of their pipes and exit; nothing of the gateway keeps the database open."""
+    import httpx
+
+    with running_gateway(f"sqlite:///{tmp_path / 'gateway.db'}", "kill-key") as gateway:
+        headers = {"Authorization": "Bearer kill-key"}
+        with httpx.Client(base_url=gateway.url, headers=headers, timeout=30) as http:
+            http.post("/api/rollouts", json=[{"rollout_id": "r"}]).raise_for_status()
+            http.post("/api/rollouts/r/attempts").raise_for_status()
+            http.post(
+                "/api/rollouts/r/attempt/1/events", json={"type": "log", "data": {"i": 1}}
+            ).raise_for_status()
+        assert gateway.process is not None
+        children = descendants(gateway.process.pid)
+        # multiprocessing's fork server and resource tracker, and the writer forked by the first
+        names = sorted(Path(f"/proc/{pid}/comm").read_text().strip() for pid in children)
+        assert len(children) == 3, names
+        gateway.kill()
+        _until(lambda: not any(alive(pid) for pid in children), "a writer outlived its gateway")
 
 
 async def test_a_lone_post_commits_on_the_event_loop_thread(
@@ -82,13 +222,19 @@ async def test_a_large_lone_post_commits_in_the_writer_thread(
     assert all(name.startswith("reins-events") for name in threads)
 
 
-async def test_the_event_connection_keeps_statement_journals_in_memory(store: SqlStore) -> None:
+def test_the_event_connection_keeps_statement_journals_in_memory(tmp_path: Path) -> None:
     """SQLite's default puts each commit's statement journal in a temp file (created, written,
     unlinked: ~9 system calls a commit); the event connection keeps it in memory (2)."""
-    assert store._event_engine is not None
-    with store._event_engine.connect() as conn:
-        (temp_store,) = conn.exec_driver_sql("PRAGMA temp_store").one()
-    assert temp_store == 2
+    path = str(tmp_path / "gateway.db")
+    for_events, other = (sqlite_engine(path, "NORMAL", for_events=kind) for kind in (True, False))
+    try:
+        for engine, expected in ((for_events, 2), (other, 0)):
+            with engine.connect() as conn:
+                (temp_store,) = conn.exec_driver_sql("PRAGMA temp_store").one()
+            assert temp_store == expected
+    finally:
+        for_events.dispose()
+        other.dispose()
 
 
 @contextlib.asynccontextmanager
@@ -119,7 +265,9 @@ async def test_on_postgresql_a_rollouts_events_commit_in_the_order_of_their_seqs
         rows = first._rows_of("r", 1, [EventIn(type="early")])
         async with first.engine.begin() as conn:
             # The first gateway's group commit, inserted (its seq drawn) and not yet committed.
-            await conn.run_sync(first._pack_and_insert, rows, set(), set(), [rows])
+            await conn.run_sync(
+                pack_and_insert, first._insert, first._packer, Commit(rows, set(), set(), [rows])
+            )
             late = asyncio.create_task(second.append_events("r", 1, [EventIn(type="late")]))
             await asyncio.sleep(1.0)
             read_meanwhile = [event.type for event in await second.get_events("r")]
@@ -145,7 +293,9 @@ async def test_on_postgresql_a_list_reusing_a_key_another_gateway_is_committing_
             EventIn(type="a", data={"v": 2}, idempotency_key="k"),
         ]
         async with first.engine.begin() as conn:
-            await conn.run_sync(first._pack_and_insert, rows, set(), set(), [rows])
+            await conn.run_sync(
+                pack_and_insert, first._insert, first._packer, Commit(rows, set(), set(), [rows])
+            )
             post = asyncio.create_task(second.append_events("r", 1, reused))
             await asyncio.sleep(1.0)
         with pytest.raises(Conflict, match="nothing of this post was stored"):

@@ -17,7 +17,8 @@ import sqlalchemy as sa
 
 from reins import recordbatch
 from reins.gateway.store import Conflict
-from reins.gateway.store.sql import SQLITE_PAGE_SIZE, SqlStore
+from reins.gateway.store.pragmas import SQLITE_PAGE_SIZE
+from reins.gateway.store.sql import SqlStore
 from reins.gateway.store.tables import events
 from reins.packed import base_of
 from reins.schemas import AttemptCreate, EventIn, RolloutSpec

@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from reins.gateway.store.packing import CommitPacking, Key, rounds
+from reins.gateway import jsonrule
+from reins.gateway.store.packing import CommitPacking, Key, Packer, expand_rows, rounds
 from reins.gateway.store.tables import (
     ATTEMPT_STATE,
     PACKING_COLUMNS,
@@ -58,6 +60,112 @@ def lock_rollouts(conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
         }
     )
     conn.execute(_LOCK_ROLLOUTS, {"keys": keys})
+
+
+@dataclass
+class Commit:
+    """What one group commit writes: its fresh rows (one per key), the keys a harness posted,
+    the attempts whose state it checks, and each post's rows (the same dicts as `rows`)."""
+
+    rows: list[dict[str, Any]]
+    harness_keys: set[Key]
+    check: set[tuple[str, int]]
+    posts: list[list[dict[str, Any]]]
+
+
+@dataclass
+class Written:
+    """A group commit's outcome."""
+
+    inserted: list[tuple[int, str, int, str]]
+    """(seq, rollout, attempt, key) of each inserted event."""
+    replayed: list[Event]
+    """The stored events of keys that were already there."""
+    closed: dict[tuple[str, int], str]
+    """Why each closed attempt of the check refused its harness's events."""
+    refused: dict[int, str]
+    """Why each refused list post (by its place in the commit's posts) was refused."""
+
+
+def commit_events(engine: sa.Engine, packer: Packer, commit: Commit) -> Written:
+    """One group commit on a SQLite connection of its own; its packed calls are then bases."""
+    with engine.begin() as conn:
+        written, packing = pack_and_insert(conn, sqlite_insert, packer, commit)
+    remember(packer, packing, written.inserted)
+    return written
+
+
+def pack_and_insert(
+    conn: sa.Connection, insert: Any, packer: Packer, commit: Commit
+) -> tuple[Written, CommitPacking]:
+    """One group commit's statements: the list posts that reuse a key refused, the rows
+    packed, inserted, the replays read back."""
+    rows = commit.rows
+    if rows and conn.dialect.name == "postgresql":
+        # First: another gateway's commit of these rollouts is then committed, its keys
+        # seen by `_reusing_lists` and its seqs below the ones drawn here.
+        lock_rollouts(conn, rows)
+    refused = _reusing_lists(conn, commit.posts)
+    if refused:
+        kept = {
+            key_of(row) for i, post in enumerate(commit.posts) if i not in refused for row in post
+        }
+        rows = [row for row in rows if key_of(row) in kept]
+    packing = packer.commit(conn)
+    inserted, replayed, closed = insert_events(
+        conn, insert, rows, commit.harness_keys, commit.check, packing
+    )
+    return Written(inserted, expand_rows(conn, replayed), closed, refused), packing
+
+
+def remember(
+    packer: Packer, packing: CommitPacking, inserted: list[tuple[int, str, int, str]]
+) -> None:
+    """After the commit: its packed calls are bases for their attempts' next calls."""
+    for seq, rollout_id, attempt_id, key in inserted:
+        packed = packing.packed.get((rollout_id, attempt_id, key))
+        if packed is not None:
+            packer.remember((rollout_id, attempt_id), packed.as_base(seq))
+
+
+def _reusing_lists(conn: sa.Connection, posts: list[list[dict[str, Any]]]) -> dict[int, str]:
+    """Why each post of several events that reuses a stored key for another event is
+    refused, by its place in `posts`. A post is stored whole or not at all: found only
+    after its INSERT (as a single event's is), its new events would be stored while it is
+    answered 409. Posts of one event need no look-up: a reused key inserts nothing."""
+    lists = [(i, post) for i, post in enumerate(posts) if len(post) > 1]
+    if not lists:
+        return {}
+    stored = {
+        (e.rollout_id, e.attempt_id, e.idempotency_key): e
+        for e in expand_rows(
+            conn, stored_rows(conn, [key_of(row) for _, post in lists for row in post])
+        )
+    }
+    refused: dict[int, str] = {}
+    for index, post in lists:
+        for row in post:
+            event = stored.get(key_of(row))
+            if event is not None and (
+                event.type != row["type"] or not same_json(event.data, row["data"])
+            ):
+                refused[index] = f"{reused_key(row)}; nothing of this post was stored"
+                break
+    return refused
+
+
+def reused_key(row: dict[str, Any]) -> str:
+    return (
+        f"idempotency key {row['idempotency_key']} of rollout {row['rollout_id']} attempt "
+        f"{row['attempt_id']} was already used for another event; a retried post must send the "
+        "same event"
+    )
+
+
+def same_json(stored: Any, posted: jsonrule.Encoded) -> bool:
+    """Whether a stored event's data is the posted document exactly: as JSON, where `1`,
+    `1.0` and `true` differ, and so do `0.0` and `-0.0` and the order of keys."""
+    return stored is posted.value or jsonrule.encode(stored).text == posted.text
 
 
 def insert_events(

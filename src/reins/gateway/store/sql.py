@@ -31,7 +31,7 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -41,16 +41,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from reins.gateway import jsonrule
 from reins.gateway.store import Conflict, NotFound
 from reins.gateway.store.appends import (
+    Commit,
     PendingAppend,
-    insert_events,
-    key_of,
-    lock_rollouts,
-    stored_rows,
+    pack_and_insert,
+    remember,
+    reused_key,
+    same_json,
 )
 from reins.gateway.store.board import ReplicaBoard
 from reins.gateway.store.journal import CLEAR_FROM_BYTES, CallJournal, JournaledPost
 from reins.gateway.store.packing import Key, Packer, expand_rows, packed_event_of, record_parts
-from reins.gateway.store.reads import FOLD, DashboardReads, fold, rollout_filters
+from reins.gateway.store.pragmas import install_sqlite_pragmas, sqlite_engine
+from reins.gateway.store.reads import DashboardReads, rollout_filters
 from reins.gateway.store.tables import (
     ATTEMPT_STATE,
     PACKING_COLUMNS,
@@ -71,7 +73,7 @@ from reins.gateway.store.tables import (
     text_value,
     ts,
 )
-from reins.packed import Packed
+from reins.gateway.store.writer import ProcessWriter, ThreadWriter
 from reins.recordbatch import RolloutParts
 from reins.schemas import (
     TERMINAL_STATES,
@@ -95,25 +97,7 @@ from reins.schemas import (
 logger = logging.getLogger(__name__)
 
 _ROLLOUT_CHANGE = "rollout_change"
-Written = tuple[
-    list[tuple[int, str, int, str]],
-    list[Event],
-    dict[tuple[str, int], str],
-    dict[Key, Packed],
-    dict[int, str],
-]
-"""A group commit's outcome: (seq, rollout, attempt, key) of each inserted event, the stored
-events of replayed keys, why each closed attempt refused its harness, the packed rows by key,
-and why each refused list post (by its place in the commit's posts) was refused."""
 _MAX_EVENTS_PER_COMMIT = 2000
-SQLITE_PAGE_SIZE = 65536
-"""The page size of a new SQLite database (SQLite's largest; an existing one keeps its own). A
-row lives whole on one page unless it overflows, so a page holds a whole number of rows and
-the rest of it stays empty: packed calls of ~3.4 KB left 16 % of 4, 8 and 16 KB pages empty,
-under 3 % of 64 KB ones (docs/benchmarks.md, "Records at scale"). The cost: an empty database
-takes ~1.6 MB (a page per table and index), and a commit writes 64 KB WAL frames (one client's
-appends took ~0.6 ms more CPU each; 16 clients', the same)."""
-_WAL_CHECKPOINT_BYTES = 4 * 2**20
 _INLINE_MAX_ROWS = 4
 _INLINE_MAX_CHARS = 64 * 1024
 _JOURNALED_SYNCHRONOUS = ("OFF", "NORMAL")
@@ -141,35 +125,6 @@ def _writes_inline(
     return sum(len(row["data"].text) for row in rows) <= _INLINE_MAX_CHARS
 
 
-def _install_sqlite_pragmas(engine: sa.Engine, synchronous: str) -> None:
-    @sa.event.listens_for(engine, "connect")
-    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
-        cursor = dbapi_connection.cursor()
-        # Before WAL mode, which fixes the page size of a new file; a no-op on an existing one.
-        cursor.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
-        cursor.execute("PRAGMA journal_mode=WAL")
-        # SQLite checkpoints every 1000 pages: 4 MB of WAL with 4 KB pages, 64 MB with 64 KB
-        # ones. Kept near 4 MB whatever the file's page size.
-        cursor.execute("PRAGMA page_size")
-        (page_size,) = cursor.fetchone()
-        cursor.execute(f"PRAGMA wal_autocheckpoint={max(1, _WAL_CHECKPOINT_BYTES // page_size)}")
-        cursor.execute(f"PRAGMA synchronous={synchronous}")
-        cursor.execute("PRAGMA busy_timeout=10000")
-        cursor.close()
-        dbapi_connection.create_function(FOLD, 1, fold, deterministic=True)
-
-
-def _keep_statement_journals_in_memory(engine: sa.Engine) -> None:
-    """An event INSERT inside the group commit's transaction keeps a statement journal (the
-    pages it changes, to undo that one statement); SQLite puts it in a temp file by default:
-    per commit a file created, unlinked, two 64 KB pages written and closed, ~9 system calls.
-    The event connection's statements change a few pages, so its journals stay in memory."""
-
-    @sa.event.listens_for(engine, "connect")
-    def _temp_store(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.execute("PRAGMA temp_store=MEMORY")
-
-
 def _add_packing_columns(conn: sa.Connection) -> None:
     """The migration of a database made before events were packed: its rows stay as they are
     (read whole), new `model_request` rows are packed."""
@@ -189,24 +144,16 @@ def _log_unstored(done: asyncio.Future[list[Event]]) -> None:
         logger.error("a call answered from the journal was not stored: %s", done.exception())
 
 
-def _reused_key(row: dict[str, Any]) -> str:
-    return (
-        f"idempotency key {row['idempotency_key']} of rollout {row['rollout_id']} attempt "
-        f"{row['attempt_id']} was already used for another event; a retried post must send the "
-        "same event"
-    )
-
-
-def _same_json(stored: Any, posted: jsonrule.Encoded) -> bool:
-    """Whether a stored event's data is the posted document exactly: as JSON, where `1`,
-    `1.0` and `true` differ, and so do `0.0` and `-0.0` and the order of keys."""
-    return stored is posted.value or jsonrule.encode(stored).text == posted.text
-
-
 class SqlStore(DashboardReads):
     """The `Store` on SQLite or PostgreSQL, chosen by the URL."""
 
-    def __init__(self, url: str, *, sqlite_synchronous: str = "NORMAL") -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        sqlite_synchronous: str = "NORMAL",
+        event_writer: Literal["process", "thread"] = "process",
+    ) -> None:
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         self._journal: CallJournal | None = None
@@ -217,36 +164,25 @@ class SqlStore(DashboardReads):
                 if sqlite_synchronous.upper() in _JOURNALED_SYNCHRONOUS:
                     self._journal = CallJournal(Path(path + "-calls"))
             self.engine: AsyncEngine = create_async_engine(url, json_serializer=serialize)
-            # Event appends, the hot path, run whole in one thread on a plain sqlite3 connection:
-            # one thread hop per group commit instead of one per statement through aiosqlite.
-            self._event_engine: sa.Engine | None = sa.create_engine(
-                "sqlite:///" + path,
-                connect_args={"check_same_thread": False},
-                pool_size=1,
-                # Rows come encoded (pydantic-core's encoder, ~15 us per 2 KB event against
-                # ~75 us for json.dumps): see `serialize`.
-                json_serializer=serialize,
-            )
-            self._event_thread: ThreadPoolExecutor | None = ThreadPoolExecutor(
-                1, thread_name_prefix="reins-events"
+            install_sqlite_pragmas(self.engine.sync_engine, sqlite_synchronous)
+            # Event appends, the hot path: the group commits run in a writer process (or thread)
+            # on a plain sqlite3 connection of their own (`writer`).
+            self._writer: ProcessWriter | ThreadWriter | None = (
+                ProcessWriter(path, sqlite_synchronous)
+                if event_writer == "process" and path and path != ":memory:"
+                else ThreadWriter(path, sqlite_synchronous)
             )
             # The proxy's per-call attempt check, the same way on a reader connection of its own
             # (a statement through aiosqlite costs ~1.5 ms of CPU on 2 cores; this ~0.1 ms).
-            self._read_engine: sa.Engine | None = sa.create_engine(
-                "sqlite:///" + path, connect_args={"check_same_thread": False}, pool_size=1
-            )
+            self._read_engine: sa.Engine | None = sqlite_engine(path, sqlite_synchronous)
             self._read_thread: ThreadPoolExecutor | None = ThreadPoolExecutor(
                 1, thread_name_prefix="reins-reads"
             )
-            for engine in (self.engine.sync_engine, self._event_engine, self._read_engine):
-                _install_sqlite_pragmas(engine, sqlite_synchronous)
-            _keep_statement_journals_in_memory(self._event_engine)
         else:
             self.engine = create_async_engine(
                 url, pool_size=10, max_overflow=10, json_serializer=serialize
             )
-            self._event_engine = None
-            self._event_thread = None
+            self._writer = None
             self._read_engine = None
             self._read_thread = None
         self._insert = sqlite.insert if self.is_sqlite else postgresql.insert
@@ -266,7 +202,7 @@ class SqlStore(DashboardReads):
         self._journal_error: Exception | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
-        self._packer = Packer()
+        self._packer = Packer()  # PostgreSQL's (SQLite's is its writer's)
         self.board = ReplicaBoard(self.engine, self._insert, self._write)
         """What the gateway processes sharing this database tell each other."""
         self.database_id: str | None = None
@@ -351,9 +287,8 @@ class SqlStore(DashboardReads):
                 self._journal.clear()
             self._journal.close()
         await self.engine.dispose()
-        if self._event_engine is not None and self._event_thread is not None:
-            self._event_thread.shutdown(wait=True)
-            self._event_engine.dispose()
+        if self._writer is not None:
+            await self._writer.close()
         if self._read_engine is not None and self._read_thread is not None:
             self._read_thread.shutdown(wait=True)
             self._read_engine.dispose()
@@ -560,7 +495,7 @@ class SqlStore(DashboardReads):
             row = await self._lock_rollout(conn, rollout_id)
             self._open_attempt.pop(rollout_id, None)  # may close it: the next append checks
             if update.status is not None and update.status.state in TERMINAL_STATES:
-                self._packer.forget(rollout_id)
+                self._forget_bases(rollout_id)
             now = time.time()
             values: dict[str, Any] = {}
             if update.status is not None and update.status.state != row.state:
@@ -621,7 +556,7 @@ class SqlStore(DashboardReads):
         async with self._write() as conn:
             row = await self._lock_rollout(conn, rollout_id)
             self._open_attempt.pop(rollout_id, None)  # supersedes it: the next append checks
-            self._packer.forget(rollout_id)
+            self._forget_bases(rollout_id)
             wanted = request.attempt_id
             if wanted is not None and wanted <= row.attempt_count:
                 existing = (
@@ -780,6 +715,13 @@ class SqlStore(DashboardReads):
                 _FLUSH_AFTER_S, self.flush_soon
             )
 
+    def _forget_bases(self, rollout_id: str) -> None:
+        """The rollout's attempts closed: their calls are no longer packing bases."""
+        if self._writer is not None:
+            self._writer.forget(rollout_id)
+        else:
+            self._packer.forget(rollout_id)
+
     def flush_soon(self) -> None:
         if self._flush_timer is not None:
             self._flush_timer.cancel()
@@ -883,33 +825,31 @@ class SqlStore(DashboardReads):
             if append.from_harness
             for row in append.rows
         }
-        posts = [append.rows for append in live]
+        commit = Commit(rows, harness_keys, set(), [append.rows for append in live])
         async with self._write_lock or contextlib.nullcontext():
             check = {key[:2] for key in harness_keys}
             if self._write_lock is not None:  # SQLite: attempts seen open since their last close
                 check = {(r, a) for r, a in check if self._open_attempt.get(r) != a}
-            if self._event_engine is not None and _writes_inline(rows, self._pending, batch):
-                written = self._write_events(rows, harness_keys, check, posts)
-            elif self._event_engine is not None:
-                written = await asyncio.get_running_loop().run_in_executor(
-                    self._event_thread, self._write_events, rows, harness_keys, check, posts
+            commit.check = check
+            if self._writer is not None:
+                written = await self._writer.write(
+                    commit, inline=_writes_inline(rows, self._pending, batch)
                 )
             else:
                 async with self.engine.begin() as conn:
-                    written = await conn.run_sync(
-                        self._pack_and_insert, rows, harness_keys, check, posts
+                    written, packing = await conn.run_sync(
+                        pack_and_insert, self._insert, self._packer, commit
                     )
-            inserted, replayed, closed, packed, refused = written
+                remember(self._packer, packing, written.inserted)
             if self._write_lock is not None:
                 self._open_attempt.update(
-                    (r, a) for r, a in check if (r, a) not in closed and r not in self._closing
+                    (r, a)
+                    for r, a in check
+                    if (r, a) not in written.closed and r not in self._closing
                 )
-        stored = {(e.rollout_id, e.attempt_id, e.idempotency_key): e for e in replayed}
-        for seq, rollout_id, attempt_id, key in inserted:
+        stored = {(e.rollout_id, e.attempt_id, e.idempotency_key): e for e in written.replayed}
+        for seq, rollout_id, attempt_id, key in written.inserted:
             row = fresh[(rollout_id, attempt_id, key)]
-            packing = packed.get((rollout_id, attempt_id, key))
-            if packing is not None:  # committed: a base for the attempt's next calls
-                self._packer.remember((rollout_id, attempt_id), packing.as_base(seq))
             stored[(rollout_id, attempt_id, key)] = Event.model_construct(
                 seq=seq,
                 rollout_id=rollout_id,
@@ -919,74 +859,13 @@ class SqlStore(DashboardReads):
                 idempotency_key=key,
                 created_at=ts(row["created_at"]),
             )
+        refused, closed = written.refused, written.closed
         for index, append in enumerate(live):
             if index in refused:
                 append.done.set_exception(Conflict(refused[index]))
                 continue
             refusal = closed.get((append.rollout_id, append.attempt_id))
             self._resolve(append, stored, refusal if append.from_harness else None)
-
-    def _write_events(
-        self,
-        rows: list[dict[str, Any]],
-        harness_keys: set[Key],
-        check: set[tuple[str, int]],
-        posts: list[list[dict[str, Any]]],
-    ) -> Written:
-        """One group commit on the event connection (in the writer thread, or inline)."""
-        assert self._event_engine is not None
-        with self._event_engine.begin() as conn:
-            return self._pack_and_insert(conn, rows, harness_keys, check, posts)
-
-    def _pack_and_insert(
-        self,
-        conn: sa.Connection,
-        rows: list[dict[str, Any]],
-        harness_keys: set[Key],
-        check: set[tuple[str, int]],
-        posts: list[list[dict[str, Any]]],
-    ) -> Written:
-        """One group commit's statements: the list posts that reuse a key refused, the rows
-        packed, inserted, the replays read back."""
-        if rows and conn.dialect.name == "postgresql":
-            # First: another gateway's commit of these rollouts is then committed, its keys
-            # seen by `_reusing_lists` and its seqs below the ones drawn here.
-            lock_rollouts(conn, rows)
-        refused = self._reusing_lists(conn, posts)
-        if refused:
-            kept = {key_of(row) for i, post in enumerate(posts) if i not in refused for row in post}
-            rows = [row for row in rows if key_of(row) in kept]
-        packing = self._packer.commit(conn)
-        inserted, replayed, closed = insert_events(
-            conn, self._insert, rows, harness_keys, check, packing
-        )
-        return inserted, expand_rows(conn, replayed), closed, packing.packed, refused
-
-    @staticmethod
-    def _reusing_lists(conn: sa.Connection, posts: list[list[dict[str, Any]]]) -> dict[int, str]:
-        """Why each post of several events that reuses a stored key for another event is
-        refused, by its place in `posts`. A post is stored whole or not at all: found only
-        after its INSERT (as a single event's is), its new events would be stored while it is
-        answered 409. Posts of one event need no look-up: a reused key inserts nothing."""
-        lists = [(i, post) for i, post in enumerate(posts) if len(post) > 1]
-        if not lists:
-            return {}
-        stored = {
-            (e.rollout_id, e.attempt_id, e.idempotency_key): e
-            for e in expand_rows(
-                conn, stored_rows(conn, [key_of(row) for _, post in lists for row in post])
-            )
-        }
-        refused: dict[int, str] = {}
-        for index, post in lists:
-            for row in post:
-                event = stored.get(key_of(row))
-                if event is not None and (
-                    event.type != row["type"] or not _same_json(event.data, row["data"])
-                ):
-                    refused[index] = f"{_reused_key(row)}; nothing of this post was stored"
-                    break
-        return refused
 
     @staticmethod
     def _resolve(
@@ -1001,8 +880,8 @@ class SqlStore(DashboardReads):
                 append.done.set_exception(Conflict(refusal))
                 return
             assert event is not None
-            if event.type != row["type"] or not _same_json(event.data, row["data"]):
-                append.done.set_exception(Conflict(_reused_key(row)))
+            if event.type != row["type"] or not same_json(event.data, row["data"]):
+                append.done.set_exception(Conflict(reused_key(row)))
                 return
             out.append(event)
         append.done.set_result(out)
