@@ -235,6 +235,8 @@ class SqlStore(DashboardReads):
                 sa.select(meta.c.value).where(meta.c.key == "database_id")
             )
             await self.board.init(conn)
+        if isinstance(self._writer, ProcessWriter):
+            self._writer.start_soon()
         if self._journal is not None:
             if self._journal.open():
                 await self._replay_journal(self._journal)

@@ -21,9 +21,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
+import os
 import pickle
 import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
@@ -35,6 +41,7 @@ from reins.gateway.store.pragmas import sqlite_engine
 logger = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 60.0
+_STOP_TIMEOUT_S = 10.0
 
 
 class ThreadWriter:
@@ -69,27 +76,22 @@ class WriterStopped(ConnectionError):
 
 
 class ProcessWriter:
-    """The commits in a process of their own, started on the first commit (and again after the
-    process ended)."""
+    """The commits in a process of their own, started by the store's `init` (or the first
+    commit) and again by the next commit after it ended."""
 
     def __init__(self, path: str, synchronous: str) -> None:
         self.path = path
         self._synchronous = synchronous
-        self._process: Any = None
+        self.pid: int | None = None
+        """The writer process's pid, while it runs."""
+        self._pidfd: int | None = None
         self._channel: Connection | None = None
         self._answer: asyncio.Future[Any] | None = None
-        self._starting: ThreadPoolExecutor | None = None
-
-    @property
-    def pid(self) -> int | None:
-        """The writer process's pid, while it runs."""
-        return self._process.pid if self._process is not None else None
+        self._start_task: asyncio.Task[Connection] | None = None
 
     async def write(self, commit: Commit, *, inline: bool = False) -> Written:
         del inline  # the hand-over is to another process either way
-        channel = self._channel
-        if channel is None:
-            channel = await self._start()
+        channel = self._channel or await self._start()
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
         self._answer = answer
@@ -99,7 +101,7 @@ class ProcessWriter:
                 channel.send_bytes(pickle.dumps(("commit", commit), pickle.HIGHEST_PROTOCOL))
             except OSError as error:
                 self._stopped()
-                raise WriterStopped(f"the event writer process stopped: {error!r}") from error
+                raise WriterStopped(f"the event writer process ended: {error!r}") from error
             kind, value = await answer
         finally:
             self._answer = None
@@ -115,53 +117,54 @@ class ProcessWriter:
         try:
             message = pickle.loads(channel.recv_bytes())
         except (EOFError, OSError):
-            status = self._stopped()
+            pid = self.pid
+            self._stopped()
             if answer is not None and not answer.done():
                 answer.set_exception(
                     WriterStopped(
-                        f"the event writer process stopped during a commit ({status}); the "
-                        "posts in it were not answered"
+                        f"the event writer process {pid} ended during a commit; the posts in "
+                        "it were not answered"
                     )
                 )
             return
         if answer is not None and not answer.done():
             answer.set_result(message)
 
-    def _exit_status(self) -> str:
-        process = self._process
-        if process is None:
-            return "not started"
-        process.join(timeout=1.0)
-        code = process.exitcode
-        if code is None:
-            return "still running"
-        return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-
-    def _stopped(self) -> str:
-        """The writer is gone (or its pipe broke): the next commit starts another. Returns how
-        it ended."""
+    def _stopped(self) -> None:
+        """The writer is gone (or its pipe broke): the next commit starts another."""
         channel, self._channel = self._channel, None
         if channel is not None:
             with contextlib.suppress(RuntimeError, ValueError, OSError):
                 asyncio.get_running_loop().remove_reader(channel.fileno())
             channel.close()
-        status = self._exit_status()
-        if self._process is not None:
-            logger.warning("the event writer process %s stopped (%s)", self._process.pid, status)
-            self._process = None
-        return status
+        if self.pid is not None:
+            logger.warning("the event writer process %s ended", self.pid)
+        self.pid = None
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def start_soon(self) -> None:
+        """Starts the writer in the background (the store's `init`): the first commit then
+        finds it running instead of waiting for it."""
+        if self._channel is None and self._start_task is None:
+            self._start_task = asyncio.get_running_loop().create_task(self._start())
 
     async def _start(self) -> Connection:
-        # The first start launches multiprocessing's fork server (a fresh interpreter that
-        # imports this module, ~1 s): off the event loop.
-        loop = asyncio.get_running_loop()
-        if self._starting is None:
-            self._starting = ThreadPoolExecutor(1, thread_name_prefix="reins-writer-start")
-        process, channel = await asyncio.wait_for(
-            loop.run_in_executor(self._starting, _start_process, self.path, self._synchronous),
-            _START_TIMEOUT_S,
-        )
-        self._process, self._channel = process, channel
+        if self._start_task is not None and self._start_task is not asyncio.current_task():
+            await asyncio.shield(self._start_task)
+        if self._channel is not None:
+            return self._channel
+        try:
+            # The first start in a process launches the fork server (~1 s): off the loop.
+            pid, pidfd, channel = await asyncio.wait_for(
+                asyncio.to_thread(_FORK_SERVER.fork_writer, self.path, self._synchronous),
+                _START_TIMEOUT_S,
+            )
+        finally:
+            if self._start_task is asyncio.current_task():
+                self._start_task = None
+        self.pid, self._pidfd, self._channel = pid, pidfd, channel
         return channel
 
     def forget(self, rollout_id: str) -> None:
@@ -173,32 +176,117 @@ class ProcessWriter:
             self._stopped()
 
     async def close(self) -> None:
-        channel, process = self._channel, self._process
-        self._channel = self._process = None
+        if self._start_task is not None:
+            with contextlib.suppress(Exception):
+                await self._start_task
+        channel, self._channel = self._channel, None
+        pid, pidfd = self.pid, self._pidfd
+        self.pid = self._pidfd = None
         if channel is not None:
             channel.close()  # the writer reads the end of its pipe and exits
-        if process is not None:
-            await asyncio.get_running_loop().run_in_executor(None, process.join, 10.0)
-            if process.exitcode is None:
-                logger.warning("the event writer process %s did not stop: killing it", process.pid)
-                process.kill()
-                process.join()
-        if self._starting is not None:
-            self._starting.shutdown(wait=True)
-            self._starting = None
+        if pidfd is None:
+            return
+        try:
+            # Readable once the process ended: it no longer holds the database.
+            loop = asyncio.get_running_loop()
+            ended = loop.create_future()
+
+            def on_end() -> None:
+                if not ended.done():
+                    ended.set_result(None)
+
+            loop.add_reader(pidfd, on_end)
+            try:
+                await asyncio.wait_for(ended, _STOP_TIMEOUT_S)
+            except TimeoutError:
+                logger.warning("the event writer process %s did not stop: killing it", pid)
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            finally:
+                loop.remove_reader(pidfd)
+        finally:
+            os.close(pidfd)
 
 
-def _start_process(path: str, synchronous: str) -> tuple[Any, Connection]:
-    context = multiprocessing.get_context("forkserver")
-    # The fork server imports this module once; each writer forked from it starts in ms.
-    context.set_forkserver_preload([__name__])
-    ours, theirs = context.Pipe()
-    process = context.Process(
-        target=_serve, args=(theirs, path, synchronous), name="reins-event-writer", daemon=True
-    )
-    process.start()
-    theirs.close()
-    return process, ours
+class _ForkServer:
+    """Forks the writer processes. Started once per gateway process: `fork_server` in a fresh
+    interpreter, which imports this module and nothing of its caller's (multiprocessing's fork
+    server imports the caller's main module in each child, which runs an unguarded script a
+    second time), and forks from one thread with no database open (forking the gateway itself
+    would copy the locks its threads hold, SQLite's included). A writer then starts in
+    milliseconds. The server ends when the gateway's end of its socket closes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._control: socket.socket | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def fork_writer(self, path: str, synchronous: str) -> tuple[int, int, Connection]:
+        """A new writer on the database at `path`: its pid, a pidfd of it, its channel."""
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                self._launch()
+            assert self._control is not None
+            ours, theirs = socket.socketpair()
+            try:
+                request = pickle.dumps((path, synchronous))
+                socket.send_fds(self._control, [request], [theirs.fileno()])
+                reply = self._control.recv(8)
+            except OSError:
+                self._process = None
+                raise
+            finally:
+                theirs.close()
+            if len(reply) != 4:
+                self._process = None
+                raise WriterStopped("the event writers' fork server ended")
+            (pid,) = struct.unpack("<i", reply)
+        return pid, os.pidfd_open(pid), Connection(ours.detach())
+
+    def _launch(self) -> None:
+        if self._control is not None:
+            self._control.close()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", f"import {__name__} as w; w.fork_server({theirs.fileno()})"],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self._control = ours
+
+
+_FORK_SERVER = _ForkServer()
+
+
+def fork_server(control_fd: int) -> None:
+    """The fork server's loop: a writer forked per request, until the gateway goes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # see `_serve`
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the writers
+    control = socket.socket(fileno=control_fd)
+    while True:
+        try:
+            request, fds, _, _ = socket.recv_fds(control, 65536, 1)
+        except OSError:
+            return
+        if not request or not fds:
+            return  # the gateway closed its end, or died
+        path, synchronous = pickle.loads(request)
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            code = 0
+            try:
+                _serve(Connection(fds[0]), path, synchronous)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        os.close(fds[0])
+        control.send(struct.pack("<i", pid))
 
 
 def _serve(channel: Connection, path: str, synchronous: str) -> None:
