@@ -1,9 +1,9 @@
 """Where SQLite's group commits run. By default in a writer process of their own
 (`reins.gateway.store.writer.ProcessWriter`): started by the store's `init`, started again by
-the next commit after it died, gone when the store closes or the gateway dies. With the writer thread (an in-memory
-database, or when asked): a lone small commit on the event loop's thread (no hand-over to the
-writer thread and back), commits with posts queued behind them in the writer thread. Either way
-every event is stored once and its post answered with its own seq."""
+the next commit after it died, gone when the store closes or the gateway dies. With the writer
+thread (an in-memory database, or when asked): a lone small commit on the event loop's thread
+(no hand-over to the writer thread and back), commits with posts queued behind them in the
+writer thread. Either way every event is stored once and its post answered with its own seq."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ async def test_a_killed_writer_process_is_replaced_and_no_post_is_lost(
         )
     )
     deadline = time.monotonic() + 10
-    while writer._answer is None:
+    while not writer._answers:
         assert time.monotonic() < deadline, "the commit never reached the writer's pipe"
         await asyncio.sleep(0)
     os.kill(pid, signal.SIGKILL)
@@ -158,19 +158,26 @@ async def test_a_killed_writer_process_is_replaced_and_no_post_is_lost(
 
 
 @pytest.mark.slow
-def test_the_writer_process_ends_with_a_killed_gateway(tmp_path: Path) -> None:
-    """SIGKILL of `reins gateway`: its writer process (and the fork server it came from) read
-    the end of their sockets and exit; nothing of the gateway keeps the database open."""
+def test_a_real_gateways_writer_takes_a_large_commit_and_ends_with_the_gateway(
+    tmp_path: Path,
+) -> None:
+    """`reins gateway` (uvicorn's loop): a commit of 8 MB reaches its writer whole (a blocking
+    send on the socket, which that loop made non-blocking, failed with EAGAIN past the socket's
+    buffer); then SIGKILL of the gateway: its writer process (and the fork server it came from)
+    read the end of their sockets and exit, nothing of the gateway keeps the database open."""
     import httpx
 
     with running_gateway(f"sqlite:///{tmp_path / 'gateway.db'}", "kill-key") as gateway:
         headers = {"Authorization": "Bearer kill-key"}
-        with httpx.Client(base_url=gateway.url, headers=headers, timeout=30) as http:
+        with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as http:
             http.post("/api/rollouts", json=[{"rollout_id": "r"}]).raise_for_status()
             http.post("/api/rollouts/r/attempts").raise_for_status()
-            http.post(
-                "/api/rollouts/r/attempt/1/events", json={"type": "log", "data": {"i": 1}}
-            ).raise_for_status()
+            large = [{"type": "log", "data": {"i": i, "text": "x" * 8000}} for i in range(1000)]
+            acks = http.post("/api/rollouts/r/attempt/1/events", json=large)
+            assert acks.status_code == 200, acks.text
+            assert [ack["seq"] for ack in acks.json()] == list(range(1, 1001))
+            page = http.get("/api/rollouts/r/events", params={"after": 990, "limit": 5}).json()
+            assert [event["data"]["i"] for event in page] == [990, 991, 992, 993, 994]
         assert gateway.process is not None
         children = descendants(gateway.process.pid)
         # The fork server and the writer it forked.

@@ -10,10 +10,15 @@ everything else: which posts go in which commit, the attempt checks' cache, the 
 the answers. The writer holds the connection the commits run on and the packing bases
 (`Packer`), which only its commits add to; a restarted writer rebuilds them from the rows.
 
-The store runs one commit at a time (its write lock), so the protocol over the pipe is a
-request and its answer: ("commit", `Commit`) -> ("ok", `Written`) or ("error", exception);
-("forget", rollout id) has no answer. The writer stops when the pipe closes: the gateway closed
-its store, or died (a kill included: its end of the pipe closes with it).
+The store runs one commit at a time (its write lock). Over the socket, ("commit", `Commit`)
+is answered ("ok", `Written`) or ("error", exception); ("forget", rollout id) has no answer.
+The gateway's side of it is an asyncio stream (a blocking send of a large commit, on a socket
+the event loop had made non-blocking, failed with EAGAIN). The writer stops when the socket
+closes: the gateway closed its store, or died (a kill included: its end closes with it).
+
+Tried and not kept: sending each batch as soon as it was queued, several commits in flight, the
+writer running all that had arrived in one transaction. The writer still ran ~1 message a
+transaction and the figures did not move (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.connection import Connection
+from dataclasses import dataclass
 from typing import Any
 
 from reins.gateway.store.appends import Commit, Written, commit_events
@@ -75,6 +81,16 @@ class WriterStopped(ConnectionError):
     database or not there at all (SQLite's transaction), and its posts were not answered."""
 
 
+@dataclass
+class _Link:
+    """A running writer process: its pid, a pidfd of it, the stream to it, the answers' reader."""
+
+    pid: int
+    pidfd: int
+    out: asyncio.StreamWriter
+    reading: asyncio.Task[None] | None = None
+
+
 class ProcessWriter:
     """The commits in a process of their own, started by the store's `init` (or the first
     commit) and again by the next commit after it ended."""
@@ -82,110 +98,94 @@ class ProcessWriter:
     def __init__(self, path: str, synchronous: str) -> None:
         self.path = path
         self._synchronous = synchronous
-        self.pid: int | None = None
+        self._link: _Link | None = None
+        self._answers: deque[asyncio.Future[Written]] = deque()
+        self._start_task: asyncio.Task[_Link] | None = None
+
+    @property
+    def pid(self) -> int | None:
         """The writer process's pid, while it runs."""
-        self._pidfd: int | None = None
-        self._channel: Connection | None = None
-        self._answer: asyncio.Future[Any] | None = None
-        self._start_task: asyncio.Task[Connection] | None = None
+        return self._link.pid if self._link is not None else None
 
     async def write(self, commit: Commit, *, inline: bool = False) -> Written:
         del inline  # the hand-over is to another process either way
-        channel = self._channel or await self._start()
-        loop = asyncio.get_running_loop()
-        answer = loop.create_future()
-        self._answer = answer
-        loop.add_reader(channel.fileno(), self._on_answer, channel)
-        try:
-            try:
-                channel.send_bytes(pickle.dumps(("commit", commit), pickle.HIGHEST_PROTOCOL))
-            except OSError as error:
-                self._stopped()
-                raise WriterStopped(f"the event writer process ended: {error!r}") from error
-            kind, value = await answer
-        finally:
-            self._answer = None
-            if self._channel is channel:
-                loop.remove_reader(channel.fileno())
-        if kind == "error":
-            raise value
-        written: Written = value
-        return written
+        link = self._link or await self._start()
+        if link.out.is_closing():
+            self._stopped(link)
+            raise WriterStopped(f"the event writer process {link.pid} ended")
+        answer: asyncio.Future[Written] = asyncio.get_running_loop().create_future()
+        self._answers.append(answer)
+        link.out.write(_framed(pickle.dumps(("commit", commit), pickle.HIGHEST_PROTOCOL)))
+        with contextlib.suppress(ConnectionError):
+            await link.out.drain()  # a broken link fails the answer (`_read_answers`)
+        return await answer
 
-    def _on_answer(self, channel: Connection) -> None:
-        answer = self._answer
-        try:
-            message = pickle.loads(channel.recv_bytes())
-        except (EOFError, OSError):
-            pid = self.pid
-            self._stopped()
-            if answer is not None and not answer.done():
-                answer.set_exception(
-                    WriterStopped(
-                        f"the event writer process {pid} ended during a commit; the posts in "
-                        "it were not answered"
-                    )
-                )
+    async def _read_answers(self, link: _Link, answers: asyncio.StreamReader) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                (size,) = _SIZE.unpack(await answers.readexactly(_SIZE.size))
+                kind, value = pickle.loads(await answers.readexactly(size))
+                answer = self._answers.popleft()
+                if kind == "error":
+                    answer.set_exception(value)
+                else:
+                    answer.set_result(value)
+        self._stopped(link)
+
+    def _stopped(self, link: _Link) -> None:
+        """The writer is gone (or its link broke): the commits sent to it fail, and the next
+        commit starts another."""
+        if self._link is not link:
             return
-        if answer is not None and not answer.done():
-            answer.set_result(message)
-
-    def _stopped(self) -> None:
-        """The writer is gone (or its pipe broke): the next commit starts another."""
-        channel, self._channel = self._channel, None
-        if channel is not None:
-            with contextlib.suppress(RuntimeError, ValueError, OSError):
-                asyncio.get_running_loop().remove_reader(channel.fileno())
-            channel.close()
-        if self.pid is not None:
-            logger.warning("the event writer process %s ended", self.pid)
-        self.pid = None
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
+        self._link = None
+        error = (
+            f"the event writer process {link.pid} ended during a commit; the posts in it were "
+            "not answered"
+        )
+        while self._answers:
+            self._answers.popleft().set_exception(WriterStopped(error))
+        link.out.close()
+        os.close(link.pidfd)
+        logger.warning("the event writer process %s ended", link.pid)
 
     def start_soon(self) -> None:
         """Starts the writer in the background (the store's `init`): the first commit then
         finds it running instead of waiting for it."""
-        if self._channel is None and self._start_task is None:
+        if self._link is None and self._start_task is None:
             self._start_task = asyncio.get_running_loop().create_task(self._start())
 
-    async def _start(self) -> Connection:
+    async def _start(self) -> _Link:
         if self._start_task is not None and self._start_task is not asyncio.current_task():
             await asyncio.shield(self._start_task)
-        if self._channel is not None:
-            return self._channel
+        if self._link is not None:
+            return self._link
         try:
             # The first start in a process launches the fork server (~1 s): off the loop.
             pid, pidfd, channel = await asyncio.wait_for(
                 asyncio.to_thread(_FORK_SERVER.fork_writer, self.path, self._synchronous),
                 _START_TIMEOUT_S,
             )
+            answers, out = await asyncio.open_connection(sock=channel)
         finally:
             if self._start_task is asyncio.current_task():
                 self._start_task = None
-        self.pid, self._pidfd, self._channel = pid, pidfd, channel
-        return channel
+        link = _Link(pid, pidfd, out)
+        link.reading = asyncio.get_running_loop().create_task(self._read_answers(link, answers))
+        self._link = link
+        return link
 
     def forget(self, rollout_id: str) -> None:
-        if self._channel is None:
-            return  # a new writer knows no bases
-        try:
-            self._channel.send_bytes(pickle.dumps(("forget", rollout_id)))
-        except OSError:
-            self._stopped()
+        if self._link is not None:  # a new writer knows no bases
+            self._link.out.write(_framed(pickle.dumps(("forget", rollout_id))))
 
     async def close(self) -> None:
         if self._start_task is not None:
             with contextlib.suppress(Exception):
                 await self._start_task
-        channel, self._channel = self._channel, None
-        pid, pidfd = self.pid, self._pidfd
-        self.pid = self._pidfd = None
-        if channel is not None:
-            channel.close()  # the writer reads the end of its pipe and exits
-        if pidfd is None:
+        link, self._link = self._link, None
+        if link is None:
             return
+        link.out.close()  # the writer reads the end of its stream and exits
         try:
             # Readable once the process ended: it no longer holds the database.
             loop = asyncio.get_running_loop()
@@ -195,16 +195,38 @@ class ProcessWriter:
                 if not ended.done():
                     ended.set_result(None)
 
-            loop.add_reader(pidfd, on_end)
+            loop.add_reader(link.pidfd, on_end)
             try:
                 await asyncio.wait_for(ended, _STOP_TIMEOUT_S)
             except TimeoutError:
-                logger.warning("the event writer process %s did not stop: killing it", pid)
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                logger.warning("the event writer process %s did not stop: killing it", link.pid)
+                signal.pidfd_send_signal(link.pidfd, signal.SIGKILL)
             finally:
-                loop.remove_reader(pidfd)
+                loop.remove_reader(link.pidfd)
         finally:
-            os.close(pidfd)
+            os.close(link.pidfd)
+            if link.reading is not None:
+                link.reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await link.reading
+
+
+_SIZE = struct.Struct("<Q")
+
+
+def _framed(message: bytes) -> bytes:
+    return _SIZE.pack(len(message)) + message
+
+
+def _recv_exactly(channel: socket.socket, size: int) -> bytes:
+    parts = []
+    while size:
+        part = channel.recv(min(size, 1 << 20))
+        if not part:
+            raise EOFError
+        parts.append(part)
+        size -= len(part)
+    return b"".join(parts)
 
 
 class _ForkServer:
@@ -220,7 +242,7 @@ class _ForkServer:
         self._control: socket.socket | None = None
         self._process: subprocess.Popen[bytes] | None = None
 
-    def fork_writer(self, path: str, synchronous: str) -> tuple[int, int, Connection]:
+    def fork_writer(self, path: str, synchronous: str) -> tuple[int, int, socket.socket]:
         """A new writer on the database at `path`: its pid, a pidfd of it, its channel."""
         with self._lock:
             if self._process is None or self._process.poll() is not None:
@@ -240,7 +262,7 @@ class _ForkServer:
                 self._process = None
                 raise WriterStopped("the event writers' fork server ended")
             (pid,) = struct.unpack("<i", reply)
-        return pid, os.pidfd_open(pid), Connection(ours.detach())
+        return pid, os.pidfd_open(pid), ours
 
     def _launch(self) -> None:
         if self._control is not None:
@@ -277,7 +299,7 @@ def fork_server(control_fd: int) -> None:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             code = 0
             try:
-                _serve(Connection(fds[0]), path, synchronous)
+                _serve(socket.socket(fileno=fds[0]), path, synchronous)
             except BaseException:
                 traceback.print_exc()
                 code = 1
@@ -289,8 +311,8 @@ def fork_server(control_fd: int) -> None:
         control.send(struct.pack("<i", pid))
 
 
-def _serve(channel: Connection, path: str, synchronous: str) -> None:
-    """The writer process's loop: one commit at a time, until the pipe closes."""
+def _serve(channel: socket.socket, path: str, synchronous: str) -> None:
+    """The writer process's loop: one commit at a time, until the stream closes."""
     # Ctrl-C reaches the whole process group: the gateway stops first, and its last commits
     # still go through this process. A SIGTERM ends it (a commit in it rolls back).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -299,7 +321,8 @@ def _serve(channel: Connection, path: str, synchronous: str) -> None:
     try:
         while True:
             try:
-                kind, payload = pickle.loads(channel.recv_bytes())
+                (size,) = _SIZE.unpack(_recv_exactly(channel, _SIZE.size))
+                kind, payload = pickle.loads(_recv_exactly(channel, size))
             except (EOFError, OSError):
                 return  # the gateway closed its store, or died
             if kind == "forget":
@@ -314,7 +337,7 @@ def _serve(channel: Connection, path: str, synchronous: str) -> None:
             except Exception as error:  # an exception that does not pickle
                 message = pickle.dumps(("error", RuntimeError(f"{answer[1]!r} ({error!r})")))
             try:
-                channel.send_bytes(message)
+                channel.sendall(_framed(message))
             except OSError:
                 return  # the gateway died during the commit: its posts were not answered
     finally:
