@@ -55,9 +55,12 @@ async def process_store(tmp_path: Path) -> AsyncIterator[SqlStore]:
 
 
 def _threads_of_commits(store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    assert isinstance(store._writer, ThreadWriter)
+    return _threads_of_commits_on(store._writer, monkeypatch)
+
+
+def _threads_of_commits_on(writer: ThreadWriter, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     names: list[str] = []
-    writer = store._writer
-    assert isinstance(writer, ThreadWriter)
     write = writer.write_now
 
     def spied(*args: Any) -> Any:
@@ -97,14 +100,7 @@ async def test_commits_run_in_a_writer_process_that_ends_with_the_store(
     sql_store = await _open_store(tmp_path / "gateway.db", "process")
     writer = sql_store._writer
     assert isinstance(writer, ProcessWriter)
-    acks = await asyncio.gather(
-        *(
-            sql_store.append_events(
-                "r", 1, [EventIn(type="model_request", data=_call(n), idempotency_key=f"k{n}")]
-            )
-            for n in range(20)
-        )
-    )
+    acks = await asyncio.gather(*(sql_store.append_events("r", 1, _calls(n, 1)) for n in range(20)))
     pid = writer.pid
     assert pid is not None and pid != os.getpid() and alive(pid)
     stored = await sql_store.get_events("r", attempt_id=1)
@@ -119,26 +115,29 @@ async def test_commits_run_in_a_writer_process_that_ends_with_the_store(
     _until(lambda: not alive(pid), "the writer process outlived its store")
 
 
+def _calls(first: int, count: int = 5) -> list[EventIn]:
+    """Calls first.. of the conversation, keyed: a post of 5 (over `_INLINE_MAX_ROWS`) goes to
+    the writer process, not the loop's thread."""
+    return [
+        EventIn(type="model_request", data=_call(n), idempotency_key=f"k{n}")
+        for n in range(first, first + count)
+    ]
+
+
 async def test_a_killed_writer_process_is_replaced_and_no_post_is_lost(
     process_store: SqlStore,
 ) -> None:
     writer = process_store._writer
     assert isinstance(writer, ProcessWriter)
-    first = (
-        await process_store.append_events("r", 1, [EventIn(type="model_request", data=_call(0))])
-    )[0]
+    first = await process_store.append_events("r", 1, _calls(0))
     pid = writer.pid
     assert pid is not None
-    # Stopped, so it cannot read the next commit; killed once that commit is in its pipe.
+    # Stopped, so it cannot read the next commit; killed once that commit is in its socket.
     os.kill(pid, signal.SIGSTOP)
-    post = asyncio.create_task(
-        process_store.append_events(
-            "r", 1, [EventIn(type="model_request", data=_call(1), idempotency_key="lost")]
-        )
-    )
+    post = asyncio.create_task(process_store.append_events("r", 1, _calls(5)))
     deadline = time.monotonic() + 10
     while not writer._answers:
-        assert time.monotonic() < deadline, "the commit never reached the writer's pipe"
+        assert time.monotonic() < deadline, "the commit never reached the writer's socket"
         await asyncio.sleep(0)
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(WriterStopped, match=f"process {pid} ended during a commit"):
@@ -146,16 +145,40 @@ async def test_a_killed_writer_process_is_replaced_and_no_post_is_lost(
     # Its socket closes as the kernel tears it down: gone a moment later.
     _until(lambda: not alive(pid), "the killed writer is still there")
     # The next commit starts another writer; the retried post is stored once, packed against
-    # the first call (the new writer rebuilt its bases from the rows).
-    events_in = [EventIn(type="model_request", data=_call(1), idempotency_key="lost")]
-    second = (await process_store.append_events("r", 1, events_in))[0]
+    # the earlier calls (the new writer rebuilt its bases from the rows).
+    second = await process_store.append_events("r", 1, _calls(5))
     assert writer.pid not in (None, pid)
-    replayed = (await process_store.append_events("r", 1, events_in))[0]
-    assert replayed.seq == second.seq > first.seq
+    replayed = await process_store.append_events("r", 1, _calls(5))
+    assert [e.seq for e in replayed] == [e.seq for e in second]
+    assert min(e.seq for e in second) > max(e.seq for e in first)
     stored = await process_store.get_events("r", attempt_id=1)
-    assert [event.seq for event in stored] == [first.seq, second.seq]
-    assert [event.data for event in stored] == [_call(0), _call(1)]
-    assert await _packed_bases(process_store) == [None, first.seq]
+    assert [event.seq for event in stored] == [e.seq for e in first + second]
+    assert [event.data for event in stored] == [_call(n) for n in range(10)]
+    bases = await _packed_bases(process_store)
+    assert bases[0] is None and all(b is not None for b in bases[1:])
+
+
+async def test_lone_commits_run_on_the_loop_and_the_rest_in_the_writer_process(
+    process_store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone small commit skips the hand-over (`inline`); each side packs against the calls
+    it remembers or reads back, so every call but the first still names an earlier one."""
+    writer = process_store._writer
+    assert isinstance(writer, ProcessWriter)
+    threads = _threads_of_commits_on(writer._here, monkeypatch)
+    lone = [EventIn(type="model_request", data=_call(0), idempotency_key="k0")]
+    await process_store.append_events("r", 1, lone)  # on the loop's thread
+    await process_store.append_events("r", 1, _calls(1))  # in the writer process
+    await process_store.append_events("r", 1, _calls(6, 1))  # on the loop's thread again
+    assert threads == [threading.current_thread().name] * 2
+    stored = await process_store.get_events("r", attempt_id=1)
+    assert [event.data for event in stored] == [_call(n) for n in range(7)]
+    seqs = [event.seq for event in stored]
+    bases = await _packed_bases(process_store)
+    assert bases[0] is None
+    assert all(
+        base is not None and base < seq for base, seq in zip(bases[1:], seqs[1:], strict=True)
+    )
 
 
 @pytest.mark.slow

@@ -93,9 +93,15 @@ class _Link:
 
 class ProcessWriter:
     """The commits in a process of their own, started by the store's `init` (or the first
-    commit) and again by the next commit after it ended."""
+    commit) and again by the next commit after it ended; but a lone small commit (`inline`:
+    nothing queued behind it, one client at a time) on the event loop's thread, as
+    `ThreadWriter` runs it: the hand-over to the process and back cost more than the commit
+    (c=1 appends: 900-950/s against 1,330-1,400/s on the loop's thread). Each side packs
+    against the bases it remembers, rebuilt from the rows when it has none: a base the other
+    side committed since is missed (a few bytes more), never wrong."""
 
     def __init__(self, path: str, synchronous: str) -> None:
+        self._here = ThreadWriter(path, synchronous)
         self.path = path
         self._synchronous = synchronous
         self._link: _Link | None = None
@@ -108,7 +114,8 @@ class ProcessWriter:
         return self._link.pid if self._link is not None else None
 
     async def write(self, commit: Commit, *, inline: bool = False) -> Written:
-        del inline  # the hand-over is to another process either way
+        if inline:
+            return self._here.write_now(commit)
         link = self._link or await self._start()
         if link.out.is_closing():
             self._stopped(link)
@@ -175,10 +182,12 @@ class ProcessWriter:
         return link
 
     def forget(self, rollout_id: str) -> None:
+        self._here.forget(rollout_id)
         if self._link is not None:  # a new writer knows no bases
             self._link.out.write(_framed(pickle.dumps(("forget", rollout_id))))
 
     async def close(self) -> None:
+        await self._here.close()
         if self._start_task is not None:
             with contextlib.suppress(Exception):
                 await self._start_task
