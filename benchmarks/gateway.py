@@ -745,8 +745,8 @@ def main() -> None:
         f"sqlite: WAL, synchronous={args.sqlite_synchronous}; postgres: local cluster, "
         "fsync=on; CPU columns: % of one core over the measured window (db = PostgreSQL "
         "processes; writer = the gateway's SQLite event writer process; other = the rest of "
-        "the machine: noise); srv ms/op = (gateway + writer + db) CPU ms per answered request, steadier than ops/s on a "
-        "noisy machine"
+        "the machine: noise); srv ms/op = (gateway + writer + db) CPU ms per answered "
+        "request, steadier than ops/s on a noisy machine"
     )
     print()
     print(HEADER, flush=True)

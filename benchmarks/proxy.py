@@ -97,7 +97,16 @@ def _proc_cpu_s(pid: int) -> float:
 
 
 def _cpu(pids: list[int]) -> float:
-    return sum(_proc_cpu_s(pid) for pid in pids)
+    """Of the processes and their own (the gateway's SQLite event writer and its fork server)."""
+    return sum(_proc_cpu_s(p) for pid in pids for p in _tree(pid))
+
+
+def _tree(pid: int) -> list[int]:
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            children += map(int, (task / "children").read_text().split())
+    return [pid, *(p for child in children for p in _tree(child))]
 
 
 def _stop(process: subprocess.Popen[bytes] | None) -> None:

@@ -331,3 +331,16 @@ async def test_on_postgresql_a_list_reusing_a_key_another_gateway_is_committing_
             await post
         stored = await second.get_events("r")
         assert [(event.idempotency_key, event.data) for event in stored] == [("k", {"v": 1})]
+
+
+@pytest.mark.parametrize(("setting", "kind"), [(None, ProcessWriter), ("thread", ThreadWriter)])
+def test_the_gateways_setting_chooses_where_event_commits_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str | None, kind: type
+) -> None:
+    from reins.gateway.app import create_app
+    from reins.gateway.settings import GatewaySettings
+
+    if setting is not None:
+        monkeypatch.setenv("REINS_SQLITE_EVENT_WRITER", setting)
+    app = create_app(GatewaySettings(database_url=f"sqlite:///{tmp_path / 'gateway.db'}"))
+    assert type(app.state.store._writer) is kind

@@ -30,7 +30,11 @@ from reins.monitor.prometheus import GatewayMetrics
 
 def create_app(settings: GatewaySettings | None = None, store: Store | None = None) -> FastAPI:
     settings = settings or GatewaySettings()
-    store = store or SqlStore(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    store = store or SqlStore(
+        settings.database_url,
+        sqlite_synchronous=settings.sqlite_synchronous,
+        event_writer=settings.sqlite_event_writer,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

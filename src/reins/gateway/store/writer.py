@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import pickle
@@ -40,6 +41,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
+from reins.gateway.jsonrule import Encoded
 from reins.gateway.store.appends import Commit, Written, commit_events
 from reins.gateway.store.packing import Packer
 from reins.gateway.store.pragmas import sqlite_engine
@@ -122,7 +126,7 @@ class ProcessWriter:
             raise WriterStopped(f"the event writer process {link.pid} ended")
         answer: asyncio.Future[Written] = asyncio.get_running_loop().create_future()
         self._answers.append(answer)
-        link.out.write(_framed(pickle.dumps(("commit", commit), pickle.HIGHEST_PROTOCOL)))
+        link.out.write(_framed(pickle.dumps(("commit", _as_sent(commit)), pickle.HIGHEST_PROTOCOL)))
         with contextlib.suppress(ConnectionError):
             await link.out.drain()  # a broken link fails the answer (`_read_answers`)
         return await answer
@@ -221,6 +225,32 @@ class ProcessWriter:
 
 
 _SIZE = struct.Struct("<Q")
+
+
+def _as_sent(commit: Commit) -> Commit:
+    """The commit with each row's document as its JSON text alone, which the writer parses
+    back (`_as_received`): pickling the parsed document as well cost as much again, in both
+    processes."""
+    sent = {id(row): {**row, "data": row["data"].text} for row in commit.rows}
+
+    def as_sent(row: dict[str, Any]) -> dict[str, Any]:
+        return sent.get(id(row)) or {**row, "data": row["data"].text}
+
+    posts = [[as_sent(row) for row in post] for post in commit.posts]
+    return Commit(list(sent.values()), commit.harness_keys, commit.check, posts)
+
+
+def _as_received(commit: Commit) -> Commit:
+    """Each row's document parsed back from its text: the value a reader of the row gets."""
+    for row in [*commit.rows, *(row for post in commit.posts for row in post)]:
+        text = row["data"]
+        if isinstance(text, str):  # a row of the posts is often one of `rows` (one object)
+            try:
+                value = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                value = json.loads(text)  # an integer beyond 64 bits
+            row["data"] = Encoded(value, text)
+    return commit
 
 
 def _framed(message: bytes) -> bytes:
@@ -338,7 +368,10 @@ def _serve(channel: socket.socket, path: str, synchronous: str) -> None:
                 packer.forget(payload)
                 continue
             try:
-                answer: tuple[str, Any] = ("ok", commit_events(engine, packer, payload))
+                answer: tuple[str, Any] = (
+                    "ok",
+                    commit_events(engine, packer, _as_received(payload)),
+                )
             except Exception as error:
                 answer = ("error", error)
             try:
