@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from reins.gateway.capture import upstream_body  # noqa: E402
 from reins.gateway.settings import GatewaySettings  # noqa: E402
-from tests.support import free_port, running_gateway  # noqa: E402
+from tests.support import descendants, free_port, running_gateway  # noqa: E402
 
 API_KEY = "bench-admin-key"
 MODEL = "stub"
@@ -102,11 +102,7 @@ def _cpu(pids: list[int]) -> float:
 
 
 def _tree(pid: int) -> list[int]:
-    children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            children += map(int, (task / "children").read_text().split())
-    return [pid, *(p for child in children for p in _tree(child))]
+    return [pid, *descendants(pid)]
 
 
 def _stop(process: subprocess.Popen[bytes] | None) -> None:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
@@ -68,7 +67,7 @@ from reins.recordbatch import record_of  # noqa: E402
 from reins.samples import AdapterConfig, RolloutRecord, build_batch  # noqa: E402
 from reins.samples.records import rollout_from_events  # noqa: E402
 from reins.schemas import Event  # noqa: E402
-from tests.support import running_gateway  # noqa: E402
+from tests.support import descendants, running_gateway  # noqa: E402
 
 API_KEY = "bench-admin-key"
 CHARS_PER_TOKEN = 4
@@ -381,11 +380,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def _tree(pid: int) -> list[int]:
-    children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            children += map(int, (task / "children").read_text().split())
-    return [pid, *(p for child in children for p in _tree(child))]
+    return [pid, *descendants(pid)]
 
 
 def storage_cells(

@@ -21,7 +21,7 @@ from reins.gateway import GatewaySettings
 from reins.schemas import AGENT_LAUNCH, AGENT_LOG, REWARD, RolloutConfig, RolloutSpec
 from tests.conftest import ADMIN_KEY, serve
 from tests.controller.conftest import ROOT, running, wait_for, wait_terminal
-from tests.support import GatewayProcess, PostgresServer, free_port
+from tests.support import GatewayProcess, PostgresServer, alive, free_port
 
 AGENTS = "tests.controller.agents"
 
@@ -62,14 +62,6 @@ def start_cli_controller(
         stdout=subprocess.DEVNULL,
         stderr=(log_dir.parent / "controller.log").open("ab"),
     )  # fmt: skip
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def parent_of(pid: int) -> int:

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from reins.gateway.store.journal import decode_posts
+from tests.support import alive
 from tests.trainer.test_loop import metrics, tasks_file
 
 pytestmark = pytest.mark.slow
@@ -80,14 +81,6 @@ def calls(db: Path) -> list[tuple[str, int, int]]:
 def attempts(db: Path) -> dict[str, int]:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
         return dict(connection.execute("SELECT rollout_id, attempt_count FROM rollouts"))
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"  # a zombie has ended
 
 
 def agent_pids(run_dir: Path) -> list[int]:
