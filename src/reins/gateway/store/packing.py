@@ -55,7 +55,7 @@ class Packer:
         self.memory_tokens = memory_tokens
         self._candidates: OrderedDict[Attempt, list[Base]] = OrderedDict()
         self._held = 0
-        self._lock = threading.Lock()  # remembered on the event loop, read in a writer thread
+        self._lock = threading.Lock()  # used from the loop's thread and the writer thread
 
     def commit(self, conn: sa.Connection) -> CommitPacking:
         """The packing of one group commit on `conn`."""

@@ -111,15 +111,17 @@ _RETRY_MAX_S = 5.0
 def _writes_inline(
     rows: list[dict[str, Any]], pending: deque[PendingAppend], batch: list[PendingAppend]
 ) -> bool:
-    """Whether a group commit runs on the event loop's thread instead of the writer thread.
+    """Whether a group commit runs on the event loop's thread instead of the writer (its
+    process, or its thread: `writer`).
 
     A lone small commit (one call at a time, the proxy's c=1) pays more for the hand-over to
-    the writer thread and back (a thread wake and a loop wake) than for the write itself
+    the writer and back (a wake there and a loop wake here) than for the write itself
     (~0.5 ms; a WAL checkpoint every ~30 commits adds about as much again). Anything bigger, or
-    with posts waiting behind it, goes to the writer thread, where SQLite's GIL-free parts
-    overlap the loop's HTTP work. The loop waits for SQLite's lock only if another process
-    writes the file, which a SQLite gateway does not share (docs/gateway.md). Journaled calls
-    were answered already: their commit stays off the loop, which serves the next call."""
+    with posts waiting behind it, goes to the writer, which runs beside the loop's HTTP work.
+    The loop never waits for the writer's SQLite lock: the store runs one commit at a time
+    (its write lock), and a SQLite gateway does not share its file with another (docs/gateway.md).
+    Journaled calls were answered already: their commit stays off the loop, which serves the
+    next call."""
     if pending or len(rows) > _INLINE_MAX_ROWS or any(a.journaled for a in batch):
         return False
     return sum(len(row["data"].text) for row in rows) <= _INLINE_MAX_CHARS
