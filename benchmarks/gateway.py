@@ -352,17 +352,22 @@ class CpuWindow:
             time.sleep(max(0.0, start_at - time.time()))
             if db_root is not None:  # PostgreSQL backends are forked per connection
                 self.groups["db"] = [db_root, *_children(db_root)]
-            # SQLite's event writer process (and the fork server it came from), by then started.
+            # SQLite's event writer process and the fork server it came from.
             self.groups["writer"] = _descendants(self.groups["gateway"][0])
-            before = {name: sum(map(_proc_cpu_s, pids)) for name, pids in self.groups.items()}
+            before = {pid: _proc_cpu_s(pid) for pids in self.groups.values() for pid in pids}
             machine_before = _machine_busy_s()
             t0 = time.time()
             time.sleep(max(0.0, end_at - time.time()))
             if db_root is not None:
                 self.groups["db"] = [db_root, *_children(db_root)]
+            # Listed again: the writer may have been forked after the window opened (the fork
+            # server takes a second or so to start); a process started in the window counts
+            # from zero.
+            self.groups["writer"] = _descendants(self.groups["gateway"][0])
             wall = time.time() - t0
             for name, pids in self.groups.items():
-                self.usage[name] = (sum(map(_proc_cpu_s, pids)) - before[name]) / wall
+                used = sum(max(0.0, _proc_cpu_s(pid) - before.get(pid, 0.0)) for pid in pids)
+                self.usage[name] = used / wall
             busy, total = _machine_busy_s()
             cores = os.cpu_count() or 1
             machine = (busy - machine_before[0]) / max(1e-9, total - machine_before[1]) * cores

@@ -41,6 +41,18 @@ def test_a_json_body_sent_as_another_content_type_is_415_saying_so(gateway: Gate
     # A route whose body is optional still takes none, whatever the type.
     opened = gateway.http.post("/api/rollouts/r/attempts", headers={"content-type": "text/plain"})
     assert opened.status_code == 200
+    # The event post, served by its own fast endpoint (`reins.gateway.fast`), answers as its
+    # FastAPI twin: it stored the event.
+    events = "/api/rollouts/r/attempt/1/events"
+    for content_type in ("text/plain", ""):
+        posted = gateway.http.post(
+            events, content=b'{"type": "note", "data": {}}', headers={"content-type": content_type}
+        )
+        assert posted.status_code == 415, posted.text
+        assert "Content-Type: application/json" in posted.json()["error"]
+    assert gateway.http.get("/api/rollouts/r/events").json() == []
+    posted = gateway.http.post(events, json={"type": "note", "data": {}})
+    assert posted.status_code == 200, posted.text
 
 
 def test_a_bad_field_is_422_naming_field_and_rule(gateway: Gateway) -> None:

@@ -16,7 +16,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from starlette.background import BackgroundTask
 from starlette.routing import Route
 
-from reins.gateway import jsonrule
+from reins.gateway import guards, jsonrule
 from reins.gateway.routes import proxy
 from reins.gateway.routes.events import MAX_EVENTS_PER_POST, append
 from reins.gateway.store import Store
@@ -66,9 +66,11 @@ async def append_events(request: Request) -> Response:
         raise _invalid(
             ("header", "idempotency-key"), "String should have at most 200 characters", "too_long"
         )
+    raw = await request.body()
+    guards.refuse_unless_json(request.headers.get("content-type"), raw)
     try:
         # The JSON rule first (no NaN, no unpaired surrogate, bounded depth), then the schema.
-        body = _EVENT_BODY.validate_python(jsonrule.parse(await request.body()))
+        body = _EVENT_BODY.validate_python(jsonrule.parse(raw))
     except jsonrule.JsonRuleError as refused:
         raise RequestValidationError([refused.error()]) from None
     except ValidationError as error:

@@ -132,19 +132,25 @@ def _is_json(content_type: str | None) -> bool:
     return subtype == "json" or subtype.endswith("+json")
 
 
+def refuse_unless_json(content_type: str | None, body: bytes) -> None:
+    """415 for a body sent as anything but JSON.
+
+    FastAPI would validate the raw bytes against the route's model and answer, for a JSON list
+    sent as text (curl's `-d` sends a form type), "body: Input should be a valid list": true of
+    no body the client sent, and silent on the fix."""
+    if body and not _is_json(content_type):
+        sent = f"as {content_type}" if content_type else "without a Content-Type"
+        raise HTTPException(
+            status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
+            f"the request body was sent {sent}; send it as JSON with "
+            "`Content-Type: application/json`",
+        )
+
+
 async def _parse_json_body(request: Request) -> None:
     content_type = request.headers.get("content-type")
+    refuse_unless_json(content_type, await request.body())
     if not _is_json(content_type):
-        if await request.body():
-            # FastAPI would validate the raw bytes against the route's model and answer, for
-            # a JSON list sent as text (curl's `-d` sends a form type), "body: Input should
-            # be a valid list": true of no body the client sent, and silent on the fix.
-            sent = f"as {content_type}" if content_type else "without a Content-Type"
-            raise HTTPException(
-                status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
-                f"the request body was sent {sent}; send it as JSON with "
-                "`Content-Type: application/json`",
-            )
         return
     body = await request.body()
     if not body:
