@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import sqlite3
@@ -424,7 +425,36 @@ def storage_cells(
         one = sum(len(b) for b in rollout.bodies)
         share = ", ".join(f"{name} {100 * n / one:.0f}%" for name, n in rollout.parts.items())
         print(f"{'':<20}posted JSON by part: {share}")
+        print(f"{'':<20}{rollout_page(url, rollout.rollout_id)}", flush=True)
     return overhead
+
+
+def rollout_page(url: str, rollout_id: str, repeats: int = 3) -> str:
+    """The dashboard's page of one rollout (`/ui/rollouts/{id}`) against the JSON read of the
+    same rollout's events (`GET .../events`), best of `repeats` each."""
+    best = {"page": math.inf, "events": math.inf}
+    size = 0
+    with httpx.Client(base_url=url, headers=_admin(), timeout=300) as http:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            page = _check_ok(http.get(f"/ui/rollouts/{rollout_id}"))
+            t1 = time.perf_counter()
+            _check_ok(http.get(f"/api/rollouts/{rollout_id}/events", params={"limit": 10_000}))
+            t2 = time.perf_counter()
+            best = {"page": min(best["page"], t1 - t0), "events": min(best["events"], t2 - t1)}
+            size = len(page.content)
+    return (
+        f"rollout page ({_mb(size)} of HTML): {best['page'] * 1e3:.0f} ms, "
+        f"{best['page'] / best['events']:.2f}x the JSON read of its events "
+        f"({best['events'] * 1e3:.0f} ms), best of {repeats}"
+    )
+
+
+def _check_ok(response: httpx.Response) -> httpx.Response:
+    """`response` when it is a 200 (`_check` for an answer that is not JSON)."""
+    if response.status_code != 200:
+        raise RuntimeError(f"{response.request.url}: {response.status_code} {response.text[:500]}")
+    return response
 
 
 def read_set(

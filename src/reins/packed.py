@@ -524,9 +524,18 @@ class Unpacked:
     base: Base
 
 
-def unpack(seq: int, skeleton: dict[str, Any], blob: bytes, base: Unpacked | None) -> Unpacked:
+def unpack(
+    seq: int,
+    skeleton: dict[str, Any],
+    blob: bytes,
+    base: Unpacked | None,
+    *,
+    token_arrays: bool = False,
+) -> Unpacked:
     """The event `data` that `pack` was given. `base` is the restored event named by the
-    blob's header (`Arrays.base_seq`), or None when it names none."""
+    blob's header (`Arrays.base_seq`), or None when it names none. `token_arrays`: its
+    `prompt_token_ids` an int32 array rather than a list (a long rollout's prompts as lists of
+    ints are the square of its length in Python objects; `reins.samples` takes either)."""
     named = base_of(blob)
     if named != (None if base is None else base.base.seq):
         raise ValueError(f"event {seq} is packed against event {named}: pass that one")
@@ -535,7 +544,7 @@ def unpack(seq: int, skeleton: dict[str, Any], blob: bytes, base: Unpacked | Non
     prompt = arrays.tail
     if base is not None:
         prompt = np.concatenate([base.base.tokens[: header["keep"]], arrays.tail])
-    packed: dict[str, Any] = {"prompt_token_ids": prompt.tolist()}
+    packed: dict[str, Any] = {"prompt_token_ids": prompt if token_arrays else prompt.tolist()}
     if header["resp_key"]:
         packed["response_token_ids"] = arrays.response.tolist()
     if header["lp"] == "null":
@@ -568,9 +577,10 @@ def unpack(seq: int, skeleton: dict[str, Any], blob: bytes, base: Unpacked | Non
     return Unpacked(data, Base(seq, tokens, shape, arrays.text))
 
 
-def unpack_events(events: Sequence[PackedEvent]) -> list[Event]:
+def unpack_events(events: Sequence[PackedEvent], *, token_arrays: bool = False) -> list[Event]:
     """Whole events from packed ones (`GET .../events/packed`), in seq order. Every base a
-    packed event names must be among `events`: read an attempt from its first call."""
+    packed event names must be among `events`: read an attempt from its first call.
+    `token_arrays`: as `unpack`'s."""
     restored: dict[int, Unpacked] = {}
     out = []
     for event in sorted(events, key=lambda e: e.seq):
@@ -584,7 +594,9 @@ def unpack_events(events: Sequence[PackedEvent]) -> list[Event]:
                     "these events: read its attempt from the first call"
                 )
             base = None if named is None else restored[named]
-            restored[event.seq] = unpack(event.seq, event.data, blob, base)
+            restored[event.seq] = unpack(
+                event.seq, event.data, blob, base, token_arrays=token_arrays
+            )
             data = restored[event.seq].data
         fields = event.model_dump(exclude={"packed", "data"})
         out.append(Event.model_construct(**fields, data=data))

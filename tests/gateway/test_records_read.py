@@ -134,6 +134,19 @@ async def test_packed_events_are_the_stored_form_and_restore_exactly(gateway: Ga
     assert wire < sum(len(e.model_dump_json()) for e in whole) / 3
     with pytest.raises(ValueError, match="read its attempt from the first call"):
         unpack_events(packed[3:])
+    # With `token_arrays` (the rollout page's read) each restored prompt is an int32 array of
+    # the same IDs, and the samples read from them equal those read from the lists.
+    arrays = unpack_events(packed, token_arrays=True)
+    for as_array, as_list, stored in zip(arrays, whole, packed, strict=True):
+        prompt = as_array.data.get("prompt_token_ids")
+        if stored.packed is None:
+            assert as_array.data == as_list.data
+            continue
+        assert isinstance(prompt, np.ndarray) and prompt.dtype == np.int32
+        assert prompt.tolist() == as_list.data["prompt_token_ids"]
+        rest = {k: v for k, v in as_array.data.items() if k != "prompt_token_ids"}
+        assert rest == {k: v for k, v in as_list.data.items() if k != "prompt_token_ids"}
+    _same_record(rollout_from_events(arrays), rollout_from_events(whole))
 
 
 def test_a_stored_reward_that_does_not_parse_reads_as_missing() -> None:

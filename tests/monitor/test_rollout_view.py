@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import math
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+
 from reins.monitor.rollout import attempt_view
-from reins.schemas import Event
+from reins.packed import Base, pack, unpack_events
+from reins.schemas import Event, PackedEvent
 from tests.monitor.factory import chat_call
 from tests.stub_engine import decode
 
@@ -194,3 +199,52 @@ def test_tool_uses_and_tool_calls_read_as_what_was_run_and_what_came_back() -> N
     call_message, tool_message = view.calls[1].messages[-2:]
     assert call_message.text == '→ run_shell [call_1]\n{\n "command": "wc -l data.csv"\n}'
     assert (tool_message.role, tool_message.text) == ("tool [call_1]", "12 data.csv")
+
+
+def as_stored(whole: list[Event]) -> list[PackedEvent]:
+    """The events as the store keeps them: each call packed against the previous ones."""
+    stored: list[PackedEvent] = []
+    bases: list[Base] = []
+    for event in whole:
+        packed = pack(event.data, bases) if event.type == "model_request" else None
+        data, blob = event.data, None
+        if packed is not None:
+            data, blob = packed.skeleton, base64.b64encode(packed.blob).decode()
+            bases.append(packed.as_base(event.seq))
+        stored.append(PackedEvent(**{**event.model_dump(), "data": data}, packed=blob))
+    return stored
+
+
+def test_the_view_of_prompts_restored_as_arrays_is_the_view_of_the_lists() -> None:
+    """The rollout page restores stored calls with `token_arrays` (a long rollout's prompts as
+    lists were 13 M Python ints); what it shows must not change."""
+    second = [USER, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    changed = [USER, {"role": "assistant", "content": "HELLO"}, {"role": "user", "content": "?"}]
+    invalid = chat_call([USER], "z")
+    invalid["data"]["status"] = "oops"
+    whole = events(
+        chat_call([USER], "hello"),
+        chat_call(second, "ok"),
+        chat_call(changed, "x"),
+        chat_call([USER], "", status=500, error="boom"),
+        invalid,
+    )
+    restored = unpack_events(as_stored(whole), token_arrays=True)
+    assert sum(isinstance(e.data.get("prompt_token_ids"), np.ndarray) for e in restored) == 5
+    expected, got = attempt_view("r", 1, whole), attempt_view("r", 1, restored)
+    assert [c.prompt_tokens for c in got.calls] == [c.prompt_tokens for c in expected.calls]
+    assert [c.prompt_tokens for c in got.calls][:2] == [
+        len(e.data["prompt_token_ids"]) for e in whole[:2]
+    ]
+    assert [dataclasses.astuple(c.boundary) for c in got.calls] == [
+        dataclasses.astuple(c.boundary) for c in expected.calls
+    ]
+    assert [(c.messages, c.earlier_messages, c.tokens) for c in got.calls] == [
+        (c.messages, c.earlier_messages, c.tokens) for c in expected.calls
+    ]
+    assert (got.sequences, got.split_counts) == (expected.sequences, expected.split_counts)
+    # Nor is the array made a list again: pydantic validates an array element by element
+    # (~37 ms for a 64k-token prompt here, 40x the list's time).
+    assert [c.record.prompt_token_ids for c in got.calls] == [[]] * 4
+    (shown,) = [item for item in got.items if item.type == "invalid"]
+    assert shown.data == whole[-1].data  # lists again: the page prints it as JSON

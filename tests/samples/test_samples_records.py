@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from reins.samples import Call, MissingRewardError, rollout_from_events
+from reins.samples.records import token_ids
 from reins.schemas import Event
 
 
@@ -157,3 +158,17 @@ def test_a_reward_that_does_not_parse_is_a_missing_reward(data: dict[str, Any]) 
     with pytest.raises(MissingRewardError, match="r-1 attempt 1 has a reward event that does not"):
         rollout_from_events(events)
     assert rollout_from_events(events, missing_reward=-1.0).reward == -1.0
+
+
+def test_token_ids_take_an_int32_array_as_it_is_and_refuse_other_arrays() -> None:
+    """Prompts restored as arrays (`reins.packed.unpack(token_arrays=True)`, the rollout page)."""
+    ids = np.array([0, 7, 2**31 - 1], dtype=np.int32)
+    assert token_ids(ids) is ids
+    assert token_ids(np.zeros(0, dtype=np.int32)) is not None
+    for refused in (
+        np.array([3, -1], dtype=np.int32),
+        np.array([3, 4], dtype=np.int64),
+        np.array([[3, 4]], dtype=np.int32),
+        np.array([3.0, 4.0]),
+    ):
+        assert token_ids(refused) is None, refused

@@ -369,6 +369,24 @@ def _pretty(data: dict[str, Any], limit: int = 5000) -> str:
     return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit} more)"
 
 
+def _record(data: Any) -> tuple[ModelRequest, int]:
+    """A call's record and its prompt's length. A prompt restored as an array (`token_arrays`,
+    `reins.packed.unpack`) is not validated as a list of ints, nor kept: the page shows its
+    length only, and `reins.samples` reads it from the event."""
+    prompt = data.get("prompt_token_ids") if isinstance(data, dict) else None
+    if isinstance(prompt, np.ndarray):
+        return ModelRequest.model_validate({**data, "prompt_token_ids": []}), int(prompt.size)
+    record = ModelRequest.model_validate(data)
+    return record, len(record.prompt_token_ids)
+
+
+def _with_lists(data: Any) -> Any:
+    """`data` as JSON can show it (a prompt restored as an array as its list)."""
+    if isinstance(data, dict) and isinstance(data.get("prompt_token_ids"), np.ndarray):
+        return {**data, "prompt_token_ids": data["prompt_token_ids"].tolist()}
+    return data
+
+
 def attempt_view(
     rollout_id: str,
     attempt_id: int,
@@ -388,9 +406,10 @@ def attempt_view(
     for event in mine:
         if event.type == MODEL_REQUEST:
             try:
-                record = ModelRequest.model_validate(event.data)
+                record, prompt_tokens = _record(event.data)
             except ValueError as invalid:
-                items.append(Item(event.seq, "invalid", data=event.data, pretty=str(invalid)))
+                data = _with_lists(event.data)
+                items.append(Item(event.seq, "invalid", data=data, pretty=str(invalid)))
                 continue
             boundary = boundaries.get(event.seq)
             if boundary is None:
@@ -398,7 +417,7 @@ def attempt_view(
                     f"failed call (status {record.status})"
                     if record.status != 200
                     else "no token IDs recorded"
-                    if not (record.prompt_token_ids and record.response_token_ids)
+                    if not (prompt_tokens and record.response_token_ids)
                     else "samples could not be built"
                 )
                 boundary = Boundary("skipped", f"not trained on: {why}")
@@ -409,7 +428,7 @@ def attempt_view(
                 index=len(calls) + 1,
                 seq=event.seq,
                 record=record,
-                prompt_tokens=len(record.prompt_token_ids),
+                prompt_tokens=prompt_tokens,
                 response_tokens=len(record.response_token_ids),
                 messages=messages,
                 earlier_messages=earlier,

@@ -64,7 +64,12 @@ _STATE_FIELDS = ("status", "abandoned", "model_version")
 
 def token_ids(value: Any) -> TokenArray | None:
     """`value` as int32 token IDs, or None when it is not a list of ints (no bool, float or
-    string) from 0 to 2**31 - 1."""
+    string) from 0 to 2**31 - 1. A 1-D int32 array (a call restored with `token_arrays`,
+    `reins.packed.unpack`) is taken as it is when none is negative."""
+    if isinstance(value, np.ndarray):
+        if value.dtype != np.int32 or value.ndim != 1 or (value.size and int(value.min()) < 0):
+            return None
+        return value
     if not isinstance(value, list):
         return None
     if not value:
