@@ -10,6 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 
 from reins.doctor import Detokenizer, HarnessRun, build_report, render_text
@@ -247,3 +248,29 @@ def test_tool_calls_match_as_json_values_not_as_text() -> None:
     assert matches(sampled, Answer("Let me look.", (("look", {"a": 2}),))) is False
     assert matches(sampled, Answer("Let me look.\n", (("look", {"a": 1}),))) is False
     assert matches("kiwi", Answer("kiwi ")) is False
+
+
+def test_prompts_as_int32_arrays_give_the_same_report_as_lists() -> None:
+    """The dashboard's fidelity page restores stored calls with each prompt an array
+    (`reins.monitor.fidelity.harness_runs`): the report must be the one `reins doctor` makes
+    from the JSON lists."""
+    empty = record(FIRST_PROMPT, [], finish_reason="stop")  # an empty answer, not missing IDs
+    no_ids = record([], [*ids("fig"), EOS])
+    cases = [
+        [run(conversation(ids("kiwi")), "r1"), run([empty, no_ids], "r2")],
+        [run(conversation([AB, *ids("c")], sent_back=ids("abc")), "r3")],
+    ]
+    for runs in cases:
+        arrays = [
+            run(
+                [
+                    {**c, "prompt_token_ids": np.array(c["prompt_token_ids"], np.int32)}
+                    for c in r.calls
+                ],
+                r.rollout_id,
+            )
+            for r in runs
+        ]
+        expected = build_report(runs, DETOK).to_json()
+        assert build_report(arrays, DETOK).to_json() == expected
+    assert (expected["trainable_calls"], expected["splits"]) == (2, {"retokenized": 1})

@@ -74,7 +74,8 @@ class HarnessRun:
 
     rollout_id: str
     calls: list[dict[str, Any]]
-    """The `model_request` events' data, in event order."""
+    """The `model_request` events' data, in event order (a prompt's token IDs may be an int32
+    array: `reins.packed.unpack(token_arrays=True)`)."""
     returncode: int | None
     """The process's exit status; None when it was stopped at the time limit."""
     seconds: float = 0.0
@@ -270,11 +271,13 @@ def _check_calls(
                 error = str(data.get("error") or "")[:300]
                 tally.failed_example = f"{where}: status {data.get('status')}: {error}"
             continue
-        prompt, response = data.get("prompt_token_ids"), data.get("response_token_ids")
-        if prompt and not response and data.get("finish_reason") == "stop":
+        prompt: Any = data.get("prompt_token_ids")
+        response = data.get("response_token_ids")
+        has_prompt = prompt.size > 0 if isinstance(prompt, np.ndarray) else bool(prompt)
+        if has_prompt and not response and data.get("finish_reason") == "stop":
             report.empty_answers += 1  # ended at once, at a stop: nothing to train on
             continue
-        if not prompt or not response:
+        if not has_prompt or not response:
             report.missing_token_ids += 1
             tally.missing_example = tally.missing_example or where
             continue

@@ -483,8 +483,8 @@ async def run_fidelity(request: Request, name: str) -> HTMLResponse:
     """`reins doctor`'s report of the run's recorded rollouts (monitor/fidelity.py)."""
     require_viewer(request)
     text, notice = await _monitor_text(request)
-    runs, finished, cut = await fidelity.harness_runs(request.app.state.store, name)
-    view = await asyncio.to_thread(fidelity.fidelity_view, name, runs, finished, cut, text)
+    stored, finished, cut = await fidelity.stored_runs(request.app.state.store, name)
+    view = await asyncio.to_thread(fidelity.fidelity_view, name, stored, finished, cut, text)
     return _html(
         "fidelity.html",
         view=view,

@@ -16,6 +16,7 @@ What it keeps:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,8 @@ from reins.doctor.render import rows
 from reins.doctor.report import Detokenizer, DoctorReport, HarnessRun, build_report
 from reins.gateway.store import RolloutQuery, Store
 from reins.monitor.tokens import TokenText
-from reins.schemas import AGENT_LOG, MODEL_REQUEST, Rollout
+from reins.packed import unpack_events
+from reins.schemas import AGENT_LOG, MODEL_REQUEST, PackedEvent, Rollout
 
 MAX_ROLLOUTS = 200
 """Finished rollouts of a run read for the page (the latest ones)."""
@@ -52,23 +54,30 @@ def _exit_code(rollout: Rollout, logs: list[dict[str, Any]]) -> int:
     return 0 if rollout.status.state == "succeeded" else 1
 
 
-async def harness_runs(
+@dataclass
+class StoredRun:
+    """A finished rollout of the run and its latest attempt's calls and agent logs, as stored
+    (`Store.get_packed_events`): restored off the event loop, prompts as arrays."""
+
+    rollout: Rollout
+    events: list[PackedEvent]
+
+
+async def stored_runs(
     store: Store, run: str, limit: int | None = None
-) -> tuple[list[HarnessRun], int, list[str]]:
-    """The run's latest `limit` (MAX_ROLLOUTS) finished rollouts as doctor runs; the finished
-    count; the rollouts whose events were cut at MAX_CALLS."""
+) -> tuple[list[StoredRun], int, list[str]]:
+    """The run's latest `limit` (MAX_ROLLOUTS) finished rollouts, oldest first (as the runs of
+    `reins doctor`); the finished count; the rollouts whose events were cut at MAX_CALLS."""
     query = RolloutQuery(states=("succeeded", "failed"), run=run, limit=limit or MAX_ROLLOUTS)
     rollouts, finished = await store.query_rollouts(query)
-    out: list[HarnessRun] = []
+    out: list[StoredRun] = []
     cut: list[str] = []
-    for rollout in reversed(rollouts):  # oldest first, as the runs of `reins doctor`
+    for rollout in reversed(rollouts):
         attempt = rollout.attempt_count
         if not attempt:
-            out.append(HarnessRun(rollout.rollout_id, [], _exit_code(rollout, [])))
+            out.append(StoredRun(rollout, []))
             continue
-        calls: list[dict[str, Any]] = []
-        logs: list[dict[str, Any]] = []
-        events = await store.get_events(
+        events = await store.get_packed_events(
             rollout.rollout_id,
             attempt_id=attempt,
             types=(MODEL_REQUEST, AGENT_LOG),
@@ -77,21 +86,34 @@ async def harness_runs(
         if len(events) > MAX_CALLS:
             events = events[:MAX_CALLS]
             cut.append(rollout.rollout_id)
-        for event in events:
+        out.append(StoredRun(rollout, events))
+    return out, finished, cut
+
+
+def harness_runs(stored: Sequence[StoredRun]) -> list[HarnessRun]:
+    """The rollouts as doctor runs (pure; CPU work). Their prompts are restored as arrays:
+    as lists, a run of 200 rollouts of 50 calls growing to 32k tokens is ~160 M Python ints."""
+    out: list[HarnessRun] = []
+    for run in stored:
+        calls: list[dict[str, Any]] = []
+        logs: list[dict[str, Any]] = []
+        for event in unpack_events(run.events, token_arrays=True):
             (calls if event.type == MODEL_REQUEST else logs).append(event.data)
         tail = str(logs[-1].get("tail") or "") if logs else ""
-        out.append(HarnessRun(rollout.rollout_id, calls, _exit_code(rollout, logs), 0.0, tail))
-    return out, finished, cut
+        code = _exit_code(run.rollout, logs)
+        out.append(HarnessRun(run.rollout.rollout_id, calls, code, 0.0, tail))
+    return out
 
 
 def fidelity_view(
     run: str,
-    runs: list[HarnessRun],
+    stored: list[StoredRun],
     finished: int,
     cut: list[str],
     text: TokenText | None,
 ) -> FidelityView:
     """The page's data (pure; CPU work: call it off the event loop)."""
     detok = Detokenizer(text.tokenizer) if text is not None else None
+    runs = harness_runs(stored)
     report = build_report(runs, detok)
     return FidelityView(run, report, rows(report), finished, len(runs), cut)

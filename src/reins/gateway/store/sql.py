@@ -28,10 +28,11 @@ import secrets
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -127,6 +128,48 @@ def _writes_inline(
     return sum(len(row["data"].text) for row in rows) <= _INLINE_MAX_CHARS
 
 
+_T = TypeVar("_T")
+_EventsRead = Callable[[sa.Connection, "_EventsQuery"], _T]
+
+
+@dataclass(frozen=True)
+class _EventsQuery:
+    rollout_id: str
+    attempt_id: int | None
+    all_attempts: bool
+    types: tuple[str, ...]
+    after: int
+    limit: int
+
+
+def _events_select(conn: sa.Connection, q: _EventsQuery) -> sa.Select[Any]:
+    """The events of `q`, in seq order; NotFound for a rollout or attempt that does not exist."""
+    if names_no_row(q.rollout_id):
+        raise NotFound(f"rollout {q.rollout_id!r} does not exist")
+    latest = conn.scalar(
+        sa.select(rollouts.c.attempt_count).where(rollouts.c.rollout_id == q.rollout_id)
+    )
+    if latest is None:
+        raise NotFound(f"rollout {q.rollout_id} does not exist")
+    query = sa.select(events).where(events.c.rollout_id == q.rollout_id)
+    if not q.all_attempts:
+        wanted = latest if q.attempt_id is None else q.attempt_id
+        if q.attempt_id is not None and not 1 <= q.attempt_id <= latest:
+            raise NotFound(f"rollout {q.rollout_id} has no attempt {q.attempt_id}")
+        query = query.where(events.c.attempt_id == wanted)
+    if q.types:
+        query = query.where(events.c.type.in_([t for t in q.types if not names_no_row(t)]))
+    return query.where(events.c.seq > q.after).order_by(events.c.seq).limit(q.limit)
+
+
+def _read_events(conn: sa.Connection, q: _EventsQuery) -> list[Event]:
+    return expand_rows(conn, conn.execute(_events_select(conn, q)))
+
+
+def _read_packed_events(conn: sa.Connection, q: _EventsQuery) -> list[PackedEvent]:
+    return [packed_event_of(row) for row in conn.execute(_events_select(conn, q))]
+
+
 def _add_packing_columns(conn: sa.Connection) -> None:
     """The migration of a database made before events were packed: its rows stay as they are
     (read whole), new `model_request` rows are packed."""
@@ -180,6 +223,11 @@ class SqlStore(DashboardReads):
             self._read_thread: ThreadPoolExecutor | None = ThreadPoolExecutor(
                 1, thread_name_prefix="reins-reads"
             )
+            # Events and records, restored off the event loop; a thread of their own, so that
+            # the attempt check above never waits behind a long rollout's read.
+            self._bulk_thread: ThreadPoolExecutor | None = ThreadPoolExecutor(
+                1, thread_name_prefix="reins-bulk-reads"
+            )
         else:
             self.engine = create_async_engine(
                 url, pool_size=10, max_overflow=10, json_serializer=serialize
@@ -187,6 +235,7 @@ class SqlStore(DashboardReads):
             self._writer = None
             self._read_engine = None
             self._read_thread = None
+            self._bulk_thread = None
         self._insert = sqlite.insert if self.is_sqlite else postgresql.insert
         # SQLite has one writer: serialize our writes here instead of spinning on SQLITE_BUSY.
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
@@ -293,8 +342,10 @@ class SqlStore(DashboardReads):
         await self.engine.dispose()
         if self._writer is not None:
             await self._writer.close()
-        if self._read_engine is not None and self._read_thread is not None:
-            self._read_thread.shutdown(wait=True)
+        for thread in (self._read_thread, self._bulk_thread):
+            if thread is not None:
+                thread.shutdown(wait=True)
+        if self._read_engine is not None:
             self._read_engine.dispose()
 
     async def token_secret(self) -> bytes:
@@ -900,13 +951,8 @@ class SqlStore(DashboardReads):
         after: int = 0,
         limit: int = 1000,
     ) -> list[Event]:
-        await self._settle()
-        async with self.engine.connect() as conn:
-            query = await self._events_query(
-                conn, rollout_id, attempt_id, all_attempts, types, after, limit
-            )
-            rows = list(await conn.execute(query))
-            return await conn.run_sync(expand_rows, rows)
+        query = _EventsQuery(rollout_id, attempt_id, all_attempts, tuple(types), after, limit)
+        return await self._read(_read_events, query)
 
     async def get_packed_events(
         self,
@@ -918,39 +964,25 @@ class SqlStore(DashboardReads):
         after: int = 0,
         limit: int = 1000,
     ) -> list[PackedEvent]:
-        await self._settle()
-        async with self.engine.connect() as conn:
-            query = await self._events_query(
-                conn, rollout_id, attempt_id, all_attempts, types, after, limit
-            )
-            return [packed_event_of(row) for row in await conn.execute(query)]
+        query = _EventsQuery(rollout_id, attempt_id, all_attempts, tuple(types), after, limit)
+        return await self._read(_read_packed_events, query)
 
-    async def _events_query(
-        self,
-        conn: AsyncConnection,
-        rollout_id: str,
-        attempt_id: int | None,
-        all_attempts: bool,
-        types: Sequence[str],
-        after: int,
-        limit: int,
-    ) -> sa.Select[Any]:
-        if names_no_row(rollout_id):
-            raise NotFound(f"rollout {rollout_id!r} does not exist")
-        latest = await conn.scalar(
-            sa.select(rollouts.c.attempt_count).where(rollouts.c.rollout_id == rollout_id)
-        )
-        if latest is None:
-            raise NotFound(f"rollout {rollout_id} does not exist")
-        query = sa.select(events).where(events.c.rollout_id == rollout_id)
-        if not all_attempts:
-            wanted = latest if attempt_id is None else attempt_id
-            if attempt_id is not None and not 1 <= attempt_id <= latest:
-                raise NotFound(f"rollout {rollout_id} has no attempt {attempt_id}")
-            query = query.where(events.c.attempt_id == wanted)
-        if types:
-            query = query.where(events.c.type.in_([t for t in types if not names_no_row(t)]))
-        return query.where(events.c.seq > after).order_by(events.c.seq).limit(limit)
+    async def _read(self, read: _EventsRead[_T], query: _EventsQuery) -> _T:
+        """`read(conn, query)` after the journaled records are stored. On SQLite in a thread of
+        its own: restoring a long rollout's packed calls took ~0.8 s of CPU (200 calls to 128k
+        tokens), which on the event loop held up every call the proxy was serving."""
+        await self._settle()
+        if self._read_engine is not None:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._bulk_thread, self._read_in_thread, read, query
+            )
+        async with self.engine.connect() as conn:
+            return await conn.run_sync(read, query)
+
+    def _read_in_thread(self, read: _EventsRead[_T], query: _EventsQuery) -> _T:
+        assert self._read_engine is not None
+        with self._read_engine.connect() as conn:
+            return read(conn, query)
 
     async def record_parts(self, rollout_ids: Sequence[str]) -> list[RolloutParts]:
         await self._settle()
@@ -960,7 +992,7 @@ class SqlStore(DashboardReads):
             raise NotFound(f"rollouts {unnamed[:5]} do not exist")
         if self._read_engine is not None:  # SQLite: decompressing stays off the event loop
             return await asyncio.get_running_loop().run_in_executor(
-                self._read_thread, self._record_parts_in_thread, ids
+                self._bulk_thread, self._record_parts_in_thread, ids
             )
         async with self.engine.connect() as conn:
             return await conn.run_sync(record_parts, ids)
