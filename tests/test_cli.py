@@ -100,8 +100,12 @@ def refused_gateway(database: str) -> subprocess.CompletedProcess[str]:
             "cannot reach the database postgresql+asyncpg://reins:***@127.0.0.1:",
         ),
         ("/proc/no-such-folder/gateway.db", "cannot open the SQLite database /proc/no-such"),
+        # It started, and failed each event post: the writer and the reader each opened an
+        # empty database of their own.
+        (":memory:", "an in-memory SQLite database cannot hold the gateway's records"),
+        ("sqlite://", "an in-memory SQLite database cannot hold"),
     ],
-    ids=["no-server", "unwritable-file"],
+    ids=["no-server", "unwritable-file", "in-memory", "in-memory-url"],
 )
 def test_a_database_that_cannot_be_opened_is_one_line_not_a_traceback(
     database: str, words: str

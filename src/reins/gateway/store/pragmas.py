@@ -19,6 +19,20 @@ appends took ~0.6 ms more CPU each; 16 clients', the same)."""
 _WAL_CHECKPOINT_BYTES = 4 * 2**20
 
 
+def sqlite_file(url: str) -> str:
+    """The path of the SQLite file a `sqlite...:///PATH` URL names; ValueError for an in-memory
+    database, which the store cannot use: its event writer (a process of its own) and its
+    reader open their own connections, and each would get an empty database of its own."""
+    _, _, path = url.partition(":///")
+    if not path or path == ":memory:" or path.startswith("file::memory:") or "mode=memory" in path:
+        raise ValueError(
+            f"{url}: an in-memory SQLite database cannot hold the gateway's records (its event "
+            "writer and its reader open connections of their own); name a file, on a tmpfs "
+            "such as /dev/shm for a scratch gateway"
+        )
+    return path
+
+
 def install_sqlite_pragmas(engine: sa.Engine, synchronous: str) -> None:
     @sa.event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from reins.gateway.store.pragmas import sqlite_file
+
 CONNECT_TIMEOUT_S = 10.0
 
 
@@ -22,9 +24,10 @@ async def check_reachable(url: str) -> None:
     file, as the gateway would); raises `DatabaseUnreachable` saying why it cannot."""
     shown = sa.make_url(url).render_as_string(hide_password=True)
     if url.startswith("sqlite"):
-        path = url.split(":///", 1)[1]
-        if not path or path == ":memory:":
-            return
+        try:
+            path = sqlite_file(url)
+        except ValueError as error:
+            raise DatabaseUnreachable(str(error)) from None
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             sqlite3.connect(path).close()

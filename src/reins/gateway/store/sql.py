@@ -52,7 +52,7 @@ from reins.gateway.store.appends import (
 from reins.gateway.store.board import ReplicaBoard
 from reins.gateway.store.journal import CLEAR_FROM_BYTES, CallJournal, JournaledPost
 from reins.gateway.store.packing import Key, Packer, expand_rows, packed_event_of, record_parts
-from reins.gateway.store.pragmas import install_sqlite_pragmas, sqlite_engine
+from reins.gateway.store.pragmas import install_sqlite_pragmas, sqlite_engine, sqlite_file
 from reins.gateway.store.reads import DashboardReads, rollout_filters
 from reins.gateway.store.tables import (
     ATTEMPT_STATE,
@@ -203,18 +203,17 @@ class SqlStore(DashboardReads):
         self.is_sqlite = url.startswith("sqlite")
         self._journal: CallJournal | None = None
         if self.is_sqlite:
-            path = url.split(":///", 1)[1]
-            if path and path != ":memory:":
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-                if sqlite_synchronous.upper() in _JOURNALED_SYNCHRONOUS:
-                    self._journal = CallJournal(Path(path + "-calls"))
+            path = sqlite_file(url)
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            if sqlite_synchronous.upper() in _JOURNALED_SYNCHRONOUS:
+                self._journal = CallJournal(Path(path + "-calls"))
             self.engine: AsyncEngine = create_async_engine(url, json_serializer=serialize)
             install_sqlite_pragmas(self.engine.sync_engine, sqlite_synchronous)
             # Event appends, the hot path: the group commits run in a writer process (or thread)
             # on a plain sqlite3 connection of their own (`writer`).
             self._writer: ProcessWriter | ThreadWriter | None = (
                 ProcessWriter(path, sqlite_synchronous)
-                if event_writer == "process" and path and path != ":memory:"
+                if event_writer == "process"
                 else ThreadWriter(path, sqlite_synchronous)
             )
             # The proxy's per-call attempt check, the same way on a reader connection of its own

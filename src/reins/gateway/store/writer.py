@@ -1,6 +1,5 @@
-"""Where SQLite's event group commits run: a process of their own (`ProcessWriter`, the default
-for a database file), or a thread of the gateway's (`ThreadWriter`: an in-memory database, or
-when asked).
+"""Where SQLite's event group commits run: a process of their own (`ProcessWriter`, the default),
+or a thread of the gateway's (`ThreadWriter`, when asked: `REINS_SQLITE_EVENT_WRITER=thread`).
 
 A group commit packs its `model_request` events (~0.1 ms each, `reins.packed`) and commits. In
 the gateway's process that work and the HTTP work shared one interpreter lock, so appends were
