@@ -323,11 +323,13 @@ class GatewayClient:
         return await self._pages(f"{_rollout_path(rollout_id)}/events", params, _events)
 
     async def get_packed_events(
-        self, rollout_id: str, *, attempt_id: int | None = None
+        self, rollout_id: str, *, attempt_id: int | None = None, all_attempts: bool = False
     ) -> list[PackedEvent]:
-        """An attempt's events as the store keeps them (`reins.packed.unpack_events` restores
-        them), paging through the gateway's limit."""
+        """An attempt's events (every attempt's with `all_attempts`) as the store keeps them
+        (`reins.packed.unpack_events` restores them), paging through the gateway's limit."""
         params: dict[str, Any] = {} if attempt_id is None else {"attempt_id": attempt_id}
+        if all_attempts:
+            params["all_attempts"] = True
         return await self._pages(
             f"{_rollout_path(rollout_id)}/events/packed", params, _packed_events
         )

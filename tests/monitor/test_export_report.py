@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from reins.cli import app
 from reins.client import GatewayClient
-from reins.monitor.export import export_rollouts
+from reins.monitor.export import export_rollouts, rollout_line
 from reins.monitor.report import ReportError, write_report
 from tests import required
 from tests.conftest import Gateway
@@ -47,6 +47,28 @@ async def test_export_writes_one_rollout_per_line_with_calls_rewards_and_logs(
     assert attempt["rewards"][0]["reason"] == "3 passed"
     assert "3 passed in 0.12s" in attempt["logs"][0]["tail"]
     assert attempt["events"][0]["type"] == "tool_result"
+
+
+@pytest.mark.parametrize("tokens", [False, True])
+async def test_export_reads_calls_as_stored_and_writes_what_the_whole_events_say(
+    gateway: Gateway, tokens: bool
+) -> None:
+    """Export reads each rollout as stored (packed) with prompts restored as arrays; its line
+    must be the one the whole JSON events give, token IDs included when asked."""
+    coding_rollout(gateway, "fix-bug-1", run="demo")
+    out = io.StringIO()
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        await export_rollouts(client, out, run="demo", tokens=tokens)
+        detail = await client.get_rollout("fix-bug-1")
+        whole = await client.get_events("fix-bug-1", all_attempts=True)
+    expected = json.loads(json.dumps(rollout_line(detail, whole, tokens=tokens), default=str))
+    (line,) = [json.loads(text) for text in out.getvalue().splitlines()]
+    assert line == expected
+    calls = line["attempts"][0]["calls"]
+    prompts = [e.data["prompt_token_ids"] for e in whole if e.type == "model_request"]
+    assert [c["prompt_tokens"] for c in calls] == [len(p) for p in prompts]
+    if tokens:
+        assert [c["prompt_token_ids"] for c in calls] == prompts
 
 
 async def test_export_can_include_token_ids_and_filter_by_status(gateway: Gateway) -> None:

@@ -15,8 +15,11 @@ import json
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+import numpy as np
+
 from reins.client import GatewayClient, check_database
 from reins.monitor.rollout import LOW_P, decisions, probability
+from reins.packed import unpack_events
 from reins.schemas import AGENT_LOG, MODEL_REQUEST, REWARD, Event, RolloutDetail, RolloutPage
 
 PAGE = 1000
@@ -24,11 +27,17 @@ PAGE = 1000
 
 def _call(event: Event, decision: dict[str, Any] | None, tokens: bool) -> dict[str, Any]:
     data = dict(event.data)
-    prompt_ids = data.pop("prompt_token_ids", None) or []
+    prompt_ids = data.pop("prompt_token_ids", None)
+    if isinstance(prompt_ids, np.ndarray):  # restored with `token_arrays`: made a list if shown
+        prompt_count: int | None = int(prompt_ids.size)
+        prompt_ids = prompt_ids.tolist() if tokens else []
+    else:
+        prompt_ids = prompt_ids or []
+        prompt_count = len(prompt_ids) if isinstance(prompt_ids, list) else None
     response_ids = data.pop("response_token_ids", None) or []
     logprobs = data.pop("response_logprobs", None)
     out: dict[str, Any] = {"seq": event.seq, "created_at": event.created_at.isoformat()}
-    out["prompt_tokens"] = len(prompt_ids) if isinstance(prompt_ids, list) else None
+    out["prompt_tokens"] = prompt_count
     out["response_tokens"] = len(response_ids) if isinstance(response_ids, list) else None
     if (
         isinstance(logprobs, list)
@@ -119,8 +128,10 @@ async def _lines(
 ) -> list[dict[str, Any]]:
     async def one(rollout_id: str) -> dict[str, Any]:
         detail = await client.get_rollout(rollout_id)
-        events = await client.get_events(rollout_id, all_attempts=True)
-        return rollout_line(detail, events, tokens=tokens)
+        # As stored, prompts restored as arrays: whole, a long rollout's prompts are most of its
+        # JSON (140 MB for 200 calls growing to 128k tokens) and grow with the square of its turns.
+        stored = await client.get_packed_events(rollout_id, all_attempts=True)
+        return rollout_line(detail, unpack_events(stored, token_arrays=True), tokens=tokens)
 
     return list(await asyncio.gather(*(one(rid) for rid in rollout_ids)))
 
