@@ -149,7 +149,10 @@ def base(gateway: Gateway) -> str:
 def streamed_failure(gateway: Gateway, token: str, api: str) -> str:
     """Streams one call in `api` with its SDK; the error the harness was told."""
     if api == "messages":
-        client = anthropic.Anthropic(base_url=f"{base(gateway)}/anthropic", api_key=token)
+        # No retries, as the other clients here: a retry would record a second call.
+        client = anthropic.Anthropic(
+            base_url=f"{base(gateway)}/anthropic", api_key=token, max_retries=0
+        )
         with pytest.raises(anthropic.APIError) as raised:
             for _ in client.messages.create(
                 model="m", max_tokens=16, messages=MESSAGES, stream=True
