@@ -1,0 +1,63 @@
+"""The events read's JSON (`GET .../events`, `.../events/packed`), encoded in slices so that a
+long rollout's answer does not hold the interpreter lock in one piece."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from reins.gateway.routes.events import SLICE_TOKENS, encode_events
+from reins.schemas import Event, PackedEvent
+
+NOW = datetime(2026, 12, 6, tzinfo=UTC)
+
+
+def event(seq: int, data: dict[str, Any]) -> Event:
+    return Event(
+        seq=seq, rollout_id="r", attempt_id=1, type="t", data=data, idempotency_key=f"k{seq}",
+        created_at=NOW,
+    )  # fmt: skip
+
+
+def test_the_slices_make_the_same_json_as_one_call() -> None:
+    adapter = TypeAdapter(list[Event])
+    big = list(range(SLICE_TOKENS // 3))  # three of these fill a slice
+    cases: list[list[Event]] = [
+        [],
+        [event(1, {"a": 1})],
+        [event(i, {"i": i, "text": "é✓\u2028"}) for i in range(2500)],  # slices by count
+        [event(i, {"prompt_token_ids": big, "x": [1.5, None]}) for i in range(8)],  # by tokens
+        [event(1, {"prompt_token_ids": big * 4})],  # one event past a slice
+    ]
+    for events in cases:
+        assert encode_events(adapter, events) == adapter.dump_json(events)
+    packed = [
+        PackedEvent(**event(i, {"status": 200}).model_dump(), packed="QUJD" * SLICE_TOKENS)
+        for i in range(3)
+    ]
+    packed_adapter = TypeAdapter(list[PackedEvent])
+    assert encode_events(packed_adapter, packed) == packed_adapter.dump_json(packed)
+
+
+class Counting:
+    """An adapter that counts the encoder's calls."""
+
+    def __init__(self) -> None:
+        self.adapter = TypeAdapter(list[Event])
+        self.sizes: list[int] = []
+
+    def dump_json(self, events: list[Event]) -> bytes:
+        self.sizes.append(len(events))
+        return self.adapter.dump_json(events)
+
+
+def test_a_long_read_is_encoded_a_slice_at_a_time() -> None:
+    big = list(range(SLICE_TOKENS // 3))
+    counting = Counting()
+    encode_events(counting, [event(i, {"prompt_token_ids": big}) for i in range(8)])  # type: ignore[arg-type]
+    assert counting.sizes == [3, 3, 2]
+    counting.sizes.clear()
+    encode_events(counting, [event(i, {}) for i in range(2500)])  # type: ignore[arg-type]
+    assert counting.sizes == [1000, 1000, 500]
