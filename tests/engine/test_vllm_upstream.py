@@ -151,7 +151,10 @@ def test_logprob_alternatives_have_vllms_shape_in_the_embedded_engine(
     vllm_server: VllmServer, http: httpx.Client, embedded: ServedEngine
 ) -> None:
     """`top_logprobs: 3` (chat) and `logprobs: 3` (completions): the embedded engine answers the
-    fields vLLM answers, with the same kinds of values, and the same first greedy token."""
+    fields vLLM answers, with the same kinds of values, and first greedy tokens each among the
+    other's top 3. Not the same token: vLLM's CPU build runs in bf16, the embedded engine in
+    fp32, and where the top two are near-tied their argmax differs (seen: "L" against "The",
+    in one CI run of many)."""
     greedy = {"temperature": 0, "max_tokens": 4}
     chat = {"messages": QUESTION, "logprobs": True, "top_logprobs": 3, **greedy}
     legacy = {"prompt": "The capital of France is", "logprobs": 3, **greedy}
@@ -161,7 +164,8 @@ def test_logprob_alternatives_have_vllms_shape_in_the_embedded_engine(
     ).json()
     first = [answer["choices"][0]["logprobs"]["content"][0] for answer in (theirs, ours)]
     assert first[0].keys() == first[1].keys() == {"token", "logprob", "bytes", "top_logprobs"}
-    assert first[0]["token"] == first[1]["token"]
+    top3 = [{top["token"] for top in entry["top_logprobs"]} for entry in first]
+    assert first[0]["token"] in top3[1] and first[1]["token"] in top3[0], first
     for entry in first:
         assert len(entry["top_logprobs"]) == 3
         assert all(top.keys() == {"token", "logprob", "bytes"} for top in entry["top_logprobs"])
@@ -172,7 +176,8 @@ def test_logprob_alternatives_have_vllms_shape_in_the_embedded_engine(
     ).json()
     shown = [answer["choices"][0]["logprobs"] for answer in (theirs, ours)]
     assert shown[0].keys() == shown[1].keys()
-    assert shown[0]["tokens"][0] == shown[1]["tokens"][0]
+    assert shown[0]["tokens"][0] in shown[1]["top_logprobs"][0], shown
+    assert shown[1]["tokens"][0] in shown[0]["top_logprobs"][0], shown
     for logprobs in shown:
         assert len(logprobs["text_offset"]) == len(logprobs["tokens"])
         assert logprobs["text_offset"][0] == 0
