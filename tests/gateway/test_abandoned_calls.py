@@ -66,7 +66,9 @@ def test_a_non_streamed_call_the_client_timed_out_is_recorded_abandoned(
     assert (call["status"], call["abandoned"]) == (499, True), call
     assert call["response_token_ids"] == [] and call["response"] == {}
     assert "hung up" in call["error"]
-    assert 0.4 < call["latency_s"] < 2.0
+    # From when the gateway took the call to the hang-up: under the client's 0.5 s when the
+    # gateway started late (a CI run on a loaded machine recorded 0.003 s), never the engine's 4 s.
+    assert 0 < call["latency_s"] < min(2.0, recorded_after)
     # Recorded when the client left, not when the engine would have answered (4 s).
     assert recorded_after < 3.0
     assert call["model"] == "policy" and call["stream"] is False
