@@ -614,7 +614,7 @@ def _py_spy(args: argparse.Namespace, pid: int, label: str) -> subprocess.Popen[
     duration = max(1, int(args.warmup + args.duration))
     return subprocess.Popen(
         [exe, "record", "--pid", str(pid), "--duration", str(duration), "--rate", "250",
-         "--format", "raw", "--threads", "--nonblocking", "--output", str(out)],
+         "--format", "raw", "--threads", "--nonblocking", "--subprocesses", "--output", str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -49,6 +49,7 @@ import platform
 import sqlite3
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from concurrent import futures
@@ -431,10 +432,14 @@ def storage_cells(
 
 def rollout_page(url: str, rollout_id: str, repeats: int = 3) -> str:
     """The dashboard's page of one rollout (`/ui/rollouts/{id}`) against the JSON read of the
-    same rollout's events (`GET .../events`), best of `repeats` each."""
+    same rollout's events (`GET .../events`), best of `repeats` each; and the longest wait of
+    a `/healthz` asked every 5 ms meanwhile (what every other request waits for the loop)."""
     best = {"page": math.inf, "events": math.inf}
     size = 0
-    with httpx.Client(base_url=url, headers=_admin(), timeout=300) as http:
+    with (
+        _HealthzWatch(url) as watch,
+        httpx.Client(base_url=url, headers=_admin(), timeout=300) as http,
+    ):
         for _ in range(repeats):
             t0 = time.perf_counter()
             page = _check_ok(http.get(f"/ui/rollouts/{rollout_id}"))
@@ -446,8 +451,36 @@ def rollout_page(url: str, rollout_id: str, repeats: int = 3) -> str:
     return (
         f"rollout page ({_mb(size)} of HTML): {best['page'] * 1e3:.0f} ms, "
         f"{best['page'] / best['events']:.2f}x the JSON read of its events "
-        f"({best['events'] * 1e3:.0f} ms), best of {repeats}"
+        f"({best['events'] * 1e3:.0f} ms), best of {repeats}; /healthz meanwhile: longest "
+        f"{watch.longest_s * 1e3:.0f} ms ({watch.count} asked)"
     )
+
+
+class _HealthzWatch:
+    """Asks `/healthz` every 5 ms from a thread until the block ends; the longest answer."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.longest_s = 0.0
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as http:
+            while not self._stop.wait(0.005):
+                started = time.perf_counter()
+                _check_ok(http.get("/healthz"))
+                self.longest_s = max(self.longest_s, time.perf_counter() - started)
+                self.count += 1
+
+    def __enter__(self) -> _HealthzWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _check_ok(response: httpx.Response) -> httpx.Response:

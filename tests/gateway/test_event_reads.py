@@ -1,14 +1,15 @@
-"""The events read's JSON (`GET .../events`, `.../events/packed`), encoded in slices so that a
-long rollout's answer does not hold the interpreter lock in one piece."""
+"""The events read's JSON (`GET .../events`, `.../events/packed`), encoded in slices and sent
+as them, so that a long rollout's answer does not hold the interpreter lock in one piece."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import TypeAdapter
 
-from reins.gateway.routes.events import SLICE_TOKENS, encode_events
+from reins.gateway.routes.events import SLICE_TOKENS, PartsResponse, encode_events, event_parts
 from reins.schemas import Event, PackedEvent
 
 NOW = datetime(2026, 12, 6, tzinfo=UTC)
@@ -61,3 +62,29 @@ def test_a_long_read_is_encoded_a_slice_at_a_time() -> None:
     counting.sizes.clear()
     encode_events(counting, [event(i, {}) for i in range(2500)])  # type: ignore[arg-type]
     assert counting.sizes == [1000, 1000, 500]
+
+
+def test_the_answer_is_sent_a_part_at_a_time_with_their_length() -> None:
+    adapter = TypeAdapter(list[Event])
+    big = list(range(SLICE_TOKENS // 3))
+    events = [event(i, {"prompt_token_ids": big}) for i in range(8)]
+    parts = event_parts(adapter, events)
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        raise AssertionError("the answer reads nothing")
+
+    response = PartsResponse(parts)
+    asyncio.run(response({"type": "http", "method": "GET"}, receive, send))  # type: ignore[arg-type]
+    start, *bodies = sent
+    headers = dict(start["headers"])
+    whole = adapter.dump_json(events)
+    assert headers[b"content-length"] == str(len(whole)).encode()
+    assert headers[b"content-type"] == b"application/json"
+    assert b"".join(body["body"] for body in bodies) == whole
+    # [, 3 slices, 2 commas, ]: no message carries the whole answer
+    assert len(bodies) == 7
+    assert [body.get("more_body", False) for body in bodies] == [True] * 6 + [False]
