@@ -1,14 +1,14 @@
 """Records at scale (issue #17): bytes stored per rollout, write throughput, and the trainer's read.
 
-A real ``reins gateway`` on a SQLite file runs on 127.0.0.1. Synthetic agent rollouts of 10, 50
-and 200 turns, whose context grows to 8k, 32k and 128k tokens, are posted to it as the proxy
-records them: one ``model_request`` event per call (``src/reins/gateway/capture.py``): the
-prompt's token IDs, the response's token IDs and logprobs, the ``request`` as the harness sent it
-(every message of the conversation so far) and the ``response`` as the harness received it. Each
-turn's prompt is the previous prompt + the previous response + a new observation (one sequence,
-as a coding agent's is), and each turn's request holds the previous messages plus the assistant's
-answer and the new tool output. Message text is 4 ASCII characters per token. A ``reward`` event
-closes each rollout.
+A real ``reins gateway`` on a SQLite file (or PostgreSQL: ``--backends``) runs on 127.0.0.1.
+Synthetic agent rollouts of 10, 50 and 200 turns, whose context grows to 8k, 32k and 128k tokens,
+are posted to it as the proxy records them: one ``model_request`` event per call
+(``src/reins/gateway/capture.py``): the prompt's token IDs, the response's token IDs and logprobs,
+the ``request`` as the harness sent it (every message of the conversation so far) and the
+``response`` as the harness received it. Each turn's prompt is the previous prompt + the previous
+response + a new observation (one sequence, as a coding agent's is), and each turn's request holds
+the previous messages plus the assistant's answer and the new tool output. Message text is 4 ASCII
+characters per token. A ``reward`` event closes each rollout.
 
 Figures, each as a ratio against the aim of issue #17 where there is one:
 
@@ -34,14 +34,22 @@ and reads the issue's step, 512 rollouts x 32k (5 GB of JSON posted, ~100 MB sto
 minutes on 2 cores). The machine may be shared: each figure is also printed as a
 ratio to its aim.
 
-Run: ``python benchmarks/records.py [--long]``. Last line:
-``records_storage_overhead_200_turns: VALUE ratio``.
+``--backends sqlite,postgres`` runs the storage cells on a local PostgreSQL server too (Debian's
+``postgresql``, as the tests start it; "bytes stored" there is the growth of the tables with their
+TOAST tables, indexes and maps, ``pg_total_relation_size``); the read step runs on SQLite. Each
+shape's line also times the dashboard's rollout page against the JSON read of its events, and
+the longest ``/healthz`` answer while they ran (asked every 5 ms): what a long read costs the
+requests it shares the gateway's event loop with.
+
+Run: ``python benchmarks/records.py [--long] [--backends sqlite,postgres]``. Last line:
+``records_storage_overhead_200_turns: VALUE ratio`` (SQLite's).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -52,11 +60,13 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import numpy as np
 from pydantic import TypeAdapter
@@ -69,7 +79,7 @@ from reins.recordbatch import record_of  # noqa: E402
 from reins.samples import AdapterConfig, RolloutRecord, build_batch  # noqa: E402
 from reins.samples.records import rollout_from_events  # noqa: E402
 from reins.schemas import Event  # noqa: E402
-from tests.support import descendants, running_gateway  # noqa: E402
+from tests.support import PostgresServer, descendants, running_gateway  # noqa: E402
 
 API_KEY = "bench-admin-key"
 CHARS_PER_TOKEN = 4
@@ -282,6 +292,41 @@ def db_bytes(path: Path, timeout_s: float = 30.0) -> int:
     return path.stat().st_size
 
 
+def pg_bytes(url: str) -> int:
+    """The bytes of the PostgreSQL database's tables: each with its TOAST table (where the packed
+    calls go), its indexes and its free-space and visibility maps."""
+
+    async def query() -> int:
+        conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            size = await conn.fetchval(
+                "SELECT sum(pg_total_relation_size(oid)) FROM pg_class "
+                "WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace"
+            )
+        finally:
+            await conn.close()
+        return int(size)
+
+    return asyncio.run(query())
+
+
+@contextlib.contextmanager
+def database(backend: str, workdir: Path) -> Iterator[tuple[str, Callable[[], int]]]:
+    """(database URL, its size in bytes now) for a gateway on `backend`."""
+    if backend == "sqlite":
+        path = workdir / "gateway.db"
+        yield str(path), lambda: db_bytes(path)
+        return
+    if backend != "postgres":
+        raise SystemExit(f"unknown backend {backend!r} (sqlite, postgres)")
+    server = PostgresServer.start()
+    try:
+        url = server.create_database("records")
+        yield url, lambda: pg_bytes(url)
+    finally:
+        server.stop()
+
+
 # -- reading, as the trainer does -------------------------------------------------------------
 
 
@@ -386,7 +431,12 @@ def _tree(pid: int) -> list[int]:
 
 
 def storage_cells(
-    url: str, db: Path, pid: int, shapes: list[Shape], pool: Text, sample_bytes: float
+    url: str,
+    db_size: Callable[[], int],
+    pid: int,
+    shapes: list[Shape],
+    pool: Text,
+    sample_bytes: float,
 ) -> dict[int, float]:
     """Rollouts of each shape, posted call by call; the overhead ratio by turns."""
     settle = make_rollout(Shape(50, 32 * 1024), "settle", "settle", 999, pool)
@@ -406,10 +456,10 @@ def storage_cells(
             make_rollout(shape, f"store-{i}-{n}", f"store-{i}", 1000 + 100 * i + n, pool)
             for n in range(count)
         ]
-        before = db_bytes(db)
+        before = db_size()
         with Cpu(pid) as cpu:
             seconds = write(url, written, 1)
-        stored = (db_bytes(db) - before) / count
+        stored = (db_size() - before) / count
         rollout = written[0]
         final_bytes = 4 * rollout.final_tokens
         overhead[shape.turns] = ratio = stored / final_bytes
@@ -606,6 +656,12 @@ def main() -> None:
     ap.add_argument(
         "--skip-json-read", action="store_true", help="skip the JSON read baseline (slow at 512)"
     )
+    ap.add_argument(
+        "--backends",
+        default="sqlite",
+        help="sqlite,postgres: the storage cells on each (the read step on SQLite only); "
+        "postgres starts a local server (Debian's postgresql)",
+    )
     args = ap.parse_args()
     shapes = [Shape(10, 8 * 1024), Shape(50, 32 * 1024), Shape(200, 128 * 1024)]
     read_rollouts = args.read_rollouts or (512 if args.long else 16)
@@ -615,29 +671,44 @@ def main() -> None:
         f"SQLite gateway on 127.0.0.1, {CHARS_PER_TOKEN} chars of message text per token",
         flush=True,
     )
-    with (
-        tempfile.TemporaryDirectory(prefix="reins-records-") as tmp,
-        running_gateway(str(Path(tmp) / "gateway.db"), API_KEY) as gateway,
-    ):
-        assert gateway.process is not None
-        db, pid = Path(tmp) / "gateway.db", gateway.process.pid
-        sample = STORAGE_SAMPLE_BYTES * (5 if args.long else 1)
-        overhead = storage_cells(gateway.url, db, pid, shapes, pool, sample)
-        rate = read_set(
-            gateway.url,
-            db,
-            pid,
-            Shape(50, 32 * 1024),
-            read_rollouts,
-            args.clients,
-            pool,
-            args.skip_json_read,
-        )
+    backends = [name.strip() for name in args.backends.split(",") if name.strip()]
+    overheads: dict[str, dict[int, float]] = {}
+    rate = 0.0
+    for backend in backends:
+        print(f"\n== {backend}", flush=True)
+        with (
+            tempfile.TemporaryDirectory(prefix="reins-records-") as tmp,
+            database(backend, Path(tmp)) as (url, db_size),
+            running_gateway(url, API_KEY) as gateway,
+        ):
+            assert gateway.process is not None
+            pid = gateway.process.pid
+            sample = STORAGE_SAMPLE_BYTES * (5 if args.long else 1)
+            overheads[backend] = storage_cells(gateway.url, db_size, pid, shapes, pool, sample)
+            if backend == "sqlite":
+                rate = read_set(
+                    gateway.url,
+                    Path(url),
+                    pid,
+                    Shape(50, 32 * 1024),
+                    read_rollouts,
+                    args.clients,
+                    pool,
+                    args.skip_json_read,
+                )
     print("\nthe machine may be shared: the ratios to the aims are the figures to compare")
-    for turns, ratio in overhead.items():
-        print(f"records_storage_overhead_{turns}_turns_vs_aim: {ratio / OVERHEAD_AIM:.2f} x")
-    print(f"records_read_{read_rollouts}x32k_tokens_per_s_vs_aim: {rate / READ_AIM_TOKENS_S:.3f} x")
-    print(f"records_storage_overhead_200_turns: {overhead[200]:.2f} ratio")
+    for backend, overhead in overheads.items():
+        on = "" if backend == "sqlite" else f"_{backend}"
+        for turns, ratio in overhead.items():
+            print(
+                f"records_storage_overhead{on}_{turns}_turns_vs_aim: {ratio / OVERHEAD_AIM:.2f} x"
+            )
+    if "sqlite" in overheads:
+        aim = rate / READ_AIM_TOKENS_S
+        print(f"records_read_{read_rollouts}x32k_tokens_per_s_vs_aim: {aim:.3f} x")
+    headline = overheads.get("sqlite") or next(iter(overheads.values()))
+    on = "" if "sqlite" in overheads else f"_{backends[0]}"
+    print(f"records_storage_overhead{on}_200_turns: {headline[200]:.2f} ratio")
 
 
 if __name__ == "__main__":

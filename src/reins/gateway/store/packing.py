@@ -18,6 +18,7 @@ import base64
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -182,41 +183,62 @@ def _text(value: Any) -> str:
     return jsonrule.encode(value).text
 
 
-def expand_rows(conn: sa.Connection, rows: Iterable[sa.Row[Any]]) -> list[Event]:
-    """Events of `rows` (any rollouts and types, in any order) with packed ones restored."""
+@dataclass(frozen=True)
+class FetchedRows:
+    """Rows read for `restore_rows`, with what restoring them needs: each attempt's packed rows
+    in seq order, from its first packed call (each is stored against an earlier one)."""
+
+    rows: list[sa.Row[Any]]
+    chains: dict[Attempt, list[sa.Row[Any]]]
+
+
+def fetch_chains(conn: sa.Connection, rows: Iterable[sa.Row[Any]]) -> FetchedRows:
+    """`rows` (any rollouts and types, in any order) and the earlier packed rows of their
+    attempts that a page starting mid-attempt lacks: the reads; `restore_rows` does the rest
+    without the database (in a thread, off the event loop)."""
     rows = list(rows)
-    restored: dict[int, Unpacked] = {}
-    by_attempt: dict[Attempt, list[sa.Row[Any]]] = {}
+    chains: dict[Attempt, list[sa.Row[Any]]] = {}
     for row in rows:
         if row.packed is not None:
-            by_attempt.setdefault((row.rollout_id, row.attempt_id), []).append(row)
-    for (rollout_id, attempt_id), chain in by_attempt.items():
+            chains.setdefault((row.rollout_id, row.attempt_id), []).append(row)
+    for (rollout_id, attempt_id), chain in chains.items():
         chain.sort(key=lambda r: r.seq)
-        last = chain[-1].seq
         if not _complete(chain):
-            chain = list(
+            chains[(rollout_id, attempt_id)] = list(
                 conn.execute(
                     sa.select(events.c.seq, events.c.data, events.c.packed)
                     .where(
                         events.c.rollout_id == rollout_id,
                         events.c.attempt_id == attempt_id,
                         events.c.packed.is_not(None),
-                        events.c.seq <= last,
+                        events.c.seq <= chain[-1].seq,
                     )
                     .order_by(events.c.seq)
                 )
             )
+    return FetchedRows(rows, chains)
+
+
+def restore_rows(fetched: FetchedRows) -> list[Event]:
+    """The events of the fetched rows, packed ones restored."""
+    restored: dict[int, Unpacked] = {}
+    for chain in fetched.chains.values():
         for row in chain:
             base_seq = base_of(row.packed)
             base = None if base_seq is None else restored[base_seq]
             restored[row.seq] = unpack(row.seq, row.data, row.packed, base)
     out = []
-    for row in rows:
+    for row in fetched.rows:
         event = event_of(row)
         if row.packed is not None:
             event.data = restored[row.seq].data
         out.append(event)
     return out
+
+
+def expand_rows(conn: sa.Connection, rows: Iterable[sa.Row[Any]]) -> list[Event]:
+    """Events of `rows` (any rollouts and types, in any order) with packed ones restored."""
+    return restore_rows(fetch_chains(conn, rows))
 
 
 def packed_event_of(row: sa.Row[Any]) -> PackedEvent:
@@ -232,9 +254,25 @@ def _complete(chain: list[sa.Row[Any]]) -> bool:
     return all((base := base_of(row.packed)) is None or base in seqs for row in chain)
 
 
+@dataclass(frozen=True)
+class FetchedParts:
+    """What `parts_of` builds records from: the rollouts asked for, each one's latest attempt,
+    and the rows of their calls and rewards."""
+
+    rollout_ids: list[str]
+    attempts: dict[str, int]
+    rows: list[Any]
+    """Rows of (rollout, seq, type, data as text, blob)."""
+
+
 def record_parts(conn: sa.Connection, rollout_ids: Sequence[str]) -> list[RolloutParts]:
     """The calls and last reward of each rollout's latest attempt, as `reins.recordbatch`
     carries them: packed calls as stored (no prompt is rebuilt here), whole ones as arrays."""
+    return parts_of(fetch_parts(conn, rollout_ids))
+
+
+def fetch_parts(conn: sa.Connection, rollout_ids: Sequence[str]) -> FetchedParts:
+    """The reads of `record_parts`; `parts_of` does the rest without the database."""
     found = {
         row.rollout_id: row.attempt_count
         for row in conn.execute(
@@ -265,9 +303,15 @@ def record_parts(conn: sa.Connection, rollout_ids: Sequence[str]) -> list[Rollou
         .where(events.c.rollout_id.in_(list(found)), events.c.type.in_([MODEL_REQUEST, REWARD]))
         .order_by(events.c.rollout_id, events.c.seq)
     )
+    return FetchedParts(list(rollout_ids), found, list(conn.execute(query)))
+
+
+def parts_of(fetched: FetchedParts) -> list[RolloutParts]:
+    """The records of the fetched rows (`record_parts`)."""
+    found = fetched.attempts
     parts = {rid: RolloutParts(rid, found[rid], None) for rid in found}
     index: dict[int, int] = {}  # seq -> index of the call in its rollout's list
-    for rollout_id, seq, kind, text, blob in conn.execute(query):
+    for rollout_id, seq, kind, text, blob in fetched.rows:
         rollout = parts[rollout_id]
         decoded = orjson.loads(text)
         if kind == REWARD:
@@ -300,7 +344,7 @@ def record_parts(conn: sa.Connection, rollout_ids: Sequence[str]) -> list[Rollou
         if call.tokens:
             index[seq] = len(rollout.calls)
         rollout.calls.append(call)
-    return [parts[rid] for rid in rollout_ids]
+    return [parts[rid] for rid in fetched.rollout_ids]
 
 
 def _whole_call(

@@ -51,7 +51,16 @@ from reins.gateway.store.appends import (
 )
 from reins.gateway.store.board import ReplicaBoard
 from reins.gateway.store.journal import CLEAR_FROM_BYTES, CallJournal, JournaledPost
-from reins.gateway.store.packing import Key, Packer, expand_rows, packed_event_of, record_parts
+from reins.gateway.store.packing import (
+    FetchedRows,
+    Key,
+    Packer,
+    fetch_chains,
+    fetch_parts,
+    packed_event_of,
+    parts_of,
+    restore_rows,
+)
 from reins.gateway.store.pragmas import install_sqlite_pragmas, sqlite_engine, sqlite_file
 from reins.gateway.store.reads import DashboardReads, rollout_filters
 from reins.gateway.store.tables import (
@@ -129,7 +138,8 @@ def _writes_inline(
 
 
 _T = TypeVar("_T")
-_EventsRead = Callable[[sa.Connection, "_EventsQuery"], _T]
+_F = TypeVar("_F")
+_Q = TypeVar("_Q")
 
 
 @dataclass(frozen=True)
@@ -162,12 +172,16 @@ def _events_select(conn: sa.Connection, q: _EventsQuery) -> sa.Select[Any]:
     return query.where(events.c.seq > q.after).order_by(events.c.seq).limit(q.limit)
 
 
-def _read_events(conn: sa.Connection, q: _EventsQuery) -> list[Event]:
-    return expand_rows(conn, conn.execute(_events_select(conn, q)))
+def _fetch_events(conn: sa.Connection, q: _EventsQuery) -> FetchedRows:
+    return fetch_chains(conn, conn.execute(_events_select(conn, q)))
 
 
-def _read_packed_events(conn: sa.Connection, q: _EventsQuery) -> list[PackedEvent]:
-    return [packed_event_of(row) for row in conn.execute(_events_select(conn, q))]
+def _fetch_rows(conn: sa.Connection, q: _EventsQuery) -> list[sa.Row[Any]]:
+    return list(conn.execute(_events_select(conn, q)))
+
+
+def _packed_events(rows: list[sa.Row[Any]]) -> list[PackedEvent]:
+    return [packed_event_of(row) for row in rows]
 
 
 def _add_packing_columns(conn: sa.Connection) -> None:
@@ -224,9 +238,7 @@ class SqlStore(DashboardReads):
             )
             # Events and records, restored off the event loop; a thread of their own, so that
             # the attempt check above never waits behind a long rollout's read.
-            self._bulk_thread: ThreadPoolExecutor | None = ThreadPoolExecutor(
-                1, thread_name_prefix="reins-bulk-reads"
-            )
+            self._bulk_thread = ThreadPoolExecutor(1, thread_name_prefix="reins-bulk-reads")
         else:
             self.engine = create_async_engine(
                 url, pool_size=10, max_overflow=10, json_serializer=serialize
@@ -234,7 +246,9 @@ class SqlStore(DashboardReads):
             self._writer = None
             self._read_engine = None
             self._read_thread = None
-            self._bulk_thread = None
+            # The rows are read on the loop (asyncpg) and restored in this thread, off the
+            # loop, as on SQLite.
+            self._bulk_thread = ThreadPoolExecutor(1, thread_name_prefix="reins-bulk-reads")
         self._insert = sqlite.insert if self.is_sqlite else postgresql.insert
         # SQLite has one writer: serialize our writes here instead of spinning on SQLITE_BUSY.
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
@@ -951,7 +965,7 @@ class SqlStore(DashboardReads):
         limit: int = 1000,
     ) -> list[Event]:
         query = _EventsQuery(rollout_id, attempt_id, all_attempts, tuple(types), after, limit)
-        return await self._read(_read_events, query)
+        return await self._read(_fetch_events, restore_rows, query)
 
     async def get_packed_events(
         self,
@@ -964,42 +978,42 @@ class SqlStore(DashboardReads):
         limit: int = 1000,
     ) -> list[PackedEvent]:
         query = _EventsQuery(rollout_id, attempt_id, all_attempts, tuple(types), after, limit)
-        return await self._read(_read_packed_events, query)
-
-    async def _read(self, read: _EventsRead[_T], query: _EventsQuery) -> _T:
-        """`read(conn, query)` after the journaled records are stored. On SQLite in a thread of
-        its own: restoring a long rollout's packed calls took ~0.8 s of CPU (200 calls to 128k
-        tokens), which on the event loop held up every call the proxy was serving."""
-        await self._settle()
-        if self._read_engine is not None:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._bulk_thread, self._read_in_thread, read, query
-            )
-        async with self.engine.connect() as conn:
-            return await conn.run_sync(read, query)
-
-    def _read_in_thread(self, read: _EventsRead[_T], query: _EventsQuery) -> _T:
-        assert self._read_engine is not None
-        with self._read_engine.connect() as conn:
-            return read(conn, query)
+        return await self._read(_fetch_rows, _packed_events, query)
 
     async def record_parts(self, rollout_ids: Sequence[str]) -> list[RolloutParts]:
-        await self._settle()
         ids = list(rollout_ids)
         unnamed = [rid for rid in ids if names_no_row(rid)]
         if unnamed:
             raise NotFound(f"rollouts {unnamed[:5]} do not exist")
-        if self._read_engine is not None:  # SQLite: decompressing stays off the event loop
-            return await asyncio.get_running_loop().run_in_executor(
-                self._bulk_thread, self._record_parts_in_thread, ids
+        return await self._read(fetch_parts, parts_of, ids)
+
+    async def _read(
+        self,
+        fetch: Callable[[sa.Connection, _Q], _F],
+        finish: Callable[[_F], _T],
+        query: _Q,
+    ) -> _T:
+        """`finish(fetch(conn, query))` after the journaled records are stored, `finish` (the
+        restore: ~0.8 s of CPU for a rollout of 200 calls to 128k tokens) off the event loop,
+        where it held up every call the proxy was serving (on PostgreSQL a /healthz waited
+        4.1 s while the dashboard and a JSON read restored such a rollout). On SQLite the reads
+        run in that thread too, on a connection of its own."""
+        await self._settle()
+        loop = asyncio.get_running_loop()
+        if self._read_engine is not None:
+            return await loop.run_in_executor(
+                self._bulk_thread, self._read_in_thread, fetch, finish, query
             )
         async with self.engine.connect() as conn:
-            return await conn.run_sync(record_parts, ids)
+            fetched = await conn.run_sync(fetch, query)
+        return await loop.run_in_executor(self._bulk_thread, finish, fetched)
 
-    def _record_parts_in_thread(self, rollout_ids: list[str]) -> list[RolloutParts]:
+    def _read_in_thread(
+        self, fetch: Callable[[sa.Connection, _Q], _F], finish: Callable[[_F], _T], query: _Q
+    ) -> _T:
         assert self._read_engine is not None
         with self._read_engine.connect() as conn:
-            return record_parts(conn, rollout_ids)
+            return finish(fetch(conn, query))
 
     # -- models ---------------------------------------------------------------------------
 
