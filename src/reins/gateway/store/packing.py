@@ -265,14 +265,9 @@ class FetchedParts:
     """Rows of (rollout, seq, type, data as text, blob)."""
 
 
-def record_parts(conn: sa.Connection, rollout_ids: Sequence[str]) -> list[RolloutParts]:
-    """The calls and last reward of each rollout's latest attempt, as `reins.recordbatch`
-    carries them: packed calls as stored (no prompt is rebuilt here), whole ones as arrays."""
-    return parts_of(fetch_parts(conn, rollout_ids))
-
-
 def fetch_parts(conn: sa.Connection, rollout_ids: Sequence[str]) -> FetchedParts:
-    """The reads of `record_parts`; `parts_of` does the rest without the database."""
+    """The reads of the trainer's records (`Store.record_parts`); `parts_of` does the rest
+    without the database."""
     found = {
         row.rollout_id: row.attempt_count
         for row in conn.execute(
@@ -307,7 +302,8 @@ def fetch_parts(conn: sa.Connection, rollout_ids: Sequence[str]) -> FetchedParts
 
 
 def parts_of(fetched: FetchedParts) -> list[RolloutParts]:
-    """The records of the fetched rows (`record_parts`)."""
+    """The calls and last reward of each rollout's latest attempt, as `reins.recordbatch`
+    carries them: packed calls as stored (no prompt is rebuilt here), whole ones as arrays."""
     found = fetched.attempts
     parts = {rid: RolloutParts(rid, found[rid], None) for rid in found}
     index: dict[int, int] = {}  # seq -> index of the call in its rollout's list
