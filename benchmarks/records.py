@@ -448,6 +448,7 @@ def storage_cells(
     print(
         f"{'shape':<20}{'final seq':>12}{'stored':>12}{'overhead':>10}{'vs aim':>8}"
         f"{'posted':>12}{'write MB/s':>11}{'events/s':>10}{'ktok/s':>8}{'gw CPU s':>10}"
+        f"{'healthz max':>12}"
     )
     overhead: dict[int, float] = {}
     for i, shape in enumerate(shapes):
@@ -457,7 +458,7 @@ def storage_cells(
             for n in range(count)
         ]
         before = db_size()
-        with Cpu(pid) as cpu:
+        with Cpu(pid) as cpu, _HealthzWatch(url) as watch:
             seconds = write(url, written, 1)
         stored = (db_size() - before) / count
         rollout = written[0]
@@ -470,7 +471,7 @@ def storage_cells(
             f"{ratio:>9.2f}x{ratio / OVERHEAD_AIM:>7.2f}x{_mb(posted / count):>12}"
             f"{posted / seconds / 1e6:>11.1f}{events / seconds:>10.1f}"
             f"{count * rollout.final_tokens / seconds / 1e3:>8.1f}"
-            f"{cpu.gateway_s:>7.1f}/{seconds:.1f}",
+            f"{cpu.gateway_s:>7.1f}/{seconds:.1f}{watch.longest_s * 1e3:>9.0f} ms",
             flush=True,
         )
         one = sum(len(b) for b in rollout.bodies)
