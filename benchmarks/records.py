@@ -514,16 +514,20 @@ class _HealthzWatch:
         self.url = url
         self.longest_s = 0.0
         self.count = 0
+        self.failure: Exception | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=60) as http:
-            while not self._stop.wait(0.005):
-                started = time.perf_counter()
-                _check_ok(http.get("/healthz"))
-                self.longest_s = max(self.longest_s, time.perf_counter() - started)
-                self.count += 1
+        try:
+            with httpx.Client(base_url=self.url, timeout=60) as http:
+                while not self._stop.wait(0.005):
+                    started = time.perf_counter()
+                    _check_ok(http.get("/healthz"))
+                    self.longest_s = max(self.longest_s, time.perf_counter() - started)
+                    self.count += 1
+        except Exception as error:  # a figure from a watch that stopped would mislead
+            self.failure = error
 
     def __enter__(self) -> _HealthzWatch:
         self._thread.start()
@@ -532,6 +536,8 @@ class _HealthzWatch:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
+        if self.failure is not None:
+            raise RuntimeError(f"/healthz failed during the watch: {self.failure!r}")
 
 
 def _check_ok(response: httpx.Response) -> httpx.Response:
@@ -669,7 +675,8 @@ def main() -> None:
     pool = Text(np.random.default_rng(0), 4_000_000)
     print(
         f"records benchmark: python {platform.python_version()}, {os.cpu_count()} CPUs, "
-        f"SQLite gateway on 127.0.0.1, {CHARS_PER_TOKEN} chars of message text per token",
+        f"gateway on 127.0.0.1 ({args.backends}), {CHARS_PER_TOKEN} chars of message text per "
+        "token",
         flush=True,
     )
     backends = [name.strip() for name in args.backends.split(",") if name.strip()]
