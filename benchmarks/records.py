@@ -590,7 +590,7 @@ def read_set(
         f"{_mb(stored)} ({stored / (4 * final_tokens):.1f}x the final sequences)",
         flush=True,
     )
-    with Cpu(pid) as cpu:
+    with Cpu(pid) as cpu, _HealthzWatch(url) as watch:
         timings = asyncio.run(read_step_binary(url, written))
     rate = timings["tokens"] / timings["total_s"]
     print(
@@ -601,7 +601,8 @@ def read_set(
     print(
         f"read (binary): get_records {timings['fetch_s']:.2f} s, record_of "
         f"{timings['convert_s']:.2f} s, build_batch {timings['build_s']:.2f} s; CPU s: "
-        f"gateway {cpu.gateway_s:.1f}, trainer {cpu.client_s:.1f}"
+        f"gateway {cpu.gateway_s:.1f}, trainer {cpu.client_s:.1f}; /healthz meanwhile: longest "
+        f"{watch.longest_s * 1e3:.0f} ms"
     )
     json_rate = 0.0
     if not skip_json:

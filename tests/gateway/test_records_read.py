@@ -5,12 +5,15 @@ failed, abandoned, stored whole), and the events as stored (`GET .../events/pack
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
 import pytest
 
+from reins import recordbatch
 from reins.client import GatewayClient, GatewayError
+from reins.gateway.routes import records as records_route
 from reins.packed import unpack_events
 from reins.recordbatch import DecodedRollout, record_of
 from reins.samples.records import MissingRewardError, RolloutRecord, rollout_from_events
@@ -111,6 +114,31 @@ async def test_records_equal_the_events_reading(gateway: Gateway) -> None:
         with pytest.raises(GatewayError) as missing:
             await client.get_records(["chain", "nope"])
         assert missing.value.status_code == 404
+
+
+async def test_the_records_answer_is_encoded_off_the_event_loop(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    on_loop: list[bool] = []
+
+    def encode(parts: Any) -> bytes:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:  # no loop runs in this thread
+            on_loop.append(False)
+        return recordbatch.encode(parts)
+
+    monkeypatch.setattr(records_route, "encode", encode)
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        await client.create_rollouts([RolloutSpec(rollout_id="r")])
+        await client.open_attempt("r", attempt_id=1)
+        for n, data in enumerate(conversation(2)):
+            event = EventIn(type="model_request", data=data, idempotency_key=f"c{n}")
+            await client.post_events("r", 1, [event])
+        (read,) = await client.get_records(["r"])
+    assert len(read.calls) == 2
+    assert on_loop == [False]
 
 
 async def test_packed_events_are_the_stored_form_and_restore_exactly(gateway: Gateway) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 
@@ -27,4 +29,6 @@ async def read_records(body: RecordsRequest, store: StoreDep, _: Admin) -> Respo
     one binary answer (`reins.recordbatch`; `GatewayClient.get_records` reads it). 404 when a
     rollout does not exist."""
     parts = await store.record_parts(body.rollout_ids)
-    return Response(content=encode(parts), media_type=MEDIA_TYPE)
+    # In a thread: a Python loop over every call of the chunk (thousands), then the join of its
+    # blobs, which would hold up the proxied calls sharing the event loop.
+    return Response(content=await asyncio.to_thread(encode, parts), media_type=MEDIA_TYPE)
