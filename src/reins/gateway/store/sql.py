@@ -83,7 +83,7 @@ from reins.gateway.store.tables import (
     text_value,
     ts,
 )
-from reins.gateway.store.writer import ProcessWriter, ThreadWriter
+from reins.gateway.store.writer import CommitPlace, ProcessWriter, ThreadWriter
 from reins.recordbatch import RolloutParts
 from reins.schemas import (
     TERMINAL_STATES,
@@ -118,23 +118,27 @@ _FLUSH_AFTER_S = 0.005
 _RETRY_MAX_S = 5.0
 
 
-def _writes_inline(
+def _commit_place(
     rows: list[dict[str, Any]], pending: deque[PendingAppend], batch: list[PendingAppend]
-) -> bool:
-    """Whether a group commit runs on the event loop's thread instead of the writer (its
-    process, or its thread: `writer`).
+) -> CommitPlace:
+    """Where a group commit runs (`writer`): on the event loop's thread, on a thread of the
+    gateway's process, or in the writer (its process, or its thread).
 
-    A lone small commit (one call at a time, the proxy's c=1) pays more for the hand-over to
-    the writer and back (a wake there and a loop wake here) than for the write itself
-    (~0.5 ms; a WAL checkpoint every ~30 commits adds about as much again). Anything bigger, or
-    with posts waiting behind it, goes to the writer, which runs beside the loop's HTTP work.
-    The loop never waits for the writer's SQLite lock: the store runs one commit at a time
-    (its write lock), and a SQLite gateway does not share its file with another (docs/gateway.md).
+    A lone small commit (one client posting at a time) pays more for the hand-over to the
+    writer and back (a wake there and a loop wake here) than for the write itself (~0.5 ms; a
+    WAL checkpoint every ~30 commits adds about as much again): the loop's thread. The loop
+    never waits for the writer's SQLite lock: the store runs one commit at a time (its write
+    lock), and a SQLite gateway does not share its file with another (docs/gateway.md).
     Journaled calls were answered already: their commit stays off the loop, which serves the
-    next call."""
+    next call, but in this process: a writer process took ~0.15 ms more CPU per proxied call
+    (the pickling and the wakes, both sides) from the 2 cores the engine shares, for no gain,
+    since nobody waits for that commit (docs/benchmarks.md, "LLM proxy"). Anything else goes
+    to the writer, which runs beside the loop's HTTP work."""
+    if batch and all(a.journaled for a in batch):
+        return "thread"
     if pending or len(rows) > _INLINE_MAX_ROWS or any(a.journaled for a in batch):
-        return False
-    return sum(len(row["data"].text) for row in rows) <= _INLINE_MAX_CHARS
+        return "writer"
+    return "loop" if sum(len(row["data"].text) for row in rows) <= _INLINE_MAX_CHARS else "writer"
 
 
 _T = TypeVar("_T")
@@ -901,7 +905,7 @@ class SqlStore(DashboardReads):
             commit.check = check
             if self._writer is not None:
                 written = await self._writer.write(
-                    commit, inline=_writes_inline(rows, self._pending, batch)
+                    commit, _commit_place(rows, self._pending, batch)
                 )
             else:
                 async with self.engine.begin() as conn:
