@@ -7,10 +7,14 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+import pytest
 from pydantic import TypeAdapter
 
+from reins.gateway.routes import events as events_route
 from reins.gateway.routes.events import SLICE_TOKENS, PartsResponse, encode_events, event_parts
 from reins.schemas import Event, PackedEvent
+from tests.conftest import Gateway
 
 NOW = datetime(2026, 12, 6, tzinfo=UTC)
 
@@ -49,15 +53,20 @@ class Counting:
         self.adapter = TypeAdapter(list[Event])
         self.sizes: list[int] = []
 
-    def dump_json(self, events: list[Event]) -> bytes:
+    def dump_json(self, events: list[Event], **options: Any) -> bytes:
         self.sizes.append(len(events))
-        return self.adapter.dump_json(events)
+        return self.adapter.dump_json(events, **options)
 
 
 def test_a_long_read_is_encoded_a_slice_at_a_time() -> None:
     big = list(range(SLICE_TOKENS // 3))
     counting = Counting()
     encode_events(counting, [event(i, {"prompt_token_ids": big}) for i in range(8)])  # type: ignore[arg-type]
+    assert counting.sizes == [3, 3, 2]
+    counting.sizes.clear()
+    # A prompt restored as an array (`token_arrays`) weighs the same.
+    array = np.arange(SLICE_TOKENS // 3, dtype=np.int32)
+    encode_events(counting, [event(i, {"prompt_token_ids": array}) for i in range(8)])  # type: ignore[arg-type]
     assert counting.sizes == [3, 3, 2]
     counting.sizes.clear()
     encode_events(counting, [event(i, {}) for i in range(2500)])  # type: ignore[arg-type]
@@ -88,3 +97,47 @@ def test_the_answer_is_sent_a_part_at_a_time_with_their_length() -> None:
     # [, 3 slices, 2 commas, ]: no message carries the whole answer
     assert len(bodies) == 7
     assert [body.get("more_body", False) for body in bodies] == [True] * 6 + [False]
+
+
+def test_the_json_read_restores_prompts_as_arrays_and_writes_them_as_lists(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long rollout's prompts restored as lists are millions of ints, which the garbage
+    collector walked (collections of 20-90 ms with every thread held); the read restores them
+    as arrays and writes each as a list only while it is encoded: the same JSON."""
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 150_000, 300).tolist()
+    calls = []
+    for turn in range(3):
+        response = rng.integers(0, 150_000, 20).tolist()
+        calls.append(
+            {
+                "prompt_token_ids": prompt,
+                "response_token_ids": response,
+                "response_logprobs": [-0.5] * 20,
+                "request": {"messages": [{"role": "user", "content": f"turn {turn}"}]},
+                "status": 200,
+            }
+        )
+        prompt = prompt + response + rng.integers(0, 150_000, 40).tolist()
+    http = gateway.http
+    http.post("/api/rollouts", json=[{"rollout_id": "r"}]).raise_for_status()
+    http.post("/api/rollouts/r/attempts").raise_for_status()
+    for n, data in enumerate(calls):
+        post = {"type": "model_request", "data": data, "idempotency_key": f"call-{n}"}
+        http.post("/api/rollouts/r/attempt/1/events", json=post).raise_for_status()
+    encoded: list[type] = []
+    encode = events_route.event_parts
+
+    def spied(adapter: TypeAdapter[Any], events: list[Any]) -> list[bytes]:
+        encoded.extend(type(e.data["prompt_token_ids"]) for e in events)
+        return encode(adapter, events)
+
+    monkeypatch.setattr(events_route, "event_parts", spied)
+    read = http.get("/api/rollouts/r/events")
+    assert read.status_code == 200, read.text
+    assert [e["data"]["prompt_token_ids"] for e in read.json()] == [
+        c["prompt_token_ids"] for c in calls
+    ]
+    assert [e["data"]["response_logprobs"] for e in read.json()] == [[-0.5] * 20] * 3
+    assert encoded == [np.ndarray] * 3

@@ -110,6 +110,13 @@ async def test_rows_grow_with_new_tokens_and_every_read_is_exact(store: SqlStore
     page = await store.get_events("r", after=rows[24].seq, limit=5)
     assert [e.seq for e in page] == [row.seq for row in rows[25:30]]
     assert all(_same(e.data, c) for e, c in zip(page, calls[25:30], strict=True))
+    # Prompts as int32 arrays when asked; every other field as before.
+    arrays = await store.get_events("r", after=rows[24].seq, limit=5, token_arrays=True)
+    for event, call in zip(arrays, calls[25:30], strict=True):
+        prompt = event.data["prompt_token_ids"]
+        assert isinstance(prompt, np.ndarray) and prompt.dtype == np.int32
+        assert prompt.tolist() == call["prompt_token_ids"]
+        assert _same({**event.data, "prompt_token_ids": prompt.tolist()}, call)
     stats = (await store.rollout_stats(["r"]))["r"]
     assert stats.prompt_tokens == sum(len(c["prompt_token_ids"]) for c in calls)
     assert stats.response_tokens == 40 * 30
@@ -125,9 +132,9 @@ async def test_every_bulk_read_restores_off_the_event_loop(
     threads: dict[str, str] = {}
 
     def on_thread(name: str, work: Any) -> Any:
-        def run(*args: Any) -> Any:
+        def run(*args: Any, **options: Any) -> Any:
             threads[name] = threading.current_thread().name
-            return work(*args)
+            return work(*args, **options)
 
         return run
 

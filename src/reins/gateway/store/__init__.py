@@ -166,8 +166,12 @@ class Store(Protocol):
         types: Sequence[str] = (),
         after: int = 0,
         limit: int = 1000,
+        token_arrays: bool = False,
     ) -> list[Event]:
-        """Events in seq order; the latest attempt unless `attempt_id` or `all_attempts`."""
+        """Events in seq order; the latest attempt unless `attempt_id` or `all_attempts`.
+        `token_arrays`: a restored call's `prompt_token_ids` is an int32 array, not a list (a
+        long rollout's prompts as lists are millions of ints, which the garbage collector then
+        walks, holding up every thread)."""
 
     async def record_parts(self, rollout_ids: Sequence[str]) -> list[RolloutParts]:
         """The calls (packed as stored) and last reward of each rollout's latest attempt, for

@@ -219,14 +219,17 @@ def fetch_chains(conn: sa.Connection, rows: Iterable[sa.Row[Any]]) -> FetchedRow
     return FetchedRows(rows, chains)
 
 
-def restore_rows(fetched: FetchedRows) -> list[Event]:
-    """The events of the fetched rows, packed ones restored."""
+def restore_rows(fetched: FetchedRows, *, token_arrays: bool = False) -> list[Event]:
+    """The events of the fetched rows, packed ones restored (`token_arrays`: their prompts as
+    int32 arrays, `reins.packed.unpack`)."""
     restored: dict[int, Unpacked] = {}
     for chain in fetched.chains.values():
         for row in chain:
             base_seq = base_of(row.packed)
             base = None if base_seq is None else restored[base_seq]
-            restored[row.seq] = unpack(row.seq, row.data, row.packed, base)
+            restored[row.seq] = unpack(
+                row.seq, row.data, row.packed, base, token_arrays=token_arrays
+            )
     out = []
     for row in fetched.rows:
         event = event_of(row)

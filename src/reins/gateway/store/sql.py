@@ -31,6 +31,7 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -967,9 +968,11 @@ class SqlStore(DashboardReads):
         types: Sequence[str] = (),
         after: int = 0,
         limit: int = 1000,
+        token_arrays: bool = False,
     ) -> list[Event]:
         query = _EventsQuery(rollout_id, attempt_id, all_attempts, tuple(types), after, limit)
-        return await self._read(_fetch_events, restore_rows, query)
+        restore = partial(restore_rows, token_arrays=token_arrays)
+        return await self._read(_fetch_events, restore, query)
 
     async def get_packed_events(
         self,
