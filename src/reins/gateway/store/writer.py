@@ -9,8 +9,11 @@ everything else: which posts go in which commit, the attempt checks' cache, the 
 the answers. The writer holds the connection the commits run on and the packing bases
 (`Packer`), which only its commits add to; a restarted writer rebuilds them from the rows.
 
-The store runs one commit at a time (its write lock). Over the socket, ("commit", `Commit`)
-is answered ("ok", `Written`) or ("error", exception); ("forget", rollout id) has no answer.
+The store says where each commit runs (`CommitPlace`): a lone small post's on the event loop's
+thread, the proxy's journaled calls' (answered already) on a thread of the gateway's, the rest
+in the writer. The store runs one commit at a time (its write lock). Over the socket,
+("commit", `Commit`) is answered ("ok", `Written`) or ("error", exception); ("forget",
+rollout id) has no answer.
 The gateway's side of it is an asyncio stream (a blocking send of a large commit, on a socket
 the event loop had made non-blocking, failed with EAGAIN). The writer stops when the socket
 closes: the gateway closed its store, or died (a kill included: its end closes with it).
