@@ -134,7 +134,7 @@ def gateway(
 
     from reins.gateway import GatewaySettings, create_app
     from reins.gateway.store.reachable import DatabaseUnreachable, check_reachable
-    from reins.serving import freeze_startup_objects
+    from reins.serving import collect_young_objects_less_often, freeze_startup_objects
 
     overrides: dict[str, object] = {}
     if db is not None:
@@ -157,6 +157,7 @@ def gateway(
         raise typer.Exit(1) from None
     gateway_app = create_app(settings)
     freeze_startup_objects()
+    collect_young_objects_less_often()
     uvicorn.run(gateway_app, host=host, port=port, access_log=access_log, log_level="info")
 
 
