@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import TypeAdapter
 
 from reins.controller.loop import agent_env
 from reins.doctor.render import plural
 from reins.doctor.report import Detokenizer, DoctorReport, HarnessRun, build_report
-from reins.schemas import Attempt, Rollout
+from reins.packed import unpack_events
+from reins.schemas import Attempt, PackedEvent, Rollout
 
 MODEL_NAME = "policy"
 """The name the engine is registered under; the proxy serves any name a harness asks for."""
@@ -207,19 +209,25 @@ def _run_process(
 
 
 def _calls(http: httpx.Client, rollout_id: str) -> list[dict[str, Any]]:
-    calls: list[dict[str, Any]] = []
+    """The run's calls, read as stored (each packed against an earlier one: a long session's
+    read costs its length, not the square of its turns) and restored with their prompts as
+    arrays (as lists, 50 calls growing to 32k tokens are ~800k Python ints)."""
+    stored: list[PackedEvent] = []
     after = 0
     while True:
         page = http.get(
-            f"/api/rollouts/{rollout_id}/events",
+            f"/api/rollouts/{rollout_id}/events/packed",
             params={"type": "model_request", "after": after, "limit": 1000},
         )
         page.raise_for_status()
-        events = page.json()
-        calls += [event["data"] for event in events]
+        events = _PACKED_PAGE.validate_json(page.content)
+        stored += events
         if len(events) < 1000:
-            return calls
-        after = events[-1]["seq"]
+            return [event.data for event in unpack_events(stored, token_arrays=True)]
+        after = events[-1].seq
+
+
+_PACKED_PAGE: TypeAdapter[list[PackedEvent]] = TypeAdapter(list[PackedEvent])
 
 
 def run_doctor(
