@@ -258,3 +258,28 @@ def descendants(pid: int) -> list[int]:
             for child in map(int, (task / "children").read_text().split()):
                 found += [child, *descendants(child)]
     return found
+
+
+def growing_calls(
+    turns: int, *, first: int, response: int, observation: int, seed: int = 0
+) -> list[dict[str, Any]]:
+    """`model_request` data of an agent's calls: each prompt is the previous prompt + response +
+    an observation (random token IDs), so the store packs each call against the previous one."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, 150_000, first).tolist()
+    calls: list[dict[str, Any]] = []
+    for turn in range(turns):
+        answer = rng.integers(0, 150_000, response).tolist()
+        calls.append(
+            {
+                "prompt_token_ids": prompt,
+                "response_token_ids": answer,
+                "response_logprobs": [-0.5] * response,
+                "request": {"messages": [{"role": "user", "content": f"turn {turn}"}]},
+                "status": 200,
+            }
+        )
+        prompt = prompt + answer + rng.integers(0, 150_000, observation).tolist()
+    return calls

@@ -3,12 +3,11 @@ restored with prompts as arrays, the same calls the JSON read gives."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from reins.doctor.runner import _calls
 from tests.conftest import Gateway
+from tests.support import growing_calls
 
 
 def test_the_doctor_reads_packed_calls_across_pages_as_the_json_read_gives_them(
@@ -16,21 +15,7 @@ def test_the_doctor_reads_packed_calls_across_pages_as_the_json_read_gives_them(
 ) -> None:
     """1,002 calls: the second page's calls are packed against the first page's, so the read
     restores them all together."""
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, 150_000, 50).tolist()
-    calls: list[dict[str, Any]] = []
-    for turn in range(1002):
-        response = rng.integers(0, 150_000, 3).tolist()
-        calls.append(
-            {
-                "prompt_token_ids": prompt,
-                "response_token_ids": response,
-                "response_logprobs": [-0.5, -0.25, -1.0],
-                "request": {"messages": [{"role": "user", "content": f"turn {turn}"}]},
-                "status": 200,
-            }
-        )
-        prompt = prompt + response + rng.integers(0, 150_000, 2).tolist()
+    calls = growing_calls(1002, first=50, response=3, observation=2)
     http = gateway.http
     http.post("/api/rollouts", json=[{"rollout_id": "r"}]).raise_for_status()
     http.post("/api/rollouts/r/attempts").raise_for_status()

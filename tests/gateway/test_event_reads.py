@@ -15,6 +15,7 @@ from reins.gateway.routes import events as events_route
 from reins.gateway.routes.events import SLICE_TOKENS, PartsResponse, encode_events, event_parts
 from reins.schemas import Event, PackedEvent
 from tests.conftest import Gateway
+from tests.support import growing_calls
 
 NOW = datetime(2026, 12, 6, tzinfo=UTC)
 
@@ -105,21 +106,7 @@ def test_the_json_read_restores_prompts_as_arrays_and_writes_them_as_lists(
     """A long rollout's prompts restored as lists are millions of ints, which the garbage
     collector walked (collections of 20-90 ms with every thread held); the read restores them
     as arrays and writes each as a list only while it is encoded: the same JSON."""
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, 150_000, 300).tolist()
-    calls = []
-    for turn in range(3):
-        response = rng.integers(0, 150_000, 20).tolist()
-        calls.append(
-            {
-                "prompt_token_ids": prompt,
-                "response_token_ids": response,
-                "response_logprobs": [-0.5] * 20,
-                "request": {"messages": [{"role": "user", "content": f"turn {turn}"}]},
-                "status": 200,
-            }
-        )
-        prompt = prompt + response + rng.integers(0, 150_000, 40).tolist()
+    calls = growing_calls(3, first=300, response=20, observation=40)
     http = gateway.http
     http.post("/api/rollouts", json=[{"rollout_id": "r"}]).raise_for_status()
     http.post("/api/rollouts/r/attempts").raise_for_status()
