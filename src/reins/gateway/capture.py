@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field, JsonValue
 
 from reins.disconnect import CLIENT_CLOSED_REQUEST
 from reins.gateway.wire import tool_call_index
-from reins.samples.records import token_ids
+from reins.samples.records import checked, token_ids
 from reins.schemas import ModelRequest
 
 Kind = Literal["chat", "completions"]
@@ -303,7 +303,8 @@ def _record(
     stop_reason: str | int | None = None,
 ) -> ModelRequest:
     problem = None
-    if token_ids(prompt) is None or token_ids(response) is None:
+    prompt_array, response_array = token_ids(prompt), token_ids(response)
+    if prompt_array is None or response_array is None:
         # Not recorded as sent (they would break token reuse and the store's packing); the
         # harness still gets its answer, as for an engine that returned no token IDs.
         problem = (
@@ -320,6 +321,9 @@ def _record(
         )
     elif logprobs and len(logprobs) != len(response):
         problem = f"the engine returned {len(logprobs)} logprobs for {len(response)} tokens"
+    if prompt_array is not None and response_array is not None:
+        # Checked once, here: the token reuse memory and the store's packing take the arrays.
+        prompt, response = checked(prompt, prompt_array), checked(response, response_array)
     # The engine's own answer, built by us: constructed, not validated again (a long prompt's
     # IDs would cost a validation per token).
     return ModelRequest.model_construct(

@@ -876,7 +876,7 @@ class LLMProxy:
         events = [
             EventIn.model_construct(
                 type=MODEL_REQUEST,
-                data=record.model_dump(),
+                data=_record_data(record),
                 idempotency_key=f"call-{uuid.uuid4().hex}",
             )
             for record in records
@@ -889,6 +889,18 @@ class LLMProxy:
         # the rollout. `Conflict` reaches `unless_abandoned`, which answers 409; a stream ends
         # with an error event instead of its last events.
         await self.store.record_calls(rollout_id, attempt_id, events)
+
+
+_TOKEN_FIELDS = ("prompt_token_ids", "response_token_ids")
+
+
+def _record_data(record: ModelRequest) -> dict[str, Any]:
+    """The record as its event's data (`model_dump`, in its key order), but with its token ID
+    lists as they are: copied, a `CheckedTokenIds` would lose the array made when the call was
+    recorded (`reins.gateway.capture`), which the token reuse memory and the store's packing
+    take instead of making it again. Nothing changes a record's token IDs once recorded."""
+    rest = record.model_dump(exclude=set(_TOKEN_FIELDS))
+    return {name: getattr(record, name) for name in _TOKEN_FIELDS} | rest
 
 
 def _weight_version(upstream: Upstream, registered: int) -> int:

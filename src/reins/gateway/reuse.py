@@ -41,6 +41,8 @@ from typing import Any, Literal
 
 import orjson
 
+from reins.samples.records import CheckedTokenIds, token_ids
+
 PREFIX_FIELD = "reins_prefix_token_ids"
 """The chat request's extension field the engine reads (`reins.engine.api.ChatRequest`)."""
 REUSE_HEADER = "x-reins-token-reuse"
@@ -142,8 +144,8 @@ class ReuseMemory:
         earlier try of this same call is replaced."""
         if not prompt or not response:
             return
-        entry = _Remembered(ticket.messages, ticket.shape, array("i", prompt))
-        entry.tokens.extend(response)
+        entry = _Remembered(ticket.messages, ticket.shape, _int32s(prompt))
+        entry.tokens.extend(_int32s(response))
         calls = self._calls.setdefault(ticket.key, [])
         self._calls.move_to_end(ticket.key)
         for call in [c for c in calls if (c.messages, c.shape) == (entry.messages, entry.shape)]:
@@ -156,6 +158,13 @@ class ReuseMemory:
         while self._calls and (len(self._calls) > self.attempts or self._tokens > self.max_tokens):
             _, dropped = self._calls.popitem(last=False)
             self._tokens -= sum(len(call.tokens) for call in dropped)
+
+
+def _int32s(ids: Sequence[int]) -> array[int]:
+    """The IDs in an int32 array; from a recorded call's array when the proxy made one (a copy
+    of its bytes, not a conversion of each of a long prompt's ints)."""
+    checked = token_ids(ids) if type(ids) is CheckedTokenIds else None
+    return array("i", checked.tobytes()) if checked is not None else array("i", ids)
 
 
 Outcome = Literal["reused", "fallback", "none", "asked"]
