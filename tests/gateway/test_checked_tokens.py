@@ -4,10 +4,14 @@ prompt each of them made the same array again from the list, holding the interpr
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 import numpy as np
+import pytest
 
+from reins.gateway import jsonrule
 from reins.gateway.capture import CallFacts, answer_and_records
 from reins.gateway.proxy import _record_data
 from reins.gateway.reuse import ReuseMemory, Ticket
@@ -107,3 +111,22 @@ def test_a_checked_list_whose_length_changed_is_read_again() -> None:
     ids.append(4)
     again = token_ids(ids)
     assert again is not None and again.tolist() == [1, 2, 3, 4]
+
+
+def test_the_store_writes_the_same_text_from_the_arrays_and_still_applies_the_rule() -> None:
+    _, (record,) = answer_and_records(_facts(), _answer(list(PROMPT), list(RESPONSE)))
+    data = _record_data(record)
+    plain = {key: list(value) if isinstance(value, list) else value for key, value in data.items()}
+    assert (
+        jsonrule.encode(data).text
+        == jsonrule.encode(plain).text
+        == json.dumps(plain, separators=(",", ":"), ensure_ascii=False)
+    )
+    # The values after the token IDs still go through the rule, named where they sit.
+    with pytest.raises(jsonrule.JsonRuleError) as refused:
+        jsonrule.encode({**data, "latency_s": math.nan}, ("data",))
+    assert refused.value.loc == ("data", "latency_s")
+    assert refused.value.kind == "non_finite_number"
+    # Token IDs that are not the object's first values are written as any list.
+    moved = {"model": "policy", **data}
+    assert jsonrule.encode(moved).text == jsonrule.encode({"model": "policy", **plain}).text

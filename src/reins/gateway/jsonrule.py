@@ -17,6 +17,7 @@ writes with `encode`, which refuses the same values, so no caller can store an u
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -26,6 +27,8 @@ from typing import Any, Literal
 
 import orjson
 import pydantic_core
+
+from reins.samples.records import CheckedTokenIds
 
 MAX_DEPTH = 200
 """Levels of arrays and objects a document may nest: a value inside more is refused (an empty
@@ -115,7 +118,19 @@ def encode(value: Any, loc: Loc = ()) -> Encoded:
     to tell a number from a string that merely says so. (A Python int past a double's range is
     written as its digits: only `parse` and `find` refuse it, and values read by `parse` hold
     none.)
+
+    An object's leading values that are `CheckedTokenIds` (a proxied call's token IDs, checked
+    ints when the call was recorded) are written from their int32 arrays: for a long prompt
+    the walk and the rule's scans over its digits were most of the encoding.
     """
+    if type(value) is dict and value:
+        leading = _leading_token_ids(value)
+        if leading:
+            return _encode_after_token_ids(value, leading, loc)
+    return _encode_plain(value, loc)
+
+
+def _encode_plain(value: Any, loc: Loc) -> Encoded:
     try:
         raw = pydantic_core.to_json(value, inf_nan_mode="constants")
     except pydantic_core.PydanticSerializationError:
@@ -134,6 +149,31 @@ def encode(value: Any, loc: Loc = ()) -> Encoded:
         if problem is not None:
             raise problem
     return Encoded(value, raw.decode())
+
+
+def _leading_token_ids(value: dict[str, Any]) -> int:
+    """How many of the object's first values are token ID lists whose arrays can be written."""
+    count = 0
+    for item in value.values():
+        if type(item) is not CheckedTokenIds or len(item) != item.array.size:
+            break
+        count += 1
+    return count
+
+
+def _encode_after_token_ids(value: dict[str, Any], leading: int, loc: Loc) -> Encoded:
+    """`encode`'s text for an object whose first `leading` values are `CheckedTokenIds`: those
+    from their arrays (ints, which the rule has nothing to refuse in), the rest as usual."""
+    rest = encode(dict(itertools.islice(value.items(), leading, None)), loc)
+    try:
+        head = b",".join(
+            orjson.dumps(key) + b":" + orjson.dumps(ids.array, option=orjson.OPT_SERIALIZE_NUMPY)
+            for key, ids in itertools.islice(value.items(), leading)
+        )
+    except orjson.JSONEncodeError:  # a key the rule refuses: said by the usual path
+        return _encode_plain(value, loc)
+    tail = "}" if rest.text == "{}" else "," + rest.text[1:]
+    return Encoded(value, "{" + head.decode() + tail)
 
 
 def find(value: Any, loc: Loc = ()) -> JsonRuleError | None:
