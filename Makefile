@@ -82,6 +82,7 @@ bench: setup
 	$(PY) benchmarks/gateway.py
 	$(PY) benchmarks/samples.py
 	$(PY) benchmarks/records.py
+	$(PY) benchmarks/proxy_long.py
 	$(PY) benchmarks/trainer_memory.py
 	$(PY) benchmarks/fsdp.py
 	$(PY) benchmarks/fleet.py
