@@ -326,7 +326,7 @@ async def test_on_postgresql_a_rollouts_events_commit_in_the_order_of_their_seqs
         async with first.engine.begin() as conn:
             # The first gateway's group commit, inserted (its seq drawn) and not yet committed.
             await conn.run_sync(
-                pack_and_insert, first._insert, first._packer, Commit(rows, set(), set(), [rows])
+                pack_and_insert, first._insert, first._packer, Commit([rows], [False], set())
             )
             late = asyncio.create_task(second.append_events("r", 1, [EventIn(type="late")]))
             await asyncio.sleep(1.0)
@@ -354,7 +354,7 @@ async def test_on_postgresql_a_list_reusing_a_key_another_gateway_is_committing_
         ]
         async with first.engine.begin() as conn:
             await conn.run_sync(
-                pack_and_insert, first._insert, first._packer, Commit(rows, set(), set(), [rows])
+                pack_and_insert, first._insert, first._packer, Commit([rows], [False], set())
             )
             post = asyncio.create_task(second.append_events("r", 1, reused))
             await asyncio.sleep(1.0)

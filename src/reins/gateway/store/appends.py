@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import hashlib
 import sqlite3
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,13 +65,42 @@ def lock_rollouts(conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
 
 @dataclass
 class Commit:
-    """What one group commit writes: its fresh rows (one per key), the keys a harness posted,
-    the attempts whose state it checks, and each post's rows (the same dicts as `rows`)."""
+    """What one group commit writes: each post's rows, in the order the posts came, whether
+    each post is a harness's, and the attempts whose state it checks (of harnesses' posts)."""
 
-    rows: list[dict[str, Any]]
-    harness_keys: set[Key]
-    check: set[tuple[str, int]]
     posts: list[list[dict[str, Any]]]
+    from_harness: list[bool]
+    check: set[tuple[str, int]]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row of every post."""
+        return [row for post in self.posts for row in post]
+
+
+def skipped_posts(
+    commit: Commit, refused: Collection[int], closed: Collection[tuple[str, int]]
+) -> set[int]:
+    """The posts (by place) whose rows a commit does not store: a list post refused for reusing
+    a key, a harness's post to an attempt that closed."""
+    return set(refused) | {
+        index
+        for index, (post, harness) in enumerate(zip(commit.posts, commit.from_harness, strict=True))
+        if harness and post and (post[0]["rollout_id"], post[0]["attempt_id"]) in closed
+    }
+
+
+def chosen_rows(posts: list[list[dict[str, Any]]], skipped: Collection[int]) -> dict[Key, Any]:
+    """The row a commit stores for each key: the first posted, among the posts not skipped.
+    Decided from the posts, not from the keys alone: a key that a skipped post and another post
+    both carry is stored with the other post's event (the writer and the gateway's answers both
+    read it from here)."""
+    chosen: dict[Key, Any] = {}
+    for index, post in enumerate(posts):
+        if index not in skipped:
+            for row in post:
+                chosen.setdefault(key_of(row), row)
+    return chosen
 
 
 @dataclass
@@ -106,15 +136,8 @@ def pack_and_insert(
         # seen by `_reusing_lists` and its seqs below the ones drawn here.
         lock_rollouts(conn, rows)
     refused = _reusing_lists(conn, commit.posts)
-    if refused:
-        kept = {
-            key_of(row) for i, post in enumerate(commit.posts) if i not in refused for row in post
-        }
-        rows = [row for row in rows if key_of(row) in kept]
     packing = packer.commit(conn)
-    inserted, replayed, closed = insert_events(
-        conn, insert, rows, commit.harness_keys, commit.check, packing
-    )
+    inserted, replayed, closed = insert_events(conn, insert, commit, refused, packing)
     return Written(inserted, expand_rows(conn, replayed), closed, refused), packing
 
 
@@ -171,16 +194,16 @@ def same_json(stored: Any, posted: jsonrule.Encoded) -> bool:
 def insert_events(
     conn: sa.Connection,
     insert: Any,
-    rows: list[dict[str, Any]],
-    harness_keys: set[Key],
-    check: set[tuple[str, int]],
+    commit: Commit,
+    refused: Collection[int],
     packing: CommitPacking,
 ) -> tuple[list[tuple[int, str, int, str]], list[sa.Row[Any]], dict[tuple[str, int], str]]:
-    """The INSERTs of fresh events (`packing` packs them: one INSERT per round, usually one);
-    returns (seq, rollout, attempt, key) of those inserted, the stored rows of keys that were
-    already there (replayed posts), and why each closed attempt of `check` refused its
-    harness's events (`harness_keys`: the events a harness posted)."""
+    """The INSERTs of the commit's events but those of `refused` posts and of harnesses' posts
+    to attempts of its `check` that closed (`packing` packs them: one INSERT per round, usually
+    one); returns (seq, rollout, attempt, key) of those inserted, the stored rows of the other
+    keys of the posts not refused (replayed posts), and why each closed attempt refused."""
     closed: dict[tuple[str, int], str] = {}
+    check = commit.check
     if check:
         # PostgreSQL: a close updates the attempt row, so it waits for this transaction, or this
         # one reads the closed state after it.
@@ -196,21 +219,17 @@ def insert_events(
             reason = closed_reason_of(state)
             if reason is not None:
                 closed[(state.rollout_id, state.attempt_id)] = reason
-    fresh = rows
-    if closed:
-        fresh = [
-            row
-            for row in rows
-            if (row["rollout_id"], row["attempt_id"]) not in closed
-            or (row["rollout_id"], row["attempt_id"], row["idempotency_key"]) not in harness_keys
-        ]
+    fresh = list(chosen_rows(commit.posts, skipped_posts(commit, refused, closed)).values())
     inserted: list[tuple[int, str, int, str]] = []
     for part in rounds(fresh):
         done_now = _insert_fresh(conn, insert, packing.params(part))
         packing.inserted(done_now)
         inserted += done_now
     done = {(r, a, k) for _, r, a, k in inserted}
-    replayed = stored_rows(conn, [key for key in map(key_of, rows) if key not in done])
+    asked = dict.fromkeys(
+        key_of(row) for i, post in enumerate(commit.posts) if i not in refused for row in post
+    )
+    replayed = stored_rows(conn, [key for key in asked if key not in done])
     return inserted, replayed, closed
 
 

@@ -45,10 +45,12 @@ from reins.gateway.store import Conflict, NotFound
 from reins.gateway.store.appends import (
     Commit,
     PendingAppend,
+    chosen_rows,
     pack_and_insert,
     remember,
     reused_key,
     same_json,
+    skipped_posts,
 )
 from reins.gateway.store.board import ReplicaBoard
 from reins.gateway.store.journal import CLEAR_FROM_BYTES, CallJournal, JournaledPost
@@ -883,30 +885,19 @@ class SqlStore(DashboardReads):
                 append.done.set_exception(
                     NotFound(f"rollout {append.rollout_id} has no attempt {append.attempt_id}")
                 )
-        fresh: dict[tuple[str, int, str], dict[str, Any]] = {}
-        for append in live:
-            for row in append.rows:
-                fresh.setdefault(
-                    (row["rollout_id"], row["attempt_id"], row["idempotency_key"]), row
-                )
-        if not fresh:
+        if not any(append.rows for append in live):
             return
-        rows = list(fresh.values())
-        harness_keys = {
-            (row["rollout_id"], row["attempt_id"], row["idempotency_key"])
-            for append in live
-            if append.from_harness
-            for row in append.rows
-        }
-        commit = Commit(rows, harness_keys, set(), [append.rows for append in live])
+        commit = Commit(
+            [append.rows for append in live], [append.from_harness for append in live], set()
+        )
         async with self._write_lock or contextlib.nullcontext():
-            check = {key[:2] for key in harness_keys}
+            check = {(a.rollout_id, a.attempt_id) for a in live if a.from_harness and a.rows}
             if self._write_lock is not None:  # SQLite: attempts seen open since their last close
                 check = {(r, a) for r, a in check if self._open_attempt.get(r) != a}
             commit.check = check
             if self._writer is not None:
                 written = await self._writer.write(
-                    commit, _commit_place(rows, self._pending, batch)
+                    commit, _commit_place(commit.rows, self._pending, batch)
                 )
             else:
                 async with self.engine.begin() as conn:
@@ -920,9 +911,12 @@ class SqlStore(DashboardReads):
                     for r, a in check
                     if (r, a) not in written.closed and r not in self._closing
                 )
+        refused, closed = written.refused, written.closed
+        # The row the commit stored for each key, as the writer chose it (`chosen_rows`).
+        chosen = chosen_rows(commit.posts, skipped_posts(commit, refused, closed))
         stored = {(e.rollout_id, e.attempt_id, e.idempotency_key): e for e in written.replayed}
         for seq, rollout_id, attempt_id, key in written.inserted:
-            row = fresh[(rollout_id, attempt_id, key)]
+            row = chosen[(rollout_id, attempt_id, key)]
             stored[(rollout_id, attempt_id, key)] = Event.model_construct(
                 seq=seq,
                 rollout_id=rollout_id,
@@ -932,7 +926,6 @@ class SqlStore(DashboardReads):
                 idempotency_key=key,
                 created_at=ts(row["created_at"]),
             )
-        refused, closed = written.refused, written.closed
         for index, append in enumerate(live):
             if index in refused:
                 append.done.set_exception(Conflict(refused[index]))

@@ -238,20 +238,15 @@ def _as_sent(commit: Commit) -> Commit:
     """The commit with each row's document as its JSON text alone, which the writer parses
     back (`_as_received`): pickling the parsed document as well cost as much again, in both
     processes."""
-    sent = {id(row): {**row, "data": row["data"].text} for row in commit.rows}
-
-    def as_sent(row: dict[str, Any]) -> dict[str, Any]:
-        return sent.get(id(row)) or {**row, "data": row["data"].text}
-
-    posts = [[as_sent(row) for row in post] for post in commit.posts]
-    return Commit(list(sent.values()), commit.harness_keys, commit.check, posts)
+    posts = [[{**row, "data": row["data"].text} for row in post] for post in commit.posts]
+    return Commit(posts, commit.from_harness, commit.check)
 
 
 def _as_received(commit: Commit) -> Commit:
     """Each row's document parsed back from its text: the value a reader of the row gets."""
-    for row in [*commit.rows, *(row for post in commit.posts for row in post)]:
+    for row in commit.rows:
         text = row["data"]
-        if isinstance(text, str):  # a row of the posts is often one of `rows` (one object)
+        if isinstance(text, str):
             try:
                 value = orjson.loads(text)
             except orjson.JSONDecodeError:
