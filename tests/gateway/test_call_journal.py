@@ -22,8 +22,11 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from reins.gateway.jsonrule import encode
+from reins.gateway.store import sql as sql_module
+from reins.gateway.store import writer as writer_module
 from reins.gateway.store.journal import CallJournal, JournaledPost, decode_posts, encode_post
 from reins.gateway.store.sql import SqlStore
 from reins.schemas import AttemptCreate, EventIn, RolloutSpec
@@ -259,3 +262,45 @@ def test_the_journal_only_where_a_write_is_as_durable_as_a_commit(
 
     asyncio.run(scenario())
     assert (tmp_path / "g.db-calls").exists() is journaled
+
+
+def test_a_replay_the_database_refuses_keeps_every_record_for_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The records stay until they are stored: a start whose replay the database refuses (a
+    lock held elsewhere, a full disk) fails and leaves the journal whole, even past the size
+    at which a flush empties it."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
+    path = tmp_path / "g.db-calls"
+
+    def refused(*_: Any) -> Any:
+        raise sa.exc.OperationalError("INSERT", {}, sqlite3.OperationalError("database is locked"))
+
+    async def scenario() -> list[tuple[str, Any]]:
+        store = SqlStore(url, event_writer="thread")
+        await store.init()
+        await store.create_rollouts([RolloutSpec(rollout_id="r")])
+        await store.open_attempt("r", AttemptCreate())
+        await store.close()
+        journal = CallJournal(path)
+        assert journal.open()
+        journal.append(_post("a", 1))
+        journal.append(_post("b", 2))
+        journal.close()
+        size = path.stat().st_size
+        with monkeypatch.context() as patched:
+            patched.setattr(sql_module, "CLEAR_FROM_BYTES", 0)  # a flush would empty it
+            patched.setattr(writer_module, "commit_events", refused)
+            store = SqlStore(url, event_writer="thread")
+            with pytest.raises(sa.exc.OperationalError):
+                await store.init()
+            await store.close()
+        assert path.stat().st_size == size
+        store = SqlStore(url, event_writer="thread")
+        await store.init()
+        events = await store.get_events("r")
+        await store.close()
+        return [(e.idempotency_key, e.data) for e in events]
+
+    assert asyncio.run(scenario()) == [("a", {"value": 1}), ("b", {"value": 2})]
+    assert path.stat().st_size == 0

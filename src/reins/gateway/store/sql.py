@@ -203,6 +203,14 @@ def _add_packing_columns(conn: sa.Connection) -> None:
             conn.execute(sa.text(f"ALTER TABLE events ADD COLUMN {guard}{name} {kind}"))
 
 
+def _stored_or_refused(append: PendingAppend) -> bool:
+    done = append.done
+    if not done.done() or done.cancelled():
+        return False
+    error = done.exception()
+    return error is None or isinstance(error, NotFound | Conflict)
+
+
 def _log_unstored(done: asyncio.Future[list[Event]]) -> None:
     """A journaled call refused by its commit: only a second writer of the SQLite file could
     have closed its attempt, since closes wait for journaled calls."""
@@ -271,6 +279,8 @@ class SqlStore(DashboardReads):
         self._closing: Counter[str] = Counter()
         self._last_journaled: asyncio.Future[list[Event]] | None = None
         self._journal_error: Exception | None = None
+        self._in_journal: list[PendingAppend] = []
+        """The posts of the journal's records not yet known stored (`_journal_stored`)."""
         self._flusher: asyncio.Task[None] | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
         self._packer = Packer()  # PostgreSQL's (SQLite's is its writer's)
@@ -333,6 +343,7 @@ class SqlStore(DashboardReads):
                 )
                 for post in posts
             ]
+            self._in_journal.extend(appends)
             for append in appends:
                 self._enqueue(append)
             outcomes = await asyncio.gather(*(a.done for a in appends), return_exceptions=True)
@@ -346,7 +357,8 @@ class SqlStore(DashboardReads):
                 len(posts) - len(failed),
                 journal.path,
             )
-        journal.clear()
+        if self._journal_stored():
+            journal.clear()
 
     async def close(self) -> None:
         self.flush_soon()
@@ -356,7 +368,7 @@ class SqlStore(DashboardReads):
                 # long its record stays in the journal, for the next start.
                 await asyncio.wait_for(self._flusher, _SETTLE_TIMEOUT_S)
         if self._journal is not None and self._journal.is_open:
-            if not self._pending and self._journal_error is None:
+            if not self._pending and self._journal_error is None and self._journal_stored():
                 self._journal.clear()
             self._journal.close()
         await self.engine.dispose()
@@ -781,6 +793,7 @@ class SqlStore(DashboardReads):
             journaled=True,
         )
         append.done.add_done_callback(_log_unstored)
+        self._in_journal.append(append)
         self._last_journaled = append.done
         # Its commit waits for the answer to be sent (`flush_soon`): started at once, its
         # first steps would run on the loop before the answer goes out.
@@ -864,8 +877,21 @@ class SqlStore(DashboardReads):
             retry_s = 0.05
             self._journal_error = None
         journal = self._journal
-        if journal is not None and journal.is_open and journal.size >= CLEAR_FROM_BYTES:
-            journal.clear()  # everything in it is stored
+        if (
+            journal is not None
+            and journal.is_open
+            and journal.size >= CLEAR_FROM_BYTES
+            and self._journal_stored()
+        ):
+            journal.clear()
+
+    def _journal_stored(self) -> bool:
+        """Whether every record in the journal is stored, or refused for good (its attempt gone
+        or closed: logged), so the file may be emptied. A post whose commit failed otherwise (a
+        database that refused the replay at a start, a commit cut off by a stop) is not: its
+        record stays for the next start, though nothing is queued any more."""
+        self._in_journal = [a for a in self._in_journal if not _stored_or_refused(a)]
+        return not self._in_journal
 
     async def _commit_appends(self, batch: list[PendingAppend]) -> None:
         unknown = {(a.rollout_id, a.attempt_id) for a in batch} - self._known_attempts
