@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from reins.gateway.reuse import PREFIX_FIELD, ReuseMemory, TokenReuse
 from reins.schemas import ModelRequest
 
@@ -31,7 +33,16 @@ def remembered(
     prefix, ticket = memory.prefix_for(KEY, request)
     assert ticket is not None
     memory.remember(ticket, prompt, response)
-    return prefix
+    return _ids(prefix)
+
+
+def _ids(prefix: Any) -> list[int] | None:
+    """A prefix as a list; it comes as the int32 array the proxy writes into the request."""
+    if prefix is None:
+        return None
+    assert prefix.dtype == np.int32
+    ids: list[int] = prefix.tolist()
+    return ids
 
 
 def test_a_call_that_extends_the_last_one_gets_its_prompt_and_response() -> None:
@@ -40,7 +51,7 @@ def test_a_call_that_extends_the_last_one_gets_its_prompt_and_response() -> None
     follow = chat(user("Hi"), assistant("Hello"), user("Bye"))
     assert remembered(memory, follow, [1, 2, 3, 4, 5], [6]) == [1, 2, 3, 4]
     third = chat(user("Hi"), assistant("Hello"), user("Bye"), assistant("Ciao"), user("?"))
-    assert memory.prefix_for(KEY, third)[0] == [1, 2, 3, 4, 5, 6]
+    assert _ids(memory.prefix_for(KEY, third)[0]) == [1, 2, 3, 4, 5, 6]
 
 
 def test_no_reuse_without_the_answer_turn_and_a_new_message() -> None:
@@ -58,7 +69,9 @@ def test_an_edited_earlier_message_or_other_tools_get_no_reuse() -> None:
         memory.prefix_for(KEY, chat(user("Hey"), assistant("x"), user("y"), tools=TOOLS))[0] is None
     )
     assert memory.prefix_for(KEY, chat(user("Hi"), assistant("x"), user("y")))[0] is None
-    assert memory.prefix_for(KEY, chat(user("Hi"), assistant("x"), user("y"), tools=TOOLS))[0] == [
+    assert _ids(
+        memory.prefix_for(KEY, chat(user("Hi"), assistant("x"), user("y"), tools=TOOLS))[0]
+    ) == [
         1,
         2,
     ]
@@ -76,8 +89,11 @@ def test_of_two_branches_the_longest_matching_history_wins() -> None:
     remembered(memory, chat(user("Sub-task")), [7], [8])  # a sub-agent's own conversation
     remembered(memory, chat(user("Hi"), assistant("a"), user("b")), [1, 2, 3], [4])
     request = chat(user("Hi"), assistant("a"), user("b"), assistant("c"), user("d"))
-    assert memory.prefix_for(KEY, request)[0] == [1, 2, 3, 4]
-    assert memory.prefix_for(KEY, chat(user("Sub-task"), assistant("s"), user("t")))[0] == [7, 8]
+    assert _ids(memory.prefix_for(KEY, request)[0]) == [1, 2, 3, 4]
+    assert _ids(memory.prefix_for(KEY, chat(user("Sub-task"), assistant("s"), user("t")))[0]) == [
+        7,
+        8,
+    ]
 
 
 def test_memory_is_bounded_by_attempts_and_tokens() -> None:
@@ -87,7 +103,7 @@ def test_memory_is_bounded_by_attempts_and_tokens() -> None:
         assert ticket is not None
         memory.remember(ticket, [1, 2], [3])
     assert memory.prefix_for(("r-0", 1), chat(user("Hi"), assistant("x"), user("y")))[0] is None
-    assert memory.prefix_for(("r-2", 1), chat(user("Hi"), assistant("x"), user("y")))[0] == [
+    assert _ids(memory.prefix_for(("r-2", 1), chat(user("Hi"), assistant("x"), user("y")))[0]) == [
         1,
         2,
         3,
@@ -119,7 +135,7 @@ def test_the_proxy_side_sends_the_prefix_and_records_the_engines_word() -> None:
     second = chat(user("Hi"), assistant("x"), user("y"))
     sent = dict(second)
     reuse.prepare(KEY, second, sent, "http://engine/v1")
-    assert sent[PREFIX_FIELD] == [1, 2, 3]
+    assert _ids(sent[PREFIX_FIELD]) == [1, 2, 3]
     reuse.answered(second, "http://engine/v1", "reused")
     records = [record(second, [1, 2, 3, 4], [5])]
     reuse.recorded(records)
@@ -137,7 +153,7 @@ def test_a_null_n_is_one_choice_and_reused_several_are_not() -> None:
         second = chat(user("Hi"), assistant("x"), user("y"), n=n)
         sent = dict(second)
         reuse.prepare(KEY, second, sent, "http://engine/v1")
-        assert (sent.get(PREFIX_FIELD) == [1, 2]) is reused, n
+        assert (_ids(sent.get(PREFIX_FIELD)) == [1, 2]) is reused, n
 
 
 def test_an_engine_that_ignores_the_field_is_not_sent_it_again() -> None:
@@ -148,7 +164,7 @@ def test_an_engine_that_ignores_the_field_is_not_sent_it_again() -> None:
     second = chat(user("Hi"), assistant("x"), user("y"))
     sent = dict(second)
     reuse.prepare(KEY, second, sent, "http://vllm/v1")
-    assert sent[PREFIX_FIELD] == [1, 2]
+    assert _ids(sent[PREFIX_FIELD]) == [1, 2]
     reuse.answered(second, "http://vllm/v1", None)  # no header: it does not know the field
     records = [record(second, [1, 2, 3], [4])]
     reuse.recorded(records)
@@ -166,5 +182,10 @@ def test_a_retried_call_gets_the_same_prefix_again() -> None:
     assert remembered(memory, follow, [1, 2, 3], [4]) == [1, 2]
     assert remembered(memory, follow, [1, 2, 3], [5]) == [1, 2]  # the harness retried it
     after = chat(user("Hi"), assistant("x"), user("y"), assistant("z"), user("w"))
-    assert memory.prefix_for(KEY, after)[0] == [1, 2, 3, 5]  # the retry replaced the first try
+    assert _ids(memory.prefix_for(KEY, after)[0]) == [
+        1,
+        2,
+        3,
+        5,
+    ]  # the retry replaced the first try
     assert memory.tokens == 2 + 4

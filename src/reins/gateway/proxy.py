@@ -553,7 +553,7 @@ class LLMProxy:
         """A reused call answered through vLLM's render/generate/derender routes, or None and
         what to tell `TokenReuse.answered` (`fallback`, `none`; None: the engine lacks them)."""
         endpoint = target.endpoints[0]
-        prefix = sent.pop(PREFIX_FIELD)
+        prefix = sent.pop(PREFIX_FIELD).tolist()  # an int32 array (`ReuseMemory.prefix_for`)
         name = await self._served_name(endpoint, target.model.model)
         asked = bool(request.get("logprobs")) or bool(request.get("top_logprobs"))
         answer = await self.vllm_reuse.answer(endpoint, name, sent, prefix, shows_logprobs=asked)
@@ -585,7 +585,10 @@ class LLMProxy:
             endpoint = target.endpoints[attempt % len(target.endpoints)]
             name = await self._served_name(endpoint, target.model.model)
             if name not in payloads:
-                payloads[name] = orjson.dumps({**sent, "model": name})
+                # The token reuse prefix is an int32 array (`ReuseMemory.prefix_for`).
+                payloads[name] = orjson.dumps(
+                    {**sent, "model": name}, option=orjson.OPT_SERIALIZE_NUMPY
+                )
             try:
                 response = await self.http.post(
                     endpoint.rstrip("/") + _PATHS[kind],

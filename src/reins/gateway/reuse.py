@@ -39,7 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import orjson
+from numpy.typing import NDArray
 
 from reins.samples.records import CheckedTokenIds, token_ids
 
@@ -112,9 +114,11 @@ class ReuseMemory:
 
     def prefix_for(
         self, key: AttemptKey, chat: dict[str, Any]
-    ) -> tuple[list[int] | None, Ticket | None]:
+    ) -> tuple[NDArray[np.int32] | None, Ticket | None]:
         """The token IDs this chat request's prompt should start with (None: no reuse), and the
-        ticket to pass to `remember` with the call's records (None: nothing to remember)."""
+        ticket to pass to `remember` with the call's records (None: nothing to remember). An
+        array, which the proxy writes into the engine's request as it is (orjson's numpy
+        support): as a list, a 128k-token prefix cost ~1.7 ms to make and more to encode."""
         view = request_view(chat)
         if view is None:
             return None, None
@@ -135,7 +139,7 @@ class ReuseMemory:
         self._calls.move_to_end(key)
         calls = self._calls[key]
         calls.append(calls.pop(chosen))  # the most recently used last
-        return calls[-1].tokens.tolist(), Ticket(key, messages, shape)
+        return np.frombuffer(calls[-1].tokens, dtype=np.int32).copy(), Ticket(key, messages, shape)
 
     def remember(self, ticket: Ticket, prompt: Sequence[int], response: Sequence[int]) -> None:
         """A successful call of `ticket` joins its attempt's remembered calls (the least recently
