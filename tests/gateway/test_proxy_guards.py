@@ -6,13 +6,17 @@ not a stream is a recorded failure, not a silent pass-through."""
 from __future__ import annotations
 
 import json
+import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import anthropic
 import httpx
 import openai
 import pytest
+import sqlalchemy as sa
 
+from reins.gateway.store.sql import SqlStore
 from tests.conftest import Gateway
 from tests.stub_engine import StubEngine, encode
 
@@ -118,6 +122,23 @@ def test_the_sdks_do_not_retry_a_call_on_a_closed_attempt(
     assert len(sent) == 1, sent
 
 
+def failed_response_stream(client: openai.OpenAI, on_event: Callable[[str], object]) -> Any:
+    """A streamed Responses call that must end in `response.failed` (never `completed`): the
+    failed response; `on_event` sees each event's type."""
+    failed = []
+    with (
+        pytest.raises(RuntimeError, match=r"response\.completed"),
+        client.responses.stream(model="policy", input="hi") as events,
+    ):
+        for event in events:
+            on_event(event.type)
+            if event.type == "response.failed":
+                failed.append(event.response)
+        events.get_final_response()
+    assert len(failed) == 1
+    return failed[0]
+
+
 @pytest.mark.parametrize("earlier_calls", [0, 1])
 @pytest.mark.parametrize("api", ["chat", "messages", "responses"])
 def test_a_stream_whose_attempt_closes_before_its_end_ends_in_an_error_in_each_api(
@@ -152,19 +173,10 @@ def test_a_stream_whose_attempt_closes_before_its_end_ends_in_an_error_in_each_a
                 close_after_first_event(event.type)
     else:
         client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key=token, max_retries=0)
-        failed = []
-        with (
-            pytest.raises(RuntimeError, match=r"response\.completed"),
-            client.responses.stream(model="policy", input="hi") as events,
-        ):
-            for event in events:
-                close_after_first_event(event.type)
-                if event.type == "response.failed":
-                    failed.append(event.response)
-            events.get_final_response()
+        failed = failed_response_stream(client, close_after_first_event)
         assert seen[-1] == "response.failed" and "response.completed" not in seen
-        assert failed[0].status == "failed" and failed[0].error is not None
-        assert "this answer was not recorded" in failed[0].error.message
+        assert failed.status == "failed" and failed.error is not None
+        assert "this answer was not recorded" in failed.error.message
     assert len(seen) > 1
     assert len(calls(gateway, 1)) == earlier_calls and calls(gateway, 2) == []
 
@@ -331,3 +343,43 @@ def test_a_streamed_chunk_json_cannot_carry_ends_the_stream_as_a_recorded_failur
     assert call["status"] == 502
     assert "choices.0.logprobs.content.0.logprob" in call["error"]
     assert_still_readable(gateway)
+
+
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_a_stream_whose_record_the_database_fails_ends_in_an_error_in_each_api(
+    gateway: Gateway, token: str, stub: StubEngine, api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database fails the streamed call's record (a lock held elsewhere, a full disk, a
+    writer process killed): the stream has begun, so its end says so in the API's shape, where
+    the connection was cut mid-stream before (the SDKs then reported a protocol error)."""
+
+    async def refused(*_: Any) -> None:
+        raise sa.exc.OperationalError("INSERT", {}, sqlite3.OperationalError("database is locked"))
+
+    monkeypatch.setattr(SqlStore, "record_calls", refused)
+    base = chat_url(gateway).removesuffix("/openai/v1/chat/completions")
+    expected = r"could not store this call.s record \(.*database is locked"
+    kinds: list[str] = []
+    if api == "chat":
+        client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key=token, max_retries=0)
+        with pytest.raises(openai.APIError, match=expected):
+            for chunk in client.chat.completions.create(
+                model="policy", messages=MESSAGES, stream=True
+            ):
+                kinds.append(chunk.object)
+    elif api == "messages":
+        messages = anthropic.Anthropic(base_url=f"{base}/anthropic", api_key=token, max_retries=0)
+        with (
+            pytest.raises(anthropic.APIError, match=expected) as raised,
+            messages.messages.stream(model="policy", max_tokens=64, messages=MESSAGES) as events,
+        ):
+            for event in events:
+                kinds.append(event.type)
+        # 503, as Anthropic types it (not the 409 of a closed attempt).
+        assert raised.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+    else:
+        client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key=token, max_retries=0)
+        failed = failed_response_stream(client, kinds.append)
+        assert kinds[-1] == "response.failed"
+        assert failed.error is not None and "database is locked" in failed.error.message
+    assert kinds  # the stream had begun

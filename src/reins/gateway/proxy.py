@@ -44,7 +44,7 @@ from reins.gateway.capture import (
 )
 from reins.gateway.reuse import PREFIX_FIELD, REUSE_HEADER, TokenReuse
 from reins.gateway.reuse_vllm import ReusedAnswer, VllmReuse
-from reins.gateway.store import Conflict, Store
+from reins.gateway.store import OUTAGES, Conflict, Store
 from reins.gateway.wire import Translation, WireApi, WireError
 from reins.gateway.wire.overflow import Overflow, openai_body, read_overflow
 from reins.schemas import MODEL_REQUEST, EventIn, Model, ModelRequest
@@ -692,6 +692,11 @@ class LLMProxy:
             refusal = {"error": {"message": message, "type": "conflict", "code": 409}}
             yield b"data: " + json.dumps(refusal).encode() + b"\n\n"
             return
+        except OUTAGES as outage:
+            # The stream has begun: its end says why, in place of a connection cut mid-stream.
+            unstored = {"error": {"message": _unstored(outage), "type": "unavailable", "code": 503}}
+            yield b"data: " + json.dumps(unstored).encode() + b"\n\n"
+            return
         if done_line is not None:
             yield done_line
 
@@ -793,6 +798,10 @@ class LLMProxy:
             for event in translation.stream_refusal(f"{closed}; this answer was not recorded"):
                 yield event
             return
+        except OUTAGES as outage:
+            for event in translation.stream_refusal(_unstored(outage), 503):
+                yield event
+            return
         for event in [*told, *closing]:
             yield event
 
@@ -892,6 +901,14 @@ class LLMProxy:
         # the rollout. `Conflict` reaches `unless_abandoned`, which answers 409; a stream ends
         # with an error event instead of its last events.
         await self.store.record_calls(rollout_id, attempt_id, events)
+
+
+def _unstored(outage: Exception) -> str:
+    first = str(outage).splitlines()[0] if str(outage) else repr(outage)
+    return (
+        f"the gateway could not store this call's record ({first}); the answer is not "
+        "acknowledged: retry the call once the gateway's database is back"
+    )
 
 
 _TOKEN_FIELDS = ("prompt_token_ids", "response_token_ids")

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from sqlalchemy import exc as sa_exc
+
 from reins.schemas import (
     Attempt,
     AttemptCreate,
@@ -31,6 +33,11 @@ if TYPE_CHECKING:
 
 class StoreError(Exception):
     """A request the store refuses; the message says what was wrong and what to do."""
+
+
+OUTAGES: tuple[type[Exception], ...] = (sa_exc.DBAPIError, ConnectionError)
+"""What a write raises when the database (or SQLite's writer process) fails it: the request was
+not acknowledged (the gateway answers 503 or 507, `gateway.app`)."""
 
 
 class NotFound(StoreError):

@@ -84,9 +84,10 @@ class Translation(Protocol):
         """After `stream_end`: the streamed answer as one non-streamed answer would be."""
         ...
 
-    def stream_refusal(self, message: str) -> list[bytes]:
+    def stream_refusal(self, message: str, status: int = 409) -> list[bytes]:
         """After `stream_end`, sent instead of its closing events: the stream ends in an error
-        (the attempt closed while the call ran, so the answer was not recorded)."""
+        (the attempt closed while the call ran, so the answer was not recorded: 409; or the
+        gateway's database failed to store it: 503)."""
         ...
 
 

@@ -710,8 +710,8 @@ class Translation:
         events.append(sse("message_stop", {"type": "message_stop"}))
         return events
 
-    def stream_refusal(self, message: str) -> list[bytes]:
-        return [sse("error", error_body(409, message))]
+    def stream_refusal(self, message: str, status: int = 409) -> list[bytes]:
+        return [sse("error", error_body(status, message))]
 
     def assembled(self) -> dict[str, Any]:
         """The streamed answer as one Messages answer (after an engine error: the error body,

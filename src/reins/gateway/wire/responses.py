@@ -707,9 +707,9 @@ class Translation:
         self._finish()
         return self._take()
 
-    def stream_refusal(self, message: str) -> list[bytes]:
+    def stream_refusal(self, message: str, status: int = 409) -> list[bytes]:
         """`response.failed` in place of the closing events `stream_end` built, which were not
-        sent: its number follows the last event sent."""
+        sent: its number follows the last event sent (`status`: the message says why)."""
         if self._closing_from is not None:
             self._sequence = self._closing_from
         # `server_error`: the SDK's `ResponseError.code` has no conflict; the message says why.
