@@ -159,6 +159,34 @@ async def test_a_killed_writer_process_is_replaced_and_no_post_is_lost(
     assert bases[0] is None and all(b is not None for b in bases[1:])
 
 
+def test_a_writer_that_ends_as_it_starts_is_a_writer_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed between its fork and the gateway's pidfd of it: its commit is not acknowledged
+    (`WriterStopped`: 503), as for a writer that dies later, not a bare error (500)."""
+    channels: list[Any] = []
+
+    def gone(pid: int) -> int:
+        raise ProcessLookupError(pid)
+
+    real_socketpair = writer_module.socket.socketpair
+
+    def kept(*args: Any) -> Any:
+        pair = real_socketpair(*args)
+        channels.append(pair[0])
+        return pair
+
+    monkeypatch.setattr(writer_module.os, "pidfd_open", gone)
+    monkeypatch.setattr(writer_module.socket, "socketpair", kept)
+    fork_server = writer_module._ForkServer()
+    with pytest.raises(WriterStopped, match="ended as it started"):
+        fork_server.fork_writer(str(tmp_path / "g.db"), "NORMAL")
+    assert channels[-1].fileno() == -1  # its channel closed: the writer reads its end and goes
+    assert fork_server._control is not None and fork_server._process is not None
+    fork_server._control.close()  # as when the gateway goes: the fork server ends
+    assert fork_server._process.wait(timeout=30) is not None
+
+
 async def test_lone_commits_run_on_the_loop_and_the_rest_in_the_writer_process(
     process_store: SqlStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

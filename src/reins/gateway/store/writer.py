@@ -303,7 +303,14 @@ class _ForkServer:
                 self._process = None
                 raise WriterStopped("the event writers' fork server ended")
             (pid,) = struct.unpack("<i", reply)
-        return pid, os.pidfd_open(pid), ours
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            # It ended as it started (a kill): the posts of its commit are not acknowledged
+            # (503, as for a writer that dies later), and its channel is not left open.
+            ours.close()
+            raise WriterStopped(f"the event writer {pid} ended as it started") from None
+        return pid, pidfd, ours
 
     def _launch(self) -> None:
         if self._control is not None:
