@@ -80,7 +80,12 @@ def history(size: int, rng: random.Random) -> list[dict[str, Any]]:
 
 
 def measure(
-    size: int, calls: int, stub_url: str, gateway_url: str, rollout: tuple[str, str]
+    size: int,
+    calls: int,
+    stub_url: str,
+    gateway_url: str,
+    rollout: tuple[str, str],
+    gateway_pids: list[int],
 ) -> dict[str, float]:
     rng = random.Random(size)
     messages = history(size, rng)
@@ -94,8 +99,6 @@ def measure(
     reins: list[float] = []
     waits: list[float] = []
     stop = threading.Event()
-    watcher = threading.Thread(target=lambda: ask_healthz(), daemon=True)
-    before = 0.0
 
     def ask_healthz() -> None:
         with httpx.Client(trust_env=False, timeout=30) as client:
@@ -104,6 +107,9 @@ def measure(
                 client.get(gateway_url + "/healthz")
                 waits.append(time.perf_counter() - started)
                 stop.wait(0.005)
+
+    watcher = threading.Thread(target=ask_healthz, daemon=True)
+    before = 0.0
 
     with httpx.Client(trust_env=False, timeout=120) as http:
         for index in range(calls + 2):  # the first two warm both paths up
@@ -117,7 +123,7 @@ def measure(
             middle = time.perf_counter()
             if index == 2:
                 watcher.start()
-                before = _cpu(PIDS)
+                before = _cpu(gateway_pids)
             proxied = http.post(proxy_url, content=harness, headers=auth)
             ended = time.perf_counter()
             if answer.status_code != 200 or proxied.status_code != 200:
@@ -131,7 +137,7 @@ def measure(
                 {"role": "assistant", "content": reply},
                 {"role": "user", "content": f"Observation {index}: 1 failed, 41 passed"},
             ]
-        cpu_s = _cpu(PIDS) - before
+        cpu_s = _cpu(gateway_pids) - before
         stop.set()
         watcher.join()
     return {
@@ -141,9 +147,6 @@ def measure(
         "cpu": cpu_s / calls * 1e3,
         "healthz_max": max(waits) * 1e3 if waits else float("nan"),
     }
-
-
-PIDS: list[int] = []
 
 
 def main() -> None:
@@ -167,7 +170,6 @@ def main() -> None:
             _wait_ready(f"{stub_url}/models", stub, tmp / "stub.log", 60, "stub engine")
             with running_gateway(str(tmp / "gateway.db"), API_KEY) as gateway:
                 assert gateway.process is not None
-                PIDS[:] = [gateway.process.pid]
                 ids, tokens = setup_reins(gateway.url, stub_url, len(SIZES))
                 print(
                     f"\n{'context':>9}{'request':>10}{'direct+ids':>12}{'reins':>9}{'added':>9}"
@@ -175,7 +177,9 @@ def main() -> None:
                 )
                 rows = {}
                 for size, rollout in zip(SIZES, zip(ids, tokens, strict=True), strict=True):
-                    row = measure(size, args.calls, stub_url, gateway.url, rollout)
+                    row = measure(
+                        size, args.calls, stub_url, gateway.url, rollout, [gateway.process.pid]
+                    )
                     rows[size] = row
                     print(
                         f"{size // 1000:>7}k{row['bytes'] / 1e3:>8.0f} KB{row['direct']:>9.1f} ms"
