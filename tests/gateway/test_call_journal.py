@@ -182,6 +182,41 @@ def _post(key: str, value: Any) -> JournaledPost:
     return JournaledPost("r", 1, [row])
 
 
+def test_journaled_calls_commit_together_or_when_a_read_needs_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once 16 wait, 50 ms after the first (here made an hour, so nothing else starts the
+    commit), or at once for a read: one commit per call cost each call latency and CPU."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
+    monkeypatch.setattr(sql_module, "_FLUSH_AFTER_S", 3600.0)
+
+    def note(n: int) -> list[EventIn]:
+        return [EventIn(type="model_request", data={"n": n}, idempotency_key=f"call-{n}")]
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        store = SqlStore(url, event_writer="thread")
+        await store.init()
+        await store.create_rollouts([RolloutSpec(rollout_id="r")])
+        await store.open_attempt("r", AttemptCreate())
+        opened = EventIn(type="note", data={}, idempotency_key="opened")
+        await store.append_events("r", 1, [opened], from_harness=True)  # a commit sees it open
+        stored = []
+        for n in range(1, 18):
+            await store.record_calls("r", 1, note(n))
+            store.call_answered()
+            if store._flusher is not None:
+                await store._flusher
+            stored.append(_stored_calls(tmp_path / "g.db"))
+        read = [e.data["n"] for e in await store.get_events("r", types=["model_request"])]
+        await store.close()
+        return stored, read
+
+    stored, read = asyncio.run(scenario())
+    assert stored == [0] * 15 + [16, 16]
+    assert read == list(range(1, 18))
+    assert _stored_calls(tmp_path / "g.db") == 17
+
+
 def test_records_read_back_exactly_up_to_a_torn_one() -> None:
     posts = [_post("a", 2**70), _post("b", "ünïcode \u2028"), _post("c", [1.5, -0.0, None])]
     raw = b"".join(encode_post(p) for p in posts)

@@ -101,16 +101,16 @@ def _proxy_endpoint(kind: proxy.ProxyKind) -> Any:
             kind, request, rollout_id, attempt_id, mode, request.app.state.proxy, store, caller
         )
         if response.background is None:
-            # After the answer's last byte: the call's record, if it went to the journal, is
-            # then stored while the harness reads its answer.
-            response.background = BackgroundTask(_flush_soon, store)
+            # After the answer's last byte: the call's record, if it went to the journal, may
+            # then be stored (with the next calls': `Store.call_answered`).
+            response.background = BackgroundTask(_answered, store)
         return response
 
     return endpoint
 
 
-async def _flush_soon(store: Store) -> None:
-    store.flush_soon()
+async def _answered(store: Store) -> None:
+    store.call_answered()
 
 
 def _proxy_route(path: str, kind: proxy.ProxyKind, methods: list[str] | None = None) -> Route:

@@ -160,9 +160,9 @@ class Store(Protocol):
         they are in the database (`store.journal`): every read and every close of the
         attempt waits for them."""
 
-    def flush_soon(self) -> None:
-        """Starts storing the events `record_calls` returned early (the proxy calls it once
-        the call's answer is sent; a moment later it starts anyway)."""
+    def call_answered(self) -> None:
+        """The proxy sent a call's answer: the events `record_calls` returned early may be
+        stored now (SQLite: once 16 such calls wait, else 50 ms after the first of them)."""
 
     async def get_events(
         self,
