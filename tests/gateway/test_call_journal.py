@@ -185,13 +185,15 @@ def _post(key: str, value: Any) -> JournaledPost:
 def test_journaled_calls_commit_together_or_when_a_read_needs_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Once 16 wait, 50 ms after the first (here made an hour, so nothing else starts the
-    commit), or at once for a read: one commit per call cost each call latency and CPU."""
+    """Once 16 wait or their JSON reaches 1 MiB, 50 ms after the first (here made an hour,
+    so nothing else starts the commit), or at once for a read: one commit per call cost each
+    call latency and CPU."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
     monkeypatch.setattr(sql_module, "_FLUSH_AFTER_S", 3600.0)
 
     def note(n: int) -> list[EventIn]:
-        return [EventIn(type="model_request", data={"n": n}, idempotency_key=f"call-{n}")]
+        data = {"n": n, "prompt": "x" * (1 << 20) if n in (19, 20) else ""}
+        return [EventIn(type="model_request", data=data, idempotency_key=f"call-{n}")]
 
     async def scenario() -> tuple[list[int], list[int]]:
         store = SqlStore(url, event_writer="thread")
@@ -208,13 +210,19 @@ def test_journaled_calls_commit_together_or_when_a_read_needs_them(
                 await store._flusher
             stored.append(_stored_calls(tmp_path / "g.db"))
         read = [e.data["n"] for e in await store.get_events("r", types=["model_request"])]
+        for n in (18, 19, 20):  # a long prompt's call commits at once, with those before it
+            await store.record_calls("r", 1, note(n))
+            store.call_answered()
+            if store._flusher is not None:
+                await store._flusher
+            stored.append(_stored_calls(tmp_path / "g.db"))
         await store.close()
         return stored, read
 
     stored, read = asyncio.run(scenario())
-    assert stored == [0] * 15 + [16, 16]
+    assert stored == [0] * 15 + [16, 16, 17, 19, 20]
     assert read == list(range(1, 18))
-    assert _stored_calls(tmp_path / "g.db") == 17
+    assert _stored_calls(tmp_path / "g.db") == 20
 
 
 def test_records_read_back_exactly_up_to_a_torn_one() -> None:

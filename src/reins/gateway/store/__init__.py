@@ -162,7 +162,8 @@ class Store(Protocol):
 
     def call_answered(self) -> None:
         """The proxy sent a call's answer: the events `record_calls` returned early may be
-        stored now (SQLite: once 16 such calls wait, else 50 ms after the first of them)."""
+        stored now (SQLite: once 16 such calls or 1 MiB of their JSON wait, else 50 ms after
+        the first of them)."""
 
     async def get_events(
         self,

@@ -117,8 +117,10 @@ _JOURNALED_SYNCHRONOUS = ("OFF", "NORMAL")
 """The `synchronous` settings under which a journal `write` is as durable as a commit."""
 _SETTLE_TIMEOUT_S = 30.0
 _JOURNAL_BATCH = 16
+_JOURNAL_BATCH_CHARS = 1 << 20
 _FLUSH_AFTER_S = 0.05
-"""Journaled calls commit once `_JOURNAL_BATCH` of them wait, or this long after the first,
+"""Journaled calls commit once `_JOURNAL_BATCH` of them wait (or their events' JSON holds
+`_JOURNAL_BATCH_CHARS`: a long prompt's call commits alone), or this long after the first,
 or when a read or a close needs them stored (`_settle`), or with other events' commits. One
 commit after each call cost a harness calling one at a time ~0.07 ms of added latency and ~0.3
 ms of the gateway's CPU per call (the commit's fixed part, and its thread taking the interpreter
@@ -816,7 +818,12 @@ class SqlStore(DashboardReads):
             self._packer.forget(rollout_id)
 
     def call_answered(self) -> None:
-        if len(self._pending) >= _JOURNAL_BATCH:
+        pending = self._pending
+        if (
+            len(pending) >= _JOURNAL_BATCH
+            or sum(len(row["data"].text) for append in pending for row in append.rows)
+            >= _JOURNAL_BATCH_CHARS
+        ):
             self.flush_soon()
 
     def flush_soon(self) -> None:
