@@ -117,13 +117,7 @@ def _proxy_route(path: str, kind: proxy.ProxyKind, methods: list[str] | None = N
     return Route(path, _proxy_endpoint(kind), methods=methods or ["POST"], include_in_schema=False)
 
 
-ROUTES = [
-    Route(
-        "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events",
-        append_events,
-        methods=["POST"],
-        include_in_schema=False,
-    ),
+PROXY_ROUTES = [
     _proxy_route(proxy.OPENAI_PREFIX + "/chat/completions", "chat"),
     _proxy_route(proxy.OPENAI_PREFIX + "/completions", "completions"),
     _proxy_route(proxy.OPENAI_PREFIX + "/responses", "responses"),
@@ -132,4 +126,13 @@ ROUTES = [
     # Claude Code checks that its base URL answers.
     _proxy_route(proxy.ANTHROPIC_BASE, "messages", ["HEAD"]),
     _proxy_route(proxy.ANTHROPIC_BASE + "/", "messages", ["HEAD"]),
+]
+ROUTES = [
+    Route(
+        "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events",
+        append_events,
+        methods=["POST"],
+        include_in_schema=False,
+    ),
+    *PROXY_ROUTES,
 ]
