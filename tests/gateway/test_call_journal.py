@@ -29,7 +29,7 @@ from reins.gateway.store import sql as sql_module
 from reins.gateway.store import writer as writer_module
 from reins.gateway.store.journal import CallJournal, JournaledPost, decode_posts, encode_post
 from reins.gateway.store.sql import SqlStore
-from reins.schemas import AttemptCreate, EventIn, RolloutSpec
+from reins.schemas import AttemptCreate, EventIn, RolloutSpec, RolloutUpdate
 from tests.conftest import ADMIN_KEY, Gateway
 from tests.stub_engine import StubEngine
 from tests.support import GatewayProcess, free_port
@@ -289,6 +289,39 @@ def test_a_restart_replays_the_journal_once_per_key(tmp_path: Path) -> None:
         ("a", {"value": 2**70}),
         ("b", {"value": "only in the journal"}),
     ]
+    assert (tmp_path / "g.db-calls").stat().st_size == 0
+
+
+def test_a_replay_stores_nothing_into_an_attempt_closed_meanwhile(tmp_path: Path) -> None:
+    """What another gateway on the same file did while this one was down counts: a call it
+    answered from its journal into an attempt closed since is refused at the replay (the
+    trainer read the closed rollout without it), and the start goes on."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        store = SqlStore(url, event_writer="thread")
+        await store.init()
+        for rollout_id in ("r", "open"):
+            await store.create_rollouts([RolloutSpec(rollout_id=rollout_id)])
+            await store.open_attempt(rollout_id, AttemptCreate())
+        await store.update_rollout(
+            "r", RolloutUpdate.model_validate({"status": {"state": "succeeded"}})
+        )
+        await store.close()
+        journal = CallJournal(tmp_path / "g.db-calls")
+        assert journal.open()
+        journal.append(_post("late", 1))  # rollout r, closed
+        still_open = {**_post("kept", 2).rows[0], "rollout_id": "open"}
+        journal.append(JournaledPost("open", 1, [still_open]))
+        journal.close()
+        store = SqlStore(url, event_writer="thread")
+        await store.init()
+        closed = [e.idempotency_key for e in await store.get_events("r")]
+        kept = [e.idempotency_key for e in await store.get_events("open")]
+        await store.close()
+        return closed, kept
+
+    assert asyncio.run(scenario()) == ([], ["kept"])
     assert (tmp_path / "g.db-calls").stat().st_size == 0
 
 

@@ -5,6 +5,7 @@ streams as they come, encodings, TLS, and each way an engine can fail a call."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import gzip
 import shutil
@@ -122,6 +123,29 @@ async def test_calls_share_one_connection_and_send_what_was_given(client: Engine
         assert f"host: 127.0.0.1:{port}".encode() in head.split(b"\r\n")
         assert b"content-type: application/json" in head.split(b"\r\n")
         assert f"content-length: {len(BODY)}".encode() in head.split(b"\r\n")
+
+
+async def test_credentials_in_the_url_and_odd_paths_are_sent_as_aiohttp_sent_them(
+    client: EngineClient,
+) -> None:
+    async def serve(state: Engine, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        while await read_request(state, reader):
+            writer.write(answer(b"{}"))
+
+    async with engine(serve) as state:
+        base = state.url.removesuffix("/v1/chat/completions")
+        with_secret = base.replace("http://", "http://us%40er:p%3Ass@")
+        for url in (f"{with_secret}/v1/chat/completions", f"{base}/my engine/é?x=1%202"):
+            response = await post(client, url)
+            assert await response.read() == b"{}"
+            response.release()
+        first, second = (head.split(b"\r\n") for head, _ in state.requests)
+        assert f"authorization: Basic {base64.b64encode(b'us@er:p:ss').decode()}".encode() in first
+        assert f"host: {base.removeprefix('http://')}".encode() in first
+        assert second[0] == b"POST /my%20engine/%C3%A9?x=1%202 HTTP/1.1"
+        assert not any(line.startswith(b"authorization") for line in second)
+    with pytest.raises(aiohttp.InvalidURL):
+        await client.post("http://\u6f22\u5b57.example/v1", BODY, JSON)
 
 
 async def test_a_chunked_stream_arrives_as_it_is_sent(client: EngineClient) -> None:

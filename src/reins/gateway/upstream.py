@@ -24,12 +24,13 @@ connection for the next call, or close it to stop a generation the harness left.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import ssl
 import zlib
 from collections.abc import AsyncIterator, Mapping
 from typing import cast
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import aiohttp
 import httptools
@@ -39,6 +40,9 @@ _PAUSE_AT = 1 << 20
 _IDLE_PER_ENGINE = 64
 """Idle keep-alive connections kept per engine address; more are closed when released."""
 _DECODED = ("gzip", "x-gzip", "deflate")
+_SAFE = "/?&=%:@!$'()*+,;~-._"
+"""What a request target keeps as it is: percent-escapes and URL punctuation; anything else
+(a space, a non-ASCII character) is percent-encoded, as aiohttp did."""
 
 _Address = tuple[str, str, int]
 """Scheme, host, port."""
@@ -72,18 +76,24 @@ class EngineClient:
             port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError as error:
             raise aiohttp.InvalidURL(url) from error
+        target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), _SAFE)
+        lines = [
+            f"POST {target} HTTP/1.1",
+            f"host: {parts.netloc.rpartition('@')[2]}",
+            f"content-length: {len(body)}",
+            "accept-encoding: identity",
+            *(f"{name}: {value}" for name, value in headers.items()),
+        ]
+        if parts.username is not None:  # http://user:password@host/v1, as aiohttp sent it
+            secret = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            lines.append(f"authorization: Basic {base64.b64encode(secret.encode()).decode()}")
+        try:
+            head = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+        except UnicodeEncodeError as error:  # a host name that is not ASCII
+            raise aiohttp.InvalidURL(url) from error
         address = (parts.scheme, parts.hostname, port)
         connection = self._idle_connection(address) or await self._connect(address)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        head = "".join(
-            [
-                f"POST {target} HTTP/1.1\r\nhost: {parts.netloc.rpartition('@')[2]}\r\n",
-                f"content-length: {len(body)}\r\naccept-encoding: identity\r\n",
-                *(f"{name}: {value}\r\n" for name, value in headers.items()),
-                "\r\n",
-            ]
-        )
-        return await connection.send(head.encode("latin-1"), body, self.read_timeout_s)
+        return await connection.send(head, body, self.read_timeout_s)
 
     async def close(self) -> None:
         for connection in list(self._connections):

@@ -277,9 +277,10 @@ class SqlStore(DashboardReads):
         self._pending: deque[PendingAppend] = deque()
         # Attempts are never deleted, so an attempt seen once can skip the existence check.
         self._known_attempts: set[tuple[str, int]] = set()
-        # SQLite only (one gateway process writes it): the attempt of each rollout last seen open
-        # by an event commit. A close drops it under the write lock, so a harness's append skips
-        # the attempt query while nothing closed it. PostgreSQL checks in every commit.
+        # SQLite only: the attempt of each rollout last seen open by an event commit. A close
+        # drops it under the write lock, so the proxy's check before a call skips the query,
+        # and its call may be answered from the journal, while nothing closed it. Every commit
+        # still checks (another gateway on the file may close it: that commit then drops it).
         self._open_attempt: dict[str, int] = {}
         # Rollouts whose update or new attempt (either may close an attempt) waits for the
         # journaled calls: their calls wait for their commit meanwhile.
@@ -337,8 +338,10 @@ class SqlStore(DashboardReads):
 
     async def _replay_journal(self, journal: CallJournal) -> None:
         """Stores the calls a stopped gateway answered but did not store, then empties the
-        journal. Their attempts were open when they were answered, and no close ran before
-        they were stored, so they are stored as the admin's posts (unchecked)."""
+        journal. Checked as the harness's posts they were: their attempts were open when they
+        were answered, and this gateway closed none before storing them, but another gateway
+        on the same file may have (while this one was down): those are refused, logged, not
+        stored after the close the trainer read."""
         posts = journal.read()
         if posts:
             appends = [
@@ -347,6 +350,7 @@ class SqlStore(DashboardReads):
                     post.attempt_id,
                     post.rows,
                     asyncio.get_running_loop().create_future(),
+                    from_harness=True,
                 )
                 for post in posts
             ]
@@ -356,7 +360,7 @@ class SqlStore(DashboardReads):
             outcomes = await asyncio.gather(*(a.done for a in appends), return_exceptions=True)
             failed = [o for o in outcomes if isinstance(o, BaseException)]
             for error in failed:
-                if not isinstance(error, NotFound):
+                if not isinstance(error, NotFound | Conflict):
                     raise error  # the database cannot store them now: start later
                 logger.warning("a journaled call was not stored: %s", error)
             logger.info(
@@ -714,9 +718,10 @@ class SqlStore(DashboardReads):
 
     async def check_open(self, rollout_id: str, attempt_id: int) -> None:
         if self._write_lock is not None and self._open_attempt.get(rollout_id) == attempt_id:
-            # SQLite: an event commit saw it open and nothing closed it since (a close drops
-            # it first), so the proxy's check before each call costs no query. Only a commit
-            # under the write lock may add to `_open_attempt`: a read here could race a close.
+            # SQLite: an event commit saw it open and this gateway closed nothing since (a
+            # close drops it first), so the proxy's check before each call costs no query. Only
+            # a commit under the write lock may add to `_open_attempt`: a read here could race
+            # a close. A close by another gateway on the file is found by the next commit.
             return
         if names_no_row(rollout_id):
             raise NotFound(f"rollout {rollout_id!r} has no attempt {attempt_id}")
@@ -933,9 +938,10 @@ class SqlStore(DashboardReads):
             [append.rows for append in live], [append.from_harness for append in live], set()
         )
         async with self._write_lock or contextlib.nullcontext():
+            # Every harness's attempt is checked, also one this gateway knows open: another
+            # gateway on the same SQLite file may have closed it (`test_replicas.py` runs two).
+            # One indexed read per commit; with the journal's batches, one per 16 proxied calls.
             check = {(a.rollout_id, a.attempt_id) for a in live if a.from_harness and a.rows}
-            if self._write_lock is not None:  # SQLite: attempts seen open since their last close
-                check = {(r, a) for r, a in check if self._open_attempt.get(r) != a}
             commit.check = check
             if self._writer is not None:
                 written = await self._writer.write(
@@ -948,6 +954,9 @@ class SqlStore(DashboardReads):
                     )
                 remember(self._packer, packing, written.inserted)
             if self._write_lock is not None:
+                for rollout_id, attempt_id in written.closed:  # closed by another gateway
+                    if self._open_attempt.get(rollout_id) == attempt_id:
+                        del self._open_attempt[rollout_id]
                 self._open_attempt.update(
                     (r, a)
                     for r, a in check
