@@ -153,13 +153,10 @@ async def test_on_sqlite_a_retry_makes_the_old_attempt_checked_again(
     await store.check_open("r", 2)
 
 
-async def test_on_sqlite_a_close_by_another_gateway_is_seen_by_the_next_commit(
-    tmp_path: Any,
-) -> None:
-    """Two gateways on one SQLite file (`test_replicas.py` runs that): the first knows the
-    attempt open from its own commit; the second closes the rollout. The first's next commit
-    sees that another connection wrote, checks again and stores nothing after the close: not
-    an event post (409), not a call answered from its journal."""
+@pytest.fixture
+async def closed_by_the_second(tmp_path: Any) -> AsyncIterator[tuple[SqlStore, SqlStore]]:
+    """Two gateways' stores on one SQLite file (`test_replicas.py` runs two gateways): the
+    first knows attempt 1 of rollout r open from its own commit; the second then closes r."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}"
     first, second = SqlStore(url), SqlStore(url)
     await first.init()
@@ -171,38 +168,32 @@ async def test_on_sqlite_a_close_by_another_gateway_is_seen_by_the_next_commit(
         await first.check_open("r", 1)  # known open, no query
         succeeded = RolloutUpdate.model_validate({"status": {"state": "succeeded"}})
         await second.update_rollout("r", succeeded)
-
-        # Still known open here, so this call is answered from the journal: its commit refuses it.
-        await first.record_calls("r", 1, [EventIn(type="model_request", data={"n": 2})])
-        first.flush_soon()
-        assert first._flusher is not None
-        await first._flusher
-        with pytest.raises(Conflict, match="rollout r is succeeded"):
-            await first.check_open("r", 1)
-        with pytest.raises(Conflict, match="rollout r is succeeded"):
-            log = EventIn(type="log", data={"n": 3})
-            await first.append_events("r", 1, [log], from_harness=True)
-        assert [e.data["n"] for e in await second.get_events("r")] == [1]
+        yield first, second
     finally:
         await first.close()
         await second.close()
 
 
-async def test_on_sqlite_a_post_after_another_gateways_close_is_refused(tmp_path: Any) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}"
-    first, second = SqlStore(url), SqlStore(url)
-    await first.init()
-    await second.init()
-    try:
-        await first.create_rollouts([RolloutSpec(rollout_id="r")])
-        await first.open_attempt("r", AttemptCreate())
-        await first.append_events("r", 1, [EventIn(type="log", data={"n": 1})], from_harness=True)
-        succeeded = RolloutUpdate.model_validate({"status": {"state": "succeeded"}})
-        await second.update_rollout("r", succeeded)
-        with pytest.raises(Conflict, match="rollout r is succeeded"):
-            log = EventIn(type="log", data={"n": 2})
-            await first.append_events("r", 1, [log], from_harness=True)
-        assert [e.data["n"] for e in await second.get_events("r")] == [1]
-    finally:
-        await first.close()
-        await second.close()
+async def test_on_sqlite_a_post_after_another_gateways_close_is_refused(
+    closed_by_the_second: tuple[SqlStore, SqlStore],
+) -> None:
+    first, second = closed_by_the_second
+    with pytest.raises(Conflict, match="rollout r is succeeded"):
+        await first.append_events("r", 1, [EventIn(type="log", data={"n": 2})], from_harness=True)
+    assert [e.data["n"] for e in await second.get_events("r")] == [1]
+
+
+async def test_on_sqlite_a_journaled_call_after_another_gateways_close_is_not_stored(
+    closed_by_the_second: tuple[SqlStore, SqlStore],
+) -> None:
+    """The first still knows the attempt open, so it answers the call from its journal; the
+    commit checks every attempt and refuses it (not stored after the close the trainer read),
+    and the first then checks the attempt again: its next calls are refused (409)."""
+    first, second = closed_by_the_second
+    await first.record_calls("r", 1, [EventIn(type="model_request", data={"n": 2})])
+    first.flush_soon()
+    assert first._flusher is not None
+    await first._flusher
+    with pytest.raises(Conflict, match="rollout r is succeeded"):
+        await first.check_open("r", 1)
+    assert [e.data["n"] for e in await second.get_events("r")] == [1]
