@@ -148,6 +148,29 @@ async def test_credentials_in_the_url_and_odd_paths_are_sent_as_aiohttp_sent_the
         await client.post("http://\u6f22\u5b57.example/v1", BODY, JSON)
 
 
+async def test_an_answer_released_or_closed_twice_leaves_its_connection_to_the_next_call(
+    client: EngineClient,
+) -> None:
+    """The proxy's relay releases a stream when it ends and settles it again after the
+    response: the connection, pooled once, must not be handed to two calls at once."""
+
+    async def serve(state: Engine, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        while await read_request(state, reader):
+            writer.write(answer(b"%d" % len(state.requests)))
+
+    async with engine(serve) as state:
+        first = await post(client, state.url)
+        assert await first.read() == b"1"
+        first.release()
+        first.release()
+        first.close()
+        async with asyncio.timeout(10):
+            answers = await asyncio.gather(post(client, state.url), post(client, state.url))
+            bodies = sorted([await answer.read() for answer in answers])
+        assert bodies == [b"2", b"3"]
+        assert state.connections == 2  # the pooled one, and one more: not the same one twice
+
+
 async def test_a_chunked_stream_arrives_as_it_is_sent(client: EngineClient) -> None:
     first_read = asyncio.Event()
 

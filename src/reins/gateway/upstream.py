@@ -282,10 +282,13 @@ class EngineResponse:
 
     def release(self) -> None:
         """Done with the answer: its connection serves the next call if the answer was read to
-        its end, else it is closed."""
+        its end, else it is closed. Once only: a second `release` or `close` (the proxy's relay
+        ends a stream, then settles it) does nothing, since the connection may carry another
+        call by then."""
         connection = self._connection
-        if connection.response is self:
-            connection.response = None
+        if connection.response is not self:
+            return
+        connection.response = None
         if self._done and self._keep_alive and connection.usable():
             connection.resume()
             connection.client._release(connection)
@@ -293,9 +296,11 @@ class EngineResponse:
             connection.close()
 
     def close(self) -> None:
-        """Closes the connection: an engine still generating sees its client leave."""
-        if self._connection.response is self:
-            self._connection.response = None
+        """Closes the connection: an engine still generating sees its client leave. Nothing
+        once the answer was released or closed."""
+        if self._connection.response is not self:
+            return
+        self._connection.response = None
         self._connection.close()
 
     # -- fed by the connection -----------------------------------------------------------
