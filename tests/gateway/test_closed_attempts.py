@@ -4,6 +4,8 @@ stored. The admin key may still annotate any attempt (docs/gateway.md, "Attempts
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -197,3 +199,59 @@ async def test_on_sqlite_a_journaled_call_after_another_gateways_close_is_not_st
     with pytest.raises(Conflict, match="rollout r is succeeded"):
         await first.check_open("r", 1)
     assert [e.data["n"] for e in await second.get_events("r")] == [1]
+
+
+async def test_on_sqlite_with_another_gateway_live_a_call_after_its_close_is_refused_at_once(
+    closed_by_the_second: tuple[SqlStore, SqlStore],
+) -> None:
+    """Told that another gateway serves the file (`Replicas` counts it), the first checks the
+    attempt before a call and stores the call before it answers: the harness gets 409 and no
+    call is answered from the journal into an attempt closed meanwhile."""
+    first, second = closed_by_the_second
+    await first.set_peers(1)
+    with pytest.raises(Conflict, match="rollout r is succeeded"):
+        await first.check_open("r", 1)
+    with pytest.raises(Conflict, match="rollout r is succeeded"):
+        await first.record_calls("r", 1, [EventIn(type="model_request", data={"n": 2})])
+    assert [e.data["n"] for e in await second.get_events("r")] == [1]
+
+
+async def test_on_sqlite_learning_of_another_gateway_stores_the_calls_answered_before(
+    tmp_path: Any,
+) -> None:
+    """`set_peers` returns once the calls answered from the journal are in the database (the
+    other gateway, which cannot see the journal, may close their attempt next), and from then
+    on a call's record waits for its commit: here both wait for a write lock held outside."""
+    path = tmp_path / "gateway.db"
+    store = SqlStore(f"sqlite+aiosqlite:///{path}")
+    await store.init()
+    lock = sqlite3.connect(path, timeout=30, isolation_level=None)
+    try:
+        await store.create_rollouts([RolloutSpec(rollout_id="r")])
+        await store.open_attempt("r", AttemptCreate())
+        await store.append_events("r", 1, [EventIn(type="log", data={"n": 1})], from_harness=True)
+        lock.execute("BEGIN IMMEDIATE")
+        await asyncio.wait_for(  # answered from the journal although nothing can commit
+            store.record_calls("r", 1, [EventIn(type="model_request", data={"n": 2})]), 5
+        )
+        told = asyncio.create_task(store.set_peers(1))
+        await asyncio.sleep(0.5)
+        assert not told.done(), "returned before the journaled call was stored"
+        call = asyncio.create_task(
+            store.record_calls("r", 1, [EventIn(type="model_request", data={"n": 3})])
+        )
+        await asyncio.sleep(0.5)
+        assert not call.done(), "answered before its commit although another gateway serves"
+        lock.execute("ROLLBACK")
+        await asyncio.wait_for(told, 30)
+        await asyncio.wait_for(call, 30)
+        assert [e.data["n"] for e in await store.get_events("r")] == [1, 2, 3]
+        await store.set_peers(0)  # alone again: answered from the journal
+        lock.execute("BEGIN IMMEDIATE")
+        await asyncio.wait_for(
+            store.record_calls("r", 1, [EventIn(type="model_request", data={"n": 4})]), 5
+        )
+        lock.execute("ROLLBACK")
+    finally:
+        lock.close()
+        await store.close()

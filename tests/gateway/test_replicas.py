@@ -11,9 +11,11 @@ version, so the gateway records the registered one.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -205,3 +207,38 @@ def test_a_gateway_restarted_while_paused_stays_paused_until_resumed(database_ur
         assert http.get("/api/admission").json()["paused"] is True
         http.post("/api/admission/resume")
         assert http.get("/api/admission").json()["paused"] is False
+
+
+def test_on_sqlite_a_joining_gateway_serves_once_the_first_stores_calls_before_answering(
+    tmp_path: Path, stub: StubEngine
+) -> None:
+    """Alone, a SQLite gateway answers a call from its journal before the call's commit; the
+    second gateway could close the attempt without seeing it. So the second serves only once
+    the first knows it, and from then the first answers a call after its commit: with the file
+    write-locked from here, a call through the first waits (before: answered at once)."""
+    path = tmp_path / "gateway.db"
+    settings = GatewaySettings(database_url=f"sqlite+aiosqlite:///{path}", api_key=ADMIN_KEY)
+    lock = sqlite3.connect(path, timeout=30, isolation_level=None)
+    with serve(settings) as first:
+        url = f"http://127.0.0.1:{first.port}"
+        a = Replica(url, httpx.Client(base_url=url, headers=ADMIN, timeout=30))
+        a.http.post("/api/models", json={"model": "policy", "endpoint": stub.base_url})
+        a.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+        a.http.post("/api/rollouts/r/attempts")
+        assert a.call().status_code == 200  # a commit sees the attempt open
+        lock.execute("BEGIN IMMEDIATE")
+        assert a.call().status_code == 200, "alone, answered from the journal"
+        lock.execute("ROLLBACK")
+        with serve(settings):
+            lock.execute("BEGIN IMMEDIATE")
+            sent = len(stub.requests)
+            thread, out = in_thread(a.call)
+            until(lambda: len(stub.requests), lambda n: n > sent, "the engine's answer")
+            time.sleep(0.5)  # the journal answered within milliseconds; 0.5 s is margin
+            assert "done_at" not in out, "answered before its commit with another gateway live"
+            lock.execute("ROLLBACK")
+            thread.join(30)
+            assert out["value"].status_code == 200  # type: ignore[attr-defined]
+            assert len(recorded(a)) == 3
+        a.http.close()
+    lock.close()

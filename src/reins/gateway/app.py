@@ -56,6 +56,8 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
             app.state.gate,
             app.state.proxy.directory.invalidate,
             ReplicaTimings(replica_timeout_s=settings.replica_timeout_s),
+            on_peers=store.set_peers,
+            known_before_serving=store.needs_peers_known,
         )
         await app.state.replicas.start()
         try:

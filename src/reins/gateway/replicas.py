@@ -13,6 +13,12 @@ every process sharing the database (`store.board`):
   cached directory before it applies a resume read in the same sync, so calls released by the
   resume see the newly registered weight version.
 
+- Each replica counts the others before it reports and tells its store (`Store.set_peers`): a
+  SQLite gateway alone answers a call from its journal before the call's commit, which a
+  gateway that may close the attempt could not see. A SQLite replica that joins live ones
+  serves only once each of them reported a heartbeat `heartbeat_s` after it joined: that
+  report came after a count that saw it.
+
 A replica is live while its heartbeat (every `heartbeat_s`) is younger than `replica_timeout_s`:
 a killed replica stops holding drains after that long. Replicas compare heartbeats by their own
 clocks, so those of different hosts must agree within a second or so (NTP).
@@ -27,7 +33,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 
 from reins.gateway.admission import AdmissionGate, GateStatus
@@ -55,10 +61,14 @@ class Replicas:
         timings: ReplicaTimings | None = None,
         *,
         address: str = "",
+        on_peers: Callable[[int], Awaitable[None]] | None = None,
+        known_before_serving: bool = False,
     ) -> None:
         self.board = board
         self.gate = gate
         self.on_directory_change = on_directory_change
+        self.on_peers = on_peers
+        self.known_before_serving = known_before_serving
         self.timings = timings or ReplicaTimings()
         self.replica_id = uuid.uuid4().hex
         self.address = address or f"{socket.gethostname()} pid {os.getpid()}"
@@ -78,6 +88,8 @@ class Replicas:
         """Joins (applying the shared state before this replica serves a call) and syncs on."""
         await self.board.join()
         await self.sync()
+        if self.known_before_serving and self._others:
+            await self._wait_until_known()
         if self.gate.status().paused:
             log.warning(
                 "the gateway starts paused: a trainer paused calls for a weight update and has "
@@ -181,6 +193,10 @@ class Replicas:
             and now - self._reported_at < (self.timings.heartbeat_s)
         ):
             return
+        if now - self._counted_at >= self.timings.heartbeat_s:
+            # Before the report, and timed by it: every heartbeat then follows a count begun
+            # less than `heartbeat_s` before it (`_wait_until_known`).
+            await self._count_others(now)
         await self.board.report(
             ReplicaReport(
                 replica_id=self.replica_id,
@@ -194,18 +210,41 @@ class Replicas:
             )
         )
         self._reported, self._reported_at = state, now
-        if now - self._counted_at > self.timings.heartbeat_s:
-            await self._count_others()
 
-    async def _count_others(self) -> None:
-        now = time.time()
-        self._counted_at = now
-        self._others = sum(
+    async def _count_others(self, now: float) -> None:
+        # Live as of this replica's last heartbeat, not as of now: while the database takes no
+        # writes (locked, restarting) no replica heartbeats, and the others must not look gone.
+        seen_at = self._reported_at or now
+        others = sum(
             1
             for r in await self.board.replicas()
             if r.replica_id != self.replica_id
-            and now - r.heartbeat_at <= self.timings.replica_timeout_s
+            and seen_at - r.heartbeat_at <= self.timings.replica_timeout_s
         )
+        if self.on_peers is not None:
+            await self.on_peers(others)  # may fail (the store cannot settle): counted again
+        self._others, self._counted_at = others, now
+
+    async def _wait_until_known(self) -> None:
+        """Waits until each other live replica knows this one: its heartbeat came at least
+        `heartbeat_s` after this one's first report, so its count before it saw this one."""
+        joined = time.time()
+        deadline = joined + self.timings.replica_timeout_s + 2 * self.timings.heartbeat_s
+        while True:
+            now = time.time()
+            unaware = [
+                r.address
+                for r in await self.board.replicas()
+                if r.replica_id != self.replica_id
+                and now - r.heartbeat_at <= self.timings.replica_timeout_s
+                and r.heartbeat_at < joined + self.timings.heartbeat_s
+            ]
+            if not unaware:
+                return
+            if now > deadline:
+                log.warning("gateway replicas %s did not see this one join: serving", unaware)
+                return
+            await asyncio.sleep(self.timings.sync_interval_s)
 
     async def _unsettled(self, *, in_flight: bool = True) -> list[str]:
         """Other live replicas that have not applied the current pause, or (`in_flight`) still

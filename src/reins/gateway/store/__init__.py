@@ -160,6 +160,16 @@ class Store(Protocol):
         they are in the database (`store.journal`): every read and every close of the
         attempt waits for them."""
 
+    needs_peers_known: bool
+    """Whether a gateway joining this database must wait, before it serves, until every other
+    live gateway knows it joined (`set_peers`; SQLite, whose calls may be answered before
+    their commit)."""
+
+    async def set_peers(self, count: int) -> None:
+        """How many other gateways serve the database (`gateway.replicas`, after each count).
+        With any, each call's answer waits for its commit. Returns once the calls answered
+        before their commit are stored."""
+
     def call_answered(self) -> None:
         """The proxy sent a call's answer: the events `record_calls` returned early may be
         stored now (SQLite: once 16 such calls or 1 MiB of their JSON wait, else 50 ms after

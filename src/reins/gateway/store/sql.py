@@ -282,6 +282,10 @@ class SqlStore(DashboardReads):
         # and its call may be answered from the journal, while nothing closed it. Every commit
         # still checks (another gateway on the file may close it: that commit then drops it).
         self._open_attempt: dict[str, int] = {}
+        self.needs_peers_known = self.is_sqlite
+        self._peers = 0
+        """Other live gateways on this database (`set_peers`): while there are any, the
+        journal and `_open_attempt` answer nothing, since another gateway may close an attempt."""
         # Rollouts whose update or new attempt (either may close an attempt) waits for the
         # journaled calls: their calls wait for their commit meanwhile.
         self._closing: Counter[str] = Counter()
@@ -717,11 +721,15 @@ class SqlStore(DashboardReads):
         return found is not None
 
     async def check_open(self, rollout_id: str, attempt_id: int) -> None:
-        if self._write_lock is not None and self._open_attempt.get(rollout_id) == attempt_id:
+        if (
+            self._write_lock is not None
+            and not self._peers
+            and self._open_attempt.get(rollout_id) == attempt_id
+        ):
             # SQLite: an event commit saw it open and this gateway closed nothing since (a
             # close drops it first), so the proxy's check before each call costs no query. Only
             # a commit under the write lock may add to `_open_attempt`: a read here could race
-            # a close. A close by another gateway on the file is found by the next commit.
+            # a close. Not while another gateway serves the file (`set_peers`).
             return
         if names_no_row(rollout_id):
             raise NotFound(f"rollout {rollout_id!r} has no attempt {attempt_id}")
@@ -782,6 +790,7 @@ class SqlStore(DashboardReads):
             not events_in
             or journal is None
             or not journal.is_open
+            or self._peers
             or self._open_attempt.get(rollout_id) != attempt_id
             or rollout_id in self._closing
         ):
@@ -814,6 +823,15 @@ class SqlStore(DashboardReads):
             self._flush_timer = asyncio.get_running_loop().call_later(
                 _FLUSH_AFTER_S, self.flush_soon
             )
+
+    async def set_peers(self, count: int) -> None:
+        """Another gateway on the file may close an attempt this one saw open, and could not
+        see the calls this one answered from its journal: while `count` others are live, every
+        call waits for its commit (which checks its attempt) and the check before a call
+        queries. Returns once the calls answered from the journal before are stored."""
+        self._peers = count
+        if count:
+            await self._settle()
 
     def _forget_bases(self, rollout_id: str) -> None:
         """The rollout's attempts closed: their calls are no longer packing bases."""
