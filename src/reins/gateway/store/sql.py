@@ -129,7 +129,11 @@ _RETRY_MAX_S = 5.0
 
 
 def _commit_place(
-    rows: list[dict[str, Any]], pending: deque[PendingAppend], batch: list[PendingAppend]
+    rows: list[dict[str, Any]],
+    pending: deque[PendingAppend],
+    batch: list[PendingAppend],
+    *,
+    alone: bool = True,
 ) -> CommitPlace:
     """Where a group commit runs (`writer`): on the event loop's thread, on a thread of the
     gateway's process, or in the writer (its process, or its thread).
@@ -138,7 +142,8 @@ def _commit_place(
     writer and back (a wake there and a loop wake here) than for the write itself (~0.5 ms; a
     WAL checkpoint every ~30 commits adds about as much again): the loop's thread. The loop
     never waits for the writer's SQLite lock: the store runs one commit at a time (its write
-    lock), and a SQLite gateway does not share its file with another (docs/gateway.md).
+    lock); but while another gateway serves the file (not `alone`) it might, for as long as
+    that one's commit takes: the commit then goes to the writer.
     Journaled calls were answered already: their commit stays off the loop, which serves the
     next call, but in this process: a writer process took ~0.15 ms more CPU per proxied call
     (the pickling and the wakes, both sides) from the 2 cores the engine shares, for no gain,
@@ -146,7 +151,7 @@ def _commit_place(
     to the writer, which runs beside the loop's HTTP work."""
     if batch and all(a.journaled for a in batch):
         return "thread"
-    if pending or len(rows) > _INLINE_MAX_ROWS or any(a.journaled for a in batch):
+    if pending or not alone or len(rows) > _INLINE_MAX_ROWS or any(a.journaled for a in batch):
         return "writer"
     return "loop" if sum(len(row["data"].text) for row in rows) <= _INLINE_MAX_CHARS else "writer"
 
@@ -963,7 +968,7 @@ class SqlStore(DashboardReads):
             commit.check = check
             if self._writer is not None:
                 written = await self._writer.write(
-                    commit, _commit_place(commit.rows, self._pending, batch)
+                    commit, _commit_place(commit.rows, self._pending, batch, alone=not self._peers)
                 )
             else:
                 async with self.engine.begin() as conn:

@@ -127,6 +127,18 @@ class ProcessWriter:
     async def write(self, commit: Commit, place: CommitPlace = "writer") -> Written:
         if place != "writer":
             return await self._here.write(commit, place)
+        try:
+            return await self._write_there(commit)
+        except WriterStopped as error:
+            # SQLite committed the whole commit or none of it, and its process is gone (its
+            # stream ended). Sent once more, to a new writer: each row carries its idempotency
+            # key, so a commit that was stored stores nothing again and answers the stored
+            # events, as a client's retry would. Answered 503 instead, a stored call was
+            # stored twice by the harness's retry (under a new key).
+            logger.warning("%s: sending its commit to a new writer", error)
+            return await self._write_there(commit)
+
+    async def _write_there(self, commit: Commit) -> Written:
         link = self._link or await self._start()
         if link.out.is_closing():
             self._stopped(link)
