@@ -10,7 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pickle
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -224,6 +228,28 @@ def test_a_writer_that_ends_as_it_starts_is_a_writer_stopped(
     assert fork_server._control is not None and fork_server._process is not None
     fork_server._control.close()  # as when the gateway goes: the fork server ends
     assert fork_server._process.wait(timeout=30) is not None
+
+
+def test_the_fork_server_ends_quietly_when_the_gateway_goes_before_its_reply(
+    tmp_path: Path,
+) -> None:
+    """A gateway killed while it asks for a writer: the fork server's reply finds the socket
+    closed; it ends without a traceback on the gateway's terminal."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    code = f"import {writer_module.__name__} as w; w.fork_server({theirs.fileno()})"
+    server = subprocess.Popen(
+        [sys.executable, "-c", code], pass_fds=[theirs.fileno()], stderr=subprocess.PIPE
+    )
+    theirs.close()
+    gateway_end, writer_end = socket.socketpair()
+    request = pickle.dumps((str(tmp_path / "g.db"), "NORMAL"))
+    socket.send_fds(ours, [request], [writer_end.fileno()])
+    writer_end.close()
+    ours.close()  # before the server read the request: its reply cannot be sent
+    gateway_end.close()  # the writer it forks reads the end and goes (it shares the stderr)
+    _, stderr = server.communicate(timeout=30)
+    assert server.returncode == 0
+    assert b"Traceback" not in stderr, stderr.decode()
 
 
 async def test_lone_commits_run_on_the_loop_and_the_rest_in_the_writer_process(

@@ -368,7 +368,10 @@ def fork_server(control_fd: int) -> None:
                 sys.stderr.flush()
                 os._exit(code)
         os.close(fds[0])
-        control.send(struct.pack("<i", pid))
+        try:
+            control.send(struct.pack("<i", pid))
+        except OSError:
+            return  # the gateway died while it asked (its writer reads the end and goes)
 
 
 def _serve(channel: socket.socket, path: str, synchronous: str) -> None:
