@@ -185,14 +185,18 @@ exit 126
 """
 
 
+_REMOVED = (errno.ENOENT, errno.ENODEV)
+"""What reading a file of a cgroup folder that a concurrent close() removes answers: ENODEV
+("No such device") while it is being removed, then ENOENT."""
+
+
 def _counter(path: Path, key: str) -> int:
     """The `key N` line of a cgroup events file (0 if absent)."""
     try:
         lines = path.read_text().splitlines()
     except OSError as error:
-        # Removed by a concurrent close(): a cgroup folder being removed answers ENODEV ("No
-        # such device") before it answers ENOENT.
-        if error.errno in (errno.ENOENT, errno.ENODEV):
+        # Removed by a concurrent close().
+        if error.errno in _REMOVED:
             return 0
         raise
     for line in lines:
@@ -269,8 +273,11 @@ class _Cgroups:
     def kill(self) -> None:
         for folder in self.dirs:
             pids: list[str] = []
-            with contextlib.suppress(FileNotFoundError):  # a removed group has no tasks
+            try:
                 pids = (folder / "cgroup.procs").read_text().split()
+            except OSError as error:  # a group a concurrent close() removes has no tasks
+                if error.errno not in _REMOVED:
+                    raise
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
@@ -490,8 +497,9 @@ class Sandbox:
     def _kill(self, proc: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):  # bwrap; --die-with-parent takes its init
             os.killpg(proc.pid, signal.SIGKILL)
-        if self._cgroups is not None:
-            self._cgroups.kill()
+        group = self._cgroups  # read once: a concurrent close() sets it to None
+        if group is not None:
+            group.kill()
 
     def _inside(self, relative: str) -> Path:
         """`relative` resolved within the folder; refuses absolute paths, `..` and symlinks out."""
