@@ -27,7 +27,13 @@ import sqlalchemy as sa
 from reins.gateway.jsonrule import encode
 from reins.gateway.store import sql as sql_module
 from reins.gateway.store import writer as writer_module
-from reins.gateway.store.journal import CallJournal, JournaledPost, decode_posts, encode_post
+from reins.gateway.store.journal import (
+    CallJournal,
+    JournaledPost,
+    decode_posts,
+    encode_post,
+    held_elsewhere,
+)
 from reins.gateway.store.sql import SqlStore
 from reins.schemas import AttemptCreate, EventIn, RolloutSpec, RolloutUpdate
 from tests.conftest import ADMIN_KEY, Gateway
@@ -380,3 +386,29 @@ def test_a_replay_the_database_refuses_keeps_every_record_for_the_next_start(
 
     assert asyncio.run(scenario()) == [("a", {"value": 1}), ("b", {"value": 2})]
     assert path.stat().st_size == 0
+
+
+async def test_a_store_knows_when_another_gateway_holds_the_journal(tmp_path: Path) -> None:
+    """`needs_peers_known`: another gateway holds the journal (it may answer calls before their
+    commit), seen by a store with a journal of its own and by one without (`FULL`)."""
+    path = tmp_path / "gateway.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    journal = Path(f"{path}-calls")
+    assert not held_elsewhere(journal)  # no file
+    first = SqlStore(url)
+    await first.init()
+    try:
+        assert first.needs_peers_known is False  # it holds the journal
+        assert held_elsewhere(journal)
+        for synchronous in ("NORMAL", "FULL"):
+            second = SqlStore(url, sqlite_synchronous=synchronous)
+            await second.init()
+            assert second.needs_peers_known is True, synchronous
+            await second.close()
+    finally:
+        await first.close()
+    assert not held_elsewhere(journal)  # the file is there, unlocked
+    alone = SqlStore(url, sqlite_synchronous="FULL")
+    await alone.init()
+    assert alone.needs_peers_known is False
+    await alone.close()

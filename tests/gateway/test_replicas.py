@@ -242,3 +242,32 @@ def test_on_sqlite_a_joining_gateway_serves_once_the_first_stores_calls_before_a
             assert len(recorded(a)) == 3
         a.http.close()
     lock.close()
+
+
+def test_on_sqlite_a_gateway_restarted_after_a_kill_does_not_wait_for_its_former_self(
+    tmp_path: Path, stub: StubEngine
+) -> None:
+    """The killed gateway's report stays live for `replica_timeout_s`, but its journal lock
+    went with it: nobody can answer a call before its commit, so the restart serves at once
+    (it waited out the killed one's timeout before)."""
+    path = tmp_path / "gateway.db"
+    settings = GatewaySettings(
+        database_url=f"sqlite+aiosqlite:///{path}", api_key=ADMIN_KEY, replica_timeout_s=60
+    )
+
+    async def report_killed_gateway() -> None:
+        store = SqlStore(settings.database_url)
+        await store.init()
+        now = time.time()
+        killed = ReplicaReport("killed", "killed host", 0, False, 0, 0, now, now)
+        await store.board.report(killed)
+        await store.close()
+
+    asyncio.run(report_killed_gateway())
+    started = time.monotonic()
+    with serve(settings) as server:
+        took = time.monotonic() - started
+        url = f"http://127.0.0.1:{server.port}"
+        with httpx.Client(base_url=url, headers=ADMIN, timeout=30) as http:
+            assert len(http.get("/api/admission").json()["replicas"]) == 2  # it is live
+    assert took < 30, f"the start waited {took:.1f} s for a killed gateway"

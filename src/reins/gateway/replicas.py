@@ -15,9 +15,11 @@ every process sharing the database (`store.board`):
 
 - Each replica counts the others before it reports and tells its store (`Store.set_peers`): a
   SQLite gateway alone answers a call from its journal before the call's commit, which a
-  gateway that may close the attempt could not see. A SQLite replica that joins live ones
-  serves only once each of them reported a heartbeat `heartbeat_s` after it joined: that
-  report came after a count that saw it.
+  gateway that may close the attempt could not see. A replica that joins while another holds
+  the journal (`Store.needs_peers_known`) serves only once each live one reported a heartbeat
+  `heartbeat_s` after it joined: that report came after a count that saw it. (A killed
+  gateway's row stays live for `replica_timeout_s`, but its journal lock went with it: its
+  restart does not wait for it.)
 
 A replica is live while its heartbeat (every `heartbeat_s`) is younger than `replica_timeout_s`:
 a killed replica stops holding drains after that long. Replicas compare heartbeats by their own

@@ -161,9 +161,9 @@ class Store(Protocol):
         attempt waits for them."""
 
     needs_peers_known: bool
-    """Whether a gateway joining this database must wait, before it serves, until every other
-    live gateway knows it joined (`set_peers`; SQLite, whose calls may be answered before
-    their commit)."""
+    """Whether, after `init`, this gateway must wait before it serves until every other live
+    gateway on the database knows it joined (`set_peers`): on SQLite, when another gateway
+    holds the call journal, from which it answers calls before their commit."""
 
     async def set_peers(self, count: int) -> None:
         """How many other gateways serve the database (`gateway.replicas`, after each count).

@@ -120,9 +120,18 @@ class Written:
 def commit_events(engine: sa.Engine, packer: Packer, commit: Commit) -> Written:
     """One group commit on a SQLite connection of its own; its packed calls are then bases."""
     with engine.begin() as conn:
+        begin_writing(conn)
         written, packing = pack_and_insert(conn, sqlite_insert, packer, commit)
     remember(packer, packing, written.inserted)
     return written
+
+
+def begin_writing(conn: sa.Connection) -> None:
+    """SQLite: takes the database's write lock before the transaction reads anything. Python's
+    sqlite3 begins a transaction only at its first INSERT or UPDATE, so what the transaction
+    read before (whether an attempt is still open) could be changed by another gateway's commit
+    while it waited for the lock, and be acted on after that commit."""
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def pack_and_insert(

@@ -107,6 +107,27 @@ def _post_of(payload: bytes) -> JournaledPost:
     return JournaledPost(record["rollout_id"], record["attempt_id"], rows)
 
 
+def journal_path(database: str) -> Path:
+    """The call journal of the SQLite file at `database`."""
+    return Path(database + "-calls")
+
+
+def held_elsewhere(path: Path) -> bool:
+    """Whether another process holds the journal at `path`: a gateway that may answer calls
+    from it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the lock
+    return False
+
+
 class CallJournal:
     """The append-only file beside a SQLite database (`<database>-calls`), held by one gateway
     process: a second process on the same database finds it locked and does without it."""

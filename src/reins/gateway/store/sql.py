@@ -45,6 +45,7 @@ from reins.gateway.store import Conflict, NotFound
 from reins.gateway.store.appends import (
     Commit,
     PendingAppend,
+    begin_writing,
     chosen_rows,
     pack_and_insert,
     remember,
@@ -53,7 +54,13 @@ from reins.gateway.store.appends import (
     skipped_posts,
 )
 from reins.gateway.store.board import ReplicaBoard
-from reins.gateway.store.journal import CLEAR_FROM_BYTES, CallJournal, JournaledPost
+from reins.gateway.store.journal import (
+    CLEAR_FROM_BYTES,
+    CallJournal,
+    JournaledPost,
+    held_elsewhere,
+    journal_path,
+)
 from reins.gateway.store.packing import (
     FetchedRows,
     Key,
@@ -247,7 +254,7 @@ class SqlStore(DashboardReads):
             path = sqlite_file(url)
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             if sqlite_synchronous.upper() in _JOURNALED_SYNCHRONOUS:
-                self._journal = CallJournal(Path(path + "-calls"))
+                self._journal = CallJournal(journal_path(path))
             self.engine: AsyncEngine = create_async_engine(url, json_serializer=serialize)
             install_sqlite_pragmas(self.engine.sync_engine, sqlite_synchronous)
             # Event appends, the hot path: the group commits run in a writer process (or thread)
@@ -287,7 +294,8 @@ class SqlStore(DashboardReads):
         # and its call may be answered from the journal, while nothing closed it. Every commit
         # still checks (another gateway on the file may close it: that commit then drops it).
         self._open_attempt: dict[str, int] = {}
-        self.needs_peers_known = self.is_sqlite
+        self.needs_peers_known = False
+        """Set by `init`: another gateway holds the call journal (`Store.needs_peers_known`)."""
         self._peers = 0
         """Other live gateways on this database (`set_peers`): while there are any, the
         journal and `_open_attempt` answer nothing, since another gateway may close an attempt."""
@@ -311,6 +319,8 @@ class SqlStore(DashboardReads):
     async def _write(self) -> AsyncIterator[AsyncConnection]:
         lock = self._write_lock or contextlib.nullcontext()
         async with lock, self.engine.begin() as conn:
+            if self.is_sqlite:
+                await conn.run_sync(begin_writing)
             yield conn
 
     async def init(self) -> None:
@@ -335,10 +345,13 @@ class SqlStore(DashboardReads):
             await self.board.init(conn)
         if isinstance(self._writer, ProcessWriter):
             self._writer.start_soon()
+        if self.is_sqlite and self._journal is None:
+            self.needs_peers_known = held_elsewhere(journal_path(sqlite_file(self.url)))
         if self._journal is not None:
             if self._journal.open():
                 await self._replay_journal(self._journal)
             else:
+                self.needs_peers_known = True
                 logger.warning(
                     "%s is held by another gateway process: this one answers a proxied call "
                     "only after its commit",
