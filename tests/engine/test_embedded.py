@@ -536,6 +536,37 @@ def test_a_generated_tool_call_is_answered_as_tool_calls(embedded: ServedEngine)
 
 
 @pytest.mark.slow
+def test_a_tool_call_answer_cut_by_max_tokens_finishes_with_length(embedded: ServedEngine) -> None:
+    """The calls sampled before the limit are answered, but the turn is `length`, not
+    `tool_calls`: it was cut (a second call may be cut short in the text), and the Responses and
+    Messages translations then say `incomplete` and `max_tokens` (a probe with the anthropic SDK
+    got `stop_reason: tool_use` with half a call as text)."""
+    whole = chat(embedded, FEW_SHOT_TOOL_USE, tools=[WEATHER_TOOL], temperature=0, max_tokens=32)
+    ids = whole["choices"][0]["token_ids"]
+    assert whole["choices"][0]["finish_reason"] == "tool_calls"
+    closed = next(
+        n for n in range(1, len(ids) + 1) if "</tool_call>" in embedded.engine.decode(ids[:n])
+    )
+    for stream in (False, True):
+        body = {"tools": [WEATHER_TOOL], "temperature": 0, "max_tokens": closed}
+        if stream:
+            chunks = stream_chunks(
+                embedded,
+                "/chat/completions",
+                {"model": embedded.name, "messages": FEW_SHOT_TOOL_USE, **body, "stream": True},
+            )
+            (last,) = [c for c in chunks if c["choices"][0]["delta"].get("tool_calls")]
+            assert last["choices"][0]["finish_reason"] == "length"
+            (call,) = last["choices"][0]["delta"]["tool_calls"]
+        else:
+            choice = chat(embedded, FEW_SHOT_TOOL_USE, **body)["choices"][0]
+            assert choice["token_ids"] == ids[:closed]
+            assert choice["finish_reason"] == "length"
+            (call,) = choice["message"]["tool_calls"]
+        assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+
+
+@pytest.mark.slow
 def test_a_streamed_tool_call_arrives_as_a_tool_calls_delta(embedded: ServedEngine) -> None:
     body = {
         "model": embedded.name,

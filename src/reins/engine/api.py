@@ -547,7 +547,9 @@ class _Call:
         if not calls:
             return content, [], finish_reason
         self.sampled.remember(settled.text, content, calls)
-        return content, calls, "tool_calls"
+        # Cut by `max_tokens`, the turn did not end with its calls (a next one may be cut short
+        # in the text): `length`, as OpenAI says, so a harness does not take it as finished.
+        return content, calls, "length" if finish_reason == "length" else "tool_calls"
 
     async def answer(self, params: list[SamplingParams], headers: dict[str, str]) -> Response:
         choices = [_Choice(i, self.engine.decode) for i in range(len(params))]
