@@ -107,3 +107,24 @@ def test_a_null_distribution_field_is_no_change_to_note(gateway: Gateway, stub: 
         None,
         ["presence_penalty dropped: train mode samples from the policy's own distribution"],
     ]
+
+
+@pytest.mark.parametrize("mode", ["train", "val"])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("temperature", -1), ("temperature", 2.5), ("top_p", 5), ("frequency_penalty", 3)],
+)
+def test_sampling_values_openai_refuses_are_400s_in_every_mode(
+    gateway: Gateway, stub: StubEngine, mode: str, field: str, value: float
+) -> None:
+    """Train mode replaces these fields with its policy's, so the engine never saw a harness's
+    `temperature=-1` and the call was answered: a harness met the error only once deployed."""
+    client = open_client(gateway, stub, mode)
+    sent = len(stub.requests)
+    messages: Any = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError, match=field):
+        client.chat.completions.create(model="x", messages=messages, **{field: value})
+    with pytest.raises(openai.BadRequestError, match=field):
+        client.completions.create(model="x", prompt="hi", **{field: value})
+    assert len(stub.requests) == sent  # refused before the engine
+    client.chat.completions.create(model="x", messages=messages, **{field: 1})  # in range

@@ -431,6 +431,7 @@ def test_sampling_fields_are_passed_on() -> None:
 
 BAD_REQUESTS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
     "missing max_tokens": (lambda b: b.pop("max_tokens"), "max_tokens", "positive integer"),
+    "metadata not an object": (lambda b: b.update(metadata="x"), "metadata", "an object"),
     "unknown block type": (
         lambda b: b["messages"][0]["content"].append({"type": "hologram"}),
         "messages[0].content[1]",

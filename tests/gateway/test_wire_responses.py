@@ -612,9 +612,13 @@ def test_included_logprobs_ask_the_engine_for_them_and_ignore_other_includes() -
         ({"include": [1]}, "`include` must be a list of strings"),
         ({"top_logprobs": 21}, "`top_logprobs` must be from 0 to 20, not 21"),
         ({"top_logprobs": 1.5}, "`top_logprobs` must be an integer from 0 to 20"),
+        # OpenAI's ranges, refused in every mode (train mode then samples with its own).
+        ({"temperature": -1}, "`temperature` must be a number from 0 to 2"),
+        ({"temperature": 2.5}, "`temperature` must be a number from 0 to 2"),
+        ({"top_p": 5}, "`top_p` must be a number from 0 to 1"),
     ],
 )
-def test_logprob_settings_that_cannot_be_served_are_400s(fields: dict[str, Any], says: str) -> None:
+def test_settings_that_cannot_be_served_are_400s(fields: dict[str, Any], says: str) -> None:
     with pytest.raises(WireError, match=re.escape(says)):
         translate(body(**fields))
 

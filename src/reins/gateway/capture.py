@@ -101,6 +101,30 @@ def without_distribution_changes(sent: dict[str, Any], policy: SamplingPolicy) -
     return changing
 
 
+OPENAI_RANGES = {
+    "temperature": (0, 2),
+    "top_p": (0, 1),
+    "presence_penalty": (-2, 2),
+    "frequency_penalty": (-2, 2),
+}
+"""What OpenAI's chat and text completions accept for these fields (else a 400)."""
+
+
+def out_of_range(body: dict[str, Any]) -> str | None:
+    """Why OpenAI would refuse the request's sampling fields, if it would: refused here in
+    every mode, so a harness meets the same errors in training (where the train policy then
+    replaces those fields) as when deployed."""
+    for name, (least, most) in OPENAI_RANGES.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"{name}: must be a number from {least} to {most}"
+        if not least <= value <= most:
+            return f"{name}: {value} is not from {least} to {most}"
+    return None
+
+
 def _asked_logprobs(body: dict[str, Any], kind: Kind) -> bool:
     value = body.get("logprobs")
     if kind == "chat":

@@ -38,6 +38,7 @@ from reins.gateway.capture import (
     answer_and_records,
     answer_failure,
     error_record,
+    out_of_range,
     strip_for_harness,
     upstream_body,
     without_distribution_changes,
@@ -220,6 +221,9 @@ class LLMProxy:
         self, kind: Kind, rollout_id: str, attempt_id: int, mode: str, body: dict[str, Any]
     ) -> Response:
         """An OpenAI chat or text completion call, relayed as the engine answers it."""
+        refusal = out_of_range(body)
+        if refusal is not None:
+            return openai_error(400, refusal, "invalid_request_error")
         opened = await self._open(body.get("model"), rollout_id, _openai_failure)
         if isinstance(opened, Response):
             return opened

@@ -30,7 +30,7 @@ Request, block by block:
   dropped, noted. `output_config.format` (structured output, a JSON schema) is the chat
   `response_format`, which the engine enforces. Fields this engine cannot honour
   (`output_config.effort`, `context_management`, `mcp_servers`, unknown ones) are noted;
-  `metadata`, `service_tier`, `container` are ignored.
+  `metadata` (an object, else refused), `service_tier`, `container` are ignored.
 - What Anthropic's API refuses with a 400 is refused here too, so a harness meets the same
   errors in training as when deployed: `temperature` or `top_p` outside 0-1, a negative `top_k`,
   a stop sequence without non-whitespace, a thinking `budget_tokens` below 1,024 or not below
@@ -174,6 +174,9 @@ def translate(body: dict[str, Any]) -> Translation:
     max_tokens = body.get("max_tokens")
     if not _is_int(max_tokens) or max_tokens < 1:
         raise _fail("required: a positive integer (the most tokens to generate)", "max_tokens")
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise _fail("must be an object (its `user_id`), or null", "metadata")
     chat = _prompt(body, notes)
     if chat["messages"][-1].get("role") == "assistant":
         raise _fail(

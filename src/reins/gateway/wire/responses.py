@@ -143,9 +143,12 @@ def translate(body: dict[str, Any]) -> Translation:
         if limit < 1:
             raise _bad("max_output_tokens", "`max_output_tokens` must be at least 1")
         chat["max_tokens"] = limit
-    for key in ("temperature", "top_p"):
-        if _get(body, key, (int, float), "a number") is not None:
-            chat[key] = body[key]
+    for key, most in (("temperature", 2), ("top_p", 1)):
+        value = _get(body, key, (int, float), "a number")
+        if value is not None:
+            if not 0 <= value <= most:  # OpenAI's 400, whatever the mode then samples with
+                raise _bad(key, f"`{key}` must be a number from 0 to {most}")
+            chat[key] = value
     form = _response_format(body.get("text"))
     if form is not None:
         chat["response_format"] = form
