@@ -72,11 +72,23 @@ class PostgresServer:
     def url(self, database: str) -> str:
         return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/{database}"
 
-    def _run_as_owner(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+    def _run_as_owner(
+        self, args: list[str], timeout_s: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         # PostgreSQL refuses to run as root; as root we run it as the `postgres` user.
         if os.geteuid() == 0:
             args = ["su", "postgres", "-s", "/bin/sh", "-c", shlex.join(args)]
-        return subprocess.run(args, check=True, capture_output=True, text=True, timeout=120)
+        try:
+            return subprocess.run(
+                args, check=True, capture_output=True, text=True, timeout=timeout_s
+            )
+        except subprocess.CalledProcessError as error:
+            log = self.root / "log"
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+            raise RuntimeError(
+                f"{shlex.join(args)} exited {error.returncode}: {error.stderr or error.stdout}\n"
+                f"the server's log ends:\n{tail}"
+            ) from error
 
     @classmethod
     def start(cls) -> PostgresServer:

@@ -27,13 +27,15 @@ CLIENTS = 8
 
 
 def restart(server: PostgresServer) -> None:
-    """`pg_ctl restart -m immediate`: every connection is cut; the server replays its WAL."""
+    """`pg_ctl restart -m immediate`: every connection is cut; the server replays its WAL.
+    Waited for up to 300 s: pg_ctl's own 60 s ran out once, with the machine loaded."""
     data = server.root / "data"
     server._run_as_owner(
         [
             str(server.bin_dir / "pg_ctl"), "-D", str(data), "-l", str(server.root / "log"),
-            "-m", "immediate", "-w", "restart",
-        ]
+            "-m", "immediate", "-w", "-t", "300", "restart",
+        ],
+        timeout_s=330,
     )  # fmt: skip
     server.pid = int((data / "postmaster.pid").read_text().split()[0])
 
