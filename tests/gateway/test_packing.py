@@ -18,11 +18,13 @@ import sqlalchemy as sa
 
 from reins import recordbatch
 from reins.gateway.store import Conflict, sql
+from reins.gateway.store.packing import event_columns, toast_chunk
 from reins.gateway.store.pragmas import SQLITE_PAGE_SIZE
 from reins.gateway.store.sql import SqlStore
 from reins.gateway.store.tables import events
 from reins.packed import base_of
 from reins.schemas import AttemptCreate, EventIn, RolloutSpec
+from tests.support import PostgresServer
 
 
 @pytest.fixture
@@ -33,9 +35,9 @@ async def store(database_url: str) -> AsyncIterator[SqlStore]:
     await store.close()
 
 
-def conversation(turns: int, seed: int = 0) -> list[dict[str, Any]]:
-    """An agent's calls: each prompt is the previous prompt + response + an observation, each
-    request the previous messages + the answer + the tool's output."""
+def conversation(turns: int, seed: int = 0, observed: int = 50) -> list[dict[str, Any]]:
+    """An agent's calls: each prompt is the previous prompt + response + an observation (of
+    `observed` tokens), each request the previous messages + the answer + the tool's output."""
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, 150_000, 400).tolist()
     messages: list[dict[str, Any]] = [{"role": "user", "content": "x" * 1600}]
@@ -55,7 +57,7 @@ def conversation(turns: int, seed: int = 0) -> list[dict[str, Any]]:
                 "status": 200,
             }
         )
-        observation = rng.integers(0, 150_000, 50).tolist()
+        observation = rng.integers(0, 150_000, observed).tolist()
         prompt = prompt + response + observation
         messages = [
             *messages,
@@ -79,8 +81,10 @@ async def _post(
 
 
 async def _rows(store: SqlStore, rollout_id: str) -> list[sa.Row[Any]]:
+    """The rollout's rows, each packed one with its whole blob."""
     async with store.engine.connect() as conn:
-        query = sa.select(events).where(events.c.rollout_id == rollout_id).order_by(events.c.seq)
+        columns = event_columns(conn.dialect.name)
+        query = sa.select(*columns).where(events.c.rollout_id == rollout_id).order_by(events.c.seq)
         return list(await conn.execute(query))
 
 
@@ -278,7 +282,7 @@ async def test_a_database_from_before_packing_is_migrated_and_its_rows_read_whol
     await _post(old, "r", calls[:2])
     async with old.engine.begin() as conn:  # as an older reins wrote them: whole, no columns
         await conn.execute(sa.delete(events))
-        for column in ("packed", "prompt_tokens", "response_tokens"):
+        for column in ("packed", "prompt_tokens", "response_tokens", "packed_head"):
             await conn.execute(sa.text(f"ALTER TABLE events DROP COLUMN {column}"))
         for n, data in enumerate(calls[:2]):
             await conn.execute(
@@ -376,3 +380,102 @@ async def test_a_new_sqlite_database_has_64_kb_pages_and_an_older_one_keeps_its_
             await store.close()
         with sqlite3.connect(path) as conn:
             assert conn.execute("PRAGMA page_size").fetchone()[0] == pages
+
+
+async def _assert_read_exactly(store: SqlStore, calls: list[dict[str, Any]]) -> None:
+    """Rollout "r" reads back as `calls`, through the JSON read and the trainer's."""
+    stored = await store.get_events("r")
+    assert all(_same(e.data, c) for e, c in zip(stored, calls, strict=True))
+    (parts,) = await store.record_parts(["r"])
+    (decoded,) = recordbatch.decode(recordbatch.encode([parts]))
+    assert [c.prompt.tolist() for c in decoded.calls] == [c["prompt_token_ids"] for c in calls]
+
+
+async def _toast_figures(store: SqlStore) -> dict[str, Any]:
+    async with store.engine.connect() as conn:
+        storage = await conn.execute(
+            sa.text(
+                "SELECT attname, attstorage::text FROM pg_attribute "
+                "WHERE attrelid = 'events'::regclass AND attname IN ('packed', 'packed_head')"
+            )
+        )
+        parts = await conn.execute(
+            sa.select(events.c.packed_head, events.c.packed)
+            .where(events.c.packed.is_not(None))
+            .order_by(events.c.seq)
+        )
+        return {
+            "storage": {name: str(kind) for name, kind in storage},
+            "parts": [(head, rest) for head, rest in parts],
+            "chunk": await conn.scalar(
+                sa.text("SELECT max_toast_chunk_size FROM pg_control_init()")
+            ),
+            "toast_bytes": await conn.scalar(
+                sa.text(
+                    "SELECT pg_relation_size(reltoastrelid) FROM pg_class "
+                    "WHERE oid = 'events'::regclass"
+                )
+            ),
+        }
+
+
+@pytest.mark.slow
+async def test_postgresql_keeps_whole_toast_chunks_out_of_the_row_and_the_rest_in_it(
+    postgres: PostgresServer,
+) -> None:
+    """A blob in one column left each TOAST page ~1.3 KB short (its last chunk partial): TOAST
+    held 1.13-1.26x the blobs' bytes. Split, TOAST holds whole chunks only, each page full."""
+    store = SqlStore(postgres.create_database("split"))
+    await store.init()
+    try:
+        calls = conversation(60, observed=1500)  # ~3.4 KB blobs: a chunk and a part of one
+        await _open(store, "r")
+        await _post(store, "r", calls)
+        figures = await _toast_figures(store)
+        assert figures["storage"] == {"packed": "m", "packed_head": "e"}
+        chunk = figures["chunk"]
+        assert toast_chunk(8192) == chunk == 1996  # the formula, against the server's own
+        heads = [len(head) for head, _ in figures["parts"] if head is not None]
+        assert len(figures["parts"]) == 60
+        assert len(heads) == 59  # all but the first call's: under a chunk, all in the row
+        assert all(n % chunk == 0 for n in heads)
+        assert all(len(rest) < chunk for _, rest in figures["parts"])
+        # 4 tuples of a chunk each to an 8 KB page, 2,032 bytes with their headers: 98 %.
+        assert figures["toast_bytes"] <= sum(heads) * 1.03 + 8192
+        await _assert_read_exactly(store, calls)
+    finally:
+        await store.close()
+
+
+@pytest.mark.slow
+async def test_a_postgresql_database_from_before_the_split_reads_its_whole_blobs(
+    postgres: PostgresServer,
+) -> None:
+    """Rows stored with the blob in one column (no `packed_head`, the storage PostgreSQL gives
+    a new column) read back exactly after the migration, and the next calls are split and
+    packed against them."""
+    url = postgres.create_database("before_split")
+    calls = conversation(6, observed=1500)
+    old = SqlStore(url)
+    await old.init()
+    old._packer.toast_chunk = None  # as reins stored them before the split
+    await _open(old, "r")
+    await _post(old, "r", calls[:3])
+    async with old.engine.begin() as conn:
+        await conn.execute(sa.text("ALTER TABLE events DROP COLUMN packed_head"))
+        await conn.execute(sa.text("ALTER TABLE events ALTER COLUMN packed SET STORAGE EXTENDED"))
+    await old.close()
+    store = SqlStore(url)
+    await store.init()
+    try:
+        await _post(store, "r", calls[3:], first=3)
+        figures = await _toast_figures(store)
+        assert figures["storage"] == {"packed": "m", "packed_head": "e"}
+        heads = [head for head, _ in figures["parts"]]
+        assert heads[:3] == [None] * 3 and all(head is not None for head in heads[3:])
+        assert all(len(rest) > figures["chunk"] for _, rest in figures["parts"][1:3])  # whole
+        rows = await _rows(store, "r")
+        assert base_of(rows[3].packed) == rows[2].seq  # packed against a call stored whole
+        await _assert_read_exactly(store, calls)
+    finally:
+        await store.close()

@@ -29,7 +29,14 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from reins.gateway import jsonrule
-from reins.gateway.store.packing import CommitPacking, Key, Packer, expand_rows, rounds
+from reins.gateway.store.packing import (
+    CommitPacking,
+    Key,
+    Packer,
+    event_columns,
+    expand_rows,
+    rounds,
+)
 from reins.gateway.store.tables import (
     ATTEMPT_STATE,
     PACKING_COLUMNS,
@@ -258,7 +265,7 @@ def stored_rows(conn: sa.Connection, keys: list[Key]) -> list[sa.Row[Any]]:
         for start in range(0, len(names), 5000):
             found.extend(
                 conn.execute(
-                    sa.select(events).where(
+                    sa.select(*event_columns(conn.dialect.name)).where(
                         events.c.rollout_id == rollout_id,
                         events.c.attempt_id == attempt_id,
                         events.c.idempotency_key.in_(names[start : start + 5000]),

@@ -79,8 +79,10 @@ FOLD = "reins_fold"
 
 
 def fold(value: object) -> object:
-    """Lower case, as PostgreSQL's `lower()` makes it (every script's letters, not only ASCII)."""
-    return value.lower() if isinstance(value, str) else value
+    """Lower case, as PostgreSQL's `lower()` makes it (every script's letters, not only ASCII),
+    one character for one: Python's full mapping makes "İ" (U+0130) two, "i" and a combining
+    dot, so "istanbul" did not find "İstanbul" on SQLite while it did on PostgreSQL."""
+    return value.replace("\u0130", "i").lower() if isinstance(value, str) else value
 
 
 def _contains_folded(
@@ -89,7 +91,7 @@ def _contains_folded(
     """`needle` in `column`, case folded the same way on both databases ("CAFÉ" finds "café")."""
     if not sqlite:
         return column.icontains(needle, autoescape=True)
-    return sa.func.reins_fold(column).contains(needle.lower(), autoescape=True)
+    return sa.func.reins_fold(column).contains(fold(needle), autoescape=True)
 
 
 class DashboardReads:

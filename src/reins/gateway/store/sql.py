@@ -65,17 +65,19 @@ from reins.gateway.store.packing import (
     FetchedRows,
     Key,
     Packer,
+    event_columns,
     fetch_chains,
     fetch_parts,
     packed_event_of,
     parts_of,
+    prepare_blob_split,
     restore_rows,
 )
 from reins.gateway.store.pragmas import install_sqlite_pragmas, sqlite_engine, sqlite_file
 from reins.gateway.store.reads import DashboardReads, rollout_filters
 from reins.gateway.store.tables import (
+    ADDED_COLUMNS,
     ATTEMPT_STATE,
-    PACKING_COLUMNS,
     attempt_of,
     attempts,
     closed_reason_of,
@@ -187,7 +189,7 @@ def _events_select(conn: sa.Connection, q: _EventsQuery) -> sa.Select[Any]:
     )
     if latest is None:
         raise NotFound(f"rollout {q.rollout_id} does not exist")
-    query = sa.select(events).where(events.c.rollout_id == q.rollout_id)
+    query = sa.select(*event_columns(conn.dialect.name)).where(events.c.rollout_id == q.rollout_id)
     if not q.all_attempts:
         wanted = latest if q.attempt_id is None else q.attempt_id
         if q.attempt_id is not None and not 1 <= q.attempt_id <= latest:
@@ -214,7 +216,7 @@ def _add_packing_columns(conn: sa.Connection) -> None:
     """The migration of a database made before events were packed: its rows stay as they are
     (read whole), new `model_request` rows are packed."""
     present = {column["name"] for column in sa.inspect(conn).get_columns("events")}
-    for name in PACKING_COLUMNS:
+    for name in ADDED_COLUMNS:
         if name not in present:
             column = events.c[name]
             kind = column.type.compile(dialect=conn.dialect)
@@ -327,6 +329,8 @@ class SqlStore(DashboardReads):
         async with self._write() as conn:
             await conn.run_sync(metadata.create_all)
             await conn.run_sync(_add_packing_columns)
+            if not self.is_sqlite:
+                self._packer.toast_chunk = await conn.run_sync(prepare_blob_split)
             await conn.execute(
                 self._insert(counters)
                 .values(name=_ROLLOUT_CHANGE, value=0)

@@ -80,10 +80,15 @@ events = sa.Table(
     sa.Column("packed", sa.LargeBinary),
     sa.Column("prompt_tokens", sa.Integer),
     sa.Column("response_tokens", sa.Integer),
+    # PostgreSQL only: a packed blob's whole TOAST chunks, `packed` the rest of it, kept in the
+    # row (`store.packing.split_blob`); read joined (`store.packing.blob_column`).
+    sa.Column("packed_head", sa.LargeBinary),
     sa.UniqueConstraint("rollout_id", "attempt_id", "idempotency_key", name="uq_events_key"),
 )
 PACKING_COLUMNS = ("packed", "prompt_tokens", "response_tokens")
 """Added to `events` when packing came in: `SqlStore.init` adds them to an older database."""
+ADDED_COLUMNS = (*PACKING_COLUMNS, "packed_head")
+"""The columns `SqlStore.init` adds to an older database (`packed_head` on 2026-12-06)."""
 
 models = sa.Table(
     "models",
