@@ -10,7 +10,8 @@ Controls, in the request body: `stub_status` (answer with this error status), `s
 (sleep before answering), `stub_raw` (answer 200 with this text, not JSON), `stub_chunk_delay_s`
 (sleep between streamed chunks), `stub_reply` (the text to answer). `app.state.chunk_delay_s`
 slows every stream that does not say otherwise (a wire API's request carries no stub controls);
-`app.state.usage = False` answers without `usage`, as some engines do.
+`app.state.usage = False` answers without `usage`, as some engines do; `app.state.error =
+(status, message)` answers every call with that error, `app.state.raw` with that JSON text.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def create_stub_app(weight_version: int | None = None) -> FastAPI:
     app.state.requests = []
     app.state.chunk_delay_s = 0.0
     app.state.usage = True
+    app.state.error = None
+    app.state.raw = None
 
     async def _common(request: Request) -> tuple[dict[str, Any], Response | None]:
         body = await request.json()
@@ -71,6 +74,13 @@ def create_stub_app(weight_version: int | None = None) -> FastAPI:
             status = int(body["stub_status"])
             error = {"object": "error", "message": "stub failure", "type": "BadRequestError"}
             return body, JSONResponse(error, status)
+        if app.state.raw is not None:
+            return body, Response(app.state.raw, 200, media_type="application/json")
+        if app.state.error is not None:
+            status, message = app.state.error
+            error = {"object": "error", "message": message, "type": "BadRequestError"}
+            # Escaped as JSON carries it (`json.dumps`): the message may hold a lone surrogate.
+            return body, Response(json.dumps(error), status, media_type="application/json")
         return body, None
 
     def _headers() -> dict[str, str]:

@@ -118,6 +118,35 @@ def test_a_database_that_cannot_be_opened_is_one_line_not_a_traceback(
     assert "Traceback" not in result.stderr and "secret" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("flags", "environment", "words"),
+    [
+        (["--api-key", ""], {}, "api_key: Value error, the admin key is empty"),
+        ([], {"REINS_API_KEY": "  "}, "api_key: Value error, the admin key is empty"),
+        (["--api-key", "key "], {}, "the admin key starts or ends with white space"),
+        ([], {"REINS_MAX_PAGE_SIZE": "0"}, "max_page_size: Input should be greater than"),
+    ],
+    ids=["empty-flag", "blank-variable", "outer-space", "other-setting"],
+)
+def test_a_setting_the_gateway_cannot_use_is_named_not_a_traceback(
+    tmp_path: Path, flags: list[str], environment: dict[str, str], words: str
+) -> None:
+    """An empty admin key was accepted: the dashboard's login then took an empty key, and its
+    session cookie was a value anyone could compute. Any setting refused is one line, exit 2."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REINS_")} | environment
+    result = subprocess.run(
+        [sys.executable, "-m", "reins", "gateway", "--db", str(tmp_path / "g.db"), *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 2, result.stderr
+    assert words in " ".join(result.stderr.split()), result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not (tmp_path / "g.db").exists()
+
+
 @pytest.mark.slow
 def test_a_database_the_server_does_not_have_is_named(postgres: PostgresServer) -> None:
     result = refused_gateway(postgres.url("no_such_database"))

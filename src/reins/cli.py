@@ -129,6 +129,7 @@ def gateway(
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
 ) -> None:
     """Serve the API Gateway: rollouts, events, models (and the LLM proxy)."""
+    import pydantic
     import uvicorn
     from sqlalchemy import make_url
 
@@ -143,7 +144,13 @@ def gateway(
         overrides["api_key"] = api_key
     if max_body_bytes is not None:
         overrides["max_body_bytes"] = max_body_bytes
-    settings = GatewaySettings(**overrides)  # type: ignore[arg-type]
+    try:
+        settings = GatewaySettings(**overrides)  # type: ignore[arg-type]
+    except pydantic.ValidationError as error:  # a flag or a REINS_* variable
+        for problem in error.errors():
+            where = ".".join(str(part) for part in problem["loc"])
+            console.print(f"[red]reins gateway: {where}: {problem['msg']}[/red]")
+        raise typer.Exit(2) from None
     if api_key is None and "REINS_API_KEY" not in os.environ:
         console.print(
             f"[bold]admin key[/bold] (set REINS_API_KEY to choose one): {settings.api_key}"

@@ -103,6 +103,27 @@ def test_idempotency_key_from_header(gateway: Gateway) -> None:
     assert len(gateway.http.get("/api/rollouts/r/events").json()) == 1
 
 
+def test_a_header_key_sent_as_utf8_is_stored_as_written(gateway: Gateway) -> None:
+    """HTTP reads a header's bytes as Latin-1: "clé-ü" sent as UTF-8 was stored as "clÃ©-Ã¼"."""
+    start(gateway)
+    for key in ("clé-ü", "clé-ü", "数"):
+        response = gateway.http.post(
+            "/api/rollouts/r/attempt/1/events",
+            json={"type": "reward", "data": {"value": 1.0}},
+            headers={"Idempotency-Key": key.encode()},
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["idempotency_key"] == key
+    latin1 = gateway.http.post(  # bytes that are not UTF-8 stay as read
+        "/api/rollouts/r/attempt/1/events",
+        json={"type": "reward", "data": {"value": 1.0}},
+        headers={"Idempotency-Key": "clé".encode("latin-1")},
+    )
+    assert latin1.json()["idempotency_key"] == "clé"
+    stored = gateway.http.get("/api/rollouts/r/events").json()
+    assert [e["idempotency_key"] for e in stored] == ["clé-ü", "数", "clé"]
+
+
 def test_a_list_retried_with_a_header_key_is_stored_once(gateway: Gateway) -> None:
     start(gateway)
     path = "/api/rollouts/r/attempt/1/events"

@@ -232,6 +232,23 @@ def test_parse_and_encode_agree_on_the_depth_boundary(nest: Any) -> None:
         assert refused.value.kind == "too_deep"
 
 
+@pytest.mark.parametrize("nest", [_arrays, _objects])
+def test_parse_under_a_level_refuses_what_its_record_could_not_hold(nest: Any) -> None:
+    """A proxied request is stored one level down in its call's record (`under=1`): the level
+    it may not use is counted at the door, by both checks, and the message says why."""
+    kept = nest(MAX_DEPTH - 1)
+    assert jsonrule.parse(kept, under=1) == json.loads(kept)
+    for text in (nest(MAX_DEPTH), nest(MAX_DEPTH - 1, "[[]]")):
+        assert jsonrule.parse(text) == json.loads(text)  # at the root it fits
+        with pytest.raises(jsonrule.JsonRuleError) as refused:
+            jsonrule.parse(text, under=1)
+        assert refused.value.kind == "too_deep"
+        assert f"more than {MAX_DEPTH - 1} levels" in str(refused.value)
+        assert "1 level down in its record" in str(refused.value)
+        found = jsonrule.find(json.loads(text), under=1)
+        assert found is not None and found.kind == "too_deep"
+
+
 @pytest.mark.parametrize(
     ("text", "loc", "kind"),
     [

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -16,7 +17,10 @@ import openai
 import pytest
 import sqlalchemy as sa
 
+from reins.gateway.admission import AdmissionGate
+from reins.gateway.proxy import LLMProxy, UnrecordableAnswer
 from reins.gateway.store.sql import SqlStore
+from reins.schemas import AttemptCreate, ModelRequest, RolloutSpec
 from tests.conftest import Gateway
 from tests.stub_engine import StubEngine, encode
 
@@ -383,3 +387,148 @@ def test_a_stream_whose_record_the_database_fails_ends_in_an_error_in_each_api(
         assert kinds[-1] == "response.failed"
         assert failed.error is not None and "database is locked" in failed.error.message
     assert kinds  # the stream had begun
+
+
+# -- what the gateway records and answers ------------------------------------------------------
+
+
+def _wire_post(gateway: Gateway, token: str, api: str, extra: dict[str, Any]) -> httpx.Response:
+    paths = {
+        "chat": ("openai/v1/chat/completions", {"messages": MESSAGES}),
+        "responses": ("openai/v1/responses", {"input": "hi"}),
+        "messages": ("anthropic/v1/messages", {"messages": MESSAGES, "max_tokens": 16}),
+    }
+    path, body = paths[api]
+    return httpx.post(
+        f"{gateway.url}/proxy/rollout/r/attempt/1/mode/train/{path}",
+        json={"model": "policy", **body, **extra},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "bad \ud800 thing",
+        "This model's maximum context length is 10 tokens. However, your request has 20 input "
+        "tokens \ud800",
+    ],
+    ids=["error", "overflow"],
+)
+def test_an_engine_error_quoting_a_lone_surrogate_reaches_the_harness_escaped(
+    gateway: Gateway, token: str, stub: StubEngine, api: str, message: str
+) -> None:
+    """The engine's message escapes a lone surrogate, which has no UTF-8 form: the answer
+    carries the escape as the engine wrote it (it was a bare 500 on Responses and Messages, and
+    on chat for a prompt too long), and the call is recorded."""
+    stub.app.state.error = (400, message)
+    for stream in (False, True):
+        response = _wire_post(gateway, token, api, {"stream": stream})
+        assert response.status_code == 400, response.text
+        assert "\\ud800" in response.text
+        body = response.json()
+        said = body["error"]["message"] if "error" in body else body["message"]  # vLLM's shape
+        assert "\ud800" in said
+    assert [call["status"] for call in calls(gateway)] == [400, 400]
+    assert_still_readable(gateway)
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+def test_a_body_nested_past_what_its_record_can_hold_is_refused_before_the_engine(
+    gateway: Gateway, token: str, stub: StubEngine, api: str
+) -> None:
+    """A proxied request is stored one level down in its call's record: at 200 levels of its
+    own the engine used to run it and the record was then refused (a 400 naming an event post,
+    or a stream cut after its answer), nothing recorded."""
+    where = {"messages": ("metadata", "x")}.get(api, ("x",))
+
+    def nested(levels: int) -> dict[str, Any]:
+        value: Any = json.loads("[" * levels + "]" * levels)
+        for key in reversed(where):
+            value = {key: value}
+        return value
+
+    kept = _wire_post(gateway, token, api, nested(200 - len(where)))
+    assert kept.status_code == 200, kept.text
+    engine_calls = len(stub.app.state.requests)
+    for stream in (False, True):
+        refused = _wire_post(gateway, token, api, {**nested(201 - len(where)), "stream": stream})
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert f"body.{'.'.join(where)}.0.0" in error["message"]
+        assert "more than 199 levels" in error["message"]
+    assert len(stub.app.state.requests) == engine_calls
+    assert [call["status"] for call in calls(gateway)] == [200]
+
+
+def _tool_call_answer(arguments: str) -> str:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return json.dumps(
+        {
+            "id": "c",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "policy",
+            "prompt_token_ids": [1, 2, 3],
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "tool_calls",
+                    "token_ids": [4, 5],
+                    "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                    "logprobs": None,
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+        }
+    )
+
+
+def test_a_custom_tool_input_json_cannot_carry_is_passed_on_as_the_engine_wrote_it(
+    gateway: Gateway, token: str, stub: StubEngine
+) -> None:
+    """The engine's arguments escape a lone surrogate in `input`: decoded, no answer can carry
+    it (the call was answered 400 naming an event post and not recorded); it is answered as the
+    arguments' text, as Messages answers such a tool call, and recorded."""
+    arguments = '{"input": "\\ud800"}'
+    stub.app.state.raw = _tool_call_answer(arguments)
+    tools = [{"type": "custom", "name": "f"}]
+    response = _wire_post(gateway, token, "responses", {"tools": tools})
+    assert response.status_code == 200, response.text
+    (item,) = response.json()["output"]
+    assert (item["type"], item["input"]) == ("custom_tool_call", arguments)
+    (call,) = calls(gateway)
+    assert call["status"] == 200
+    assert call["response"]["output"][0]["input"] == arguments
+
+
+async def test_an_answer_its_record_cannot_hold_is_recorded_as_a_failed_call(
+    tmp_path: Path,
+) -> None:
+    """The proxy's net under every wire conversion: an answer that breaks the record's JSON
+    rule (none is known now; the custom tool input above was one) is recorded as a failed call
+    (502) and the harness told so, not refused as if its request were bad."""
+    store = SqlStore(f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}")
+    await store.init()
+    try:
+        await store.create_rollouts([RolloutSpec(rollout_id="r")])
+        await store.open_attempt("r", AttemptCreate())
+        proxy = LLMProxy(store, AdmissionGate(10.0), {})
+        record = ModelRequest(
+            request={"model": "policy", "input": "hi"},
+            response={"output": [{"type": "custom_tool_call", "input": "\ud800"}]},
+            prompt_token_ids=[1, 2],
+            response_token_ids=[3],
+            status=200,
+        )
+        with pytest.raises(UnrecordableAnswer, match=r"response\.output\.0\.input"):
+            await proxy._record("r", 1, [record])
+        (event,) = await store.get_events("r")
+        assert event.data["status"] == 502
+        assert "the engine's answer cannot be recorded" in event.data["error"]
+        assert event.data["request"] == record.request
+        assert (event.data["response"], event.data["response_token_ids"]) == ({}, [])
+    finally:
+        await store.close()

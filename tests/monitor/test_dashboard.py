@@ -4,11 +4,12 @@ rollouts table (filters, sort, search, pages, live fragment), the rollout page, 
 from __future__ import annotations
 
 import html as markup
+import json
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
 import pytest
@@ -17,7 +18,14 @@ from fastapi.responses import HTMLResponse
 from reins.monitor import dashboard, runs
 from reins.monitor.dashboard import COOKIE, PAGE_SIZE
 from tests.conftest import Gateway
-from tests.monitor.factory import coding_rollout, declare, many_rollouts, write_run
+from tests.monitor.factory import (
+    chat_call,
+    coding_rollout,
+    declare,
+    many_rollouts,
+    post,
+    write_run,
+)
 
 
 def ids_in(html: str) -> list[str]:
@@ -308,3 +316,71 @@ def test_rendering_a_rollout_does_not_hold_up_the_gateway(
         finally:
             release.set()
         assert "call 6" in page.result().text
+
+
+def test_a_tool_call_nested_past_the_json_reader_still_shows_its_rollout(
+    gateway: Gateway,
+) -> None:
+    """Arguments are a string the harness or the model writes: ~1,000 brackets made Python's
+    reader recurse past its stack, and the rollout's page a 500; shown as written instead."""
+    arguments = "[" * 2000 + "]" * 2000
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    declare(gateway, [{"rollout_id": "deep"}])
+    gateway.http.post("/api/rollouts/deep/attempts")
+    post(gateway, "deep", [chat_call(messages, "done")])
+    page = gateway.http.get("/ui/rollouts/deep")
+    assert page.status_code == 200, page.text[:300]
+    assert "[" * 2000 in page.text
+
+
+@pytest.mark.parametrize("run", [["x"], [1, 2], {"a": 1}, 7, True])
+def test_a_run_that_is_not_a_string_leaves_the_table_and_its_rollout_readable(
+    gateway: Gateway, run: object
+) -> None:
+    """Jinja's `urlencode` reads a list as key/value pairs: one rollout whose `metadata.run`
+    was a list made the rollouts table a 500 for everyone. Its link carries the value's JSON."""
+    declare(
+        gateway,
+        [
+            {"rollout_id": "odd", "metadata": {"run": run, "step": 1}},
+            {"rollout_id": "plain", "metadata": {"run": "demo", "step": 1}},
+        ],
+    )
+    for path in ("/ui", "/ui/rows", "/ui/rollouts/odd"):
+        response = gateway.http.get(path)
+        assert response.status_code == 200, (path, response.text[:300])
+    table = gateway.http.get("/ui").text
+    assert sorted(ids_in(table)) == ["odd", "plain"]
+    text = json.dumps(run, ensure_ascii=False)
+    assert f'href="/ui/runs/{quote(text, safe="/")}"' in table
+
+
+def test_a_run_name_no_folder_can_have_is_404(gateway: Gateway, runs_dir: Path) -> None:
+    for path in ("/ui/runs/" + "a" * 256, "/ui/runs/" + "a" * 256 + "/charts"):
+        response = gateway.http.get(path)
+        assert response.status_code == 404, (path, response.text[:200])
+        assert "is not a run name" in response.json()["error"]
+    write_run(runs_dir, "b" * 255)
+    assert gateway.http.get("/ui/runs/" + "b" * 255).status_code == 200
+
+
+def test_dashboard_answers_may_not_be_framed_or_sniffed(gateway: Gateway) -> None:
+    coding_rollout(gateway, "fix-bug-1")
+    seq = gateway.http.get("/api/rollouts/fix-bug-1/events").json()[0]["seq"]
+    anonymous = httpx.get(f"{gateway.url}/ui/login")
+    for response in (
+        gateway.http.get("/ui"),
+        gateway.http.get("/ui/rollouts/fix-bug-1"),
+        gateway.http.get(f"/ui/rollouts/fix-bug-1/events/{seq}"),
+        anonymous,
+    ):
+        assert response.status_code == 200, response.text[:200]
+        for name, value in dashboard.PAGE_HEADERS.items():
+            assert response.headers.get(name) == value, name
+    assert "frame-ancestors 'none'" in dashboard.PAGE_HEADERS["Content-Security-Policy"]
+    assert "x-frame-options" not in gateway.http.get("/api/rollouts").headers

@@ -196,3 +196,17 @@ def test_report_of_a_metric_named_overview_keeps_the_overview(tmp_path: Path) ->
     (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     written = write_report(run, tmp_path / "plots")
     assert [path.name for path in written] == ["overview.png", "reward.png", "overview-.png"]
+
+
+async def test_a_rewards_seq_is_the_events_whatever_its_data_says(gateway: Gateway) -> None:
+    """A harness writes a reward's data, extra keys allowed: its `seq` replaced the event's in
+    the export (and in the rollout's view)."""
+    declare(gateway, [{"rollout_id": "r", "input": {}}])
+    assert gateway.http.post("/api/rollouts/r/attempts").status_code == 200
+    post(gateway, "r", [{"type": "reward", "data": {"value": 1.0, "seq": 12345}}])
+    (event,) = gateway.http.get("/api/rollouts/r/events").json()
+    out = io.StringIO()
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        assert await export_rollouts(client, out) == 1
+    (reward,) = json.loads(out.getvalue())["attempts"][0]["rewards"]
+    assert reward == {"seq": event["seq"], "value": 1.0}

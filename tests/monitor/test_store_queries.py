@@ -96,6 +96,16 @@ async def test_sort_by_duration_and_page_with_offset(store: SqlStore) -> None:
     assert [r.rollout_id for r in rest] == ["b"]
 
 
+async def test_search_folds_case_one_character_for_one(store: SqlStore) -> None:
+    """As PostgreSQL's lower() maps them: Python's own lower() makes "İ" two characters, so
+    "istanbul" found "İstanbul" on PostgreSQL and not on SQLite."""
+    await rollout(store, "t1", None, input={"city": "İstanbul"})
+    await rollout(store, "t2", None, input={"city": "Ankara"})
+    for search in ("istanbul", "İSTANBUL", "İstanbul"):
+        items, _ = await store.query_rollouts(RolloutQuery(search=search))
+        assert [r.rollout_id for r in items] == ["t1"], search
+
+
 async def test_filters_combine(store: SqlStore) -> None:
     await rollout(store, "a1", 1.0, metadata={"run": "a"}, mode="val", input={"q": "Café au lait"})
     await rollout(store, "a2", 1.0, metadata={"run": "a"}, group_id="g", input={"q": "50% off"})

@@ -31,7 +31,7 @@ from pydantic import (
 )
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -53,6 +53,7 @@ from reins.engine.constraint import ConstraintError, format_grammar, response_gr
 from reins.engine.embedded import EmbeddedEngine, Token, WeightVersionError
 from reins.engine.metrics import CONTENT_TYPE, engine_metrics, render
 from reins.engine.sampling import Alternatives, SamplingParams
+from reins.httpjson import JSONResponse
 
 WEIGHT_VERSION_HEADER = "x-reins-weight-version"
 TOKEN_REUSE_HEADER = "x-reins-token-reuse"

@@ -9,7 +9,6 @@ from typing import Any
 import sqlalchemy.exc
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.middleware.exceptions import ExceptionMiddleware
@@ -26,6 +25,7 @@ from reins.gateway.routes import admission, events, models, proxy, records, roll
 from reins.gateway.settings import GatewaySettings
 from reins.gateway.store import Conflict, Invalid, NotFound, Store, StoreError
 from reins.gateway.store.sql import SqlStore
+from reins.httpjson import JSONResponse
 from reins.monitor import dashboard
 from reins.monitor.prometheus import GatewayMetrics
 

@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from reins.gateway import guards, jsonrule
 from reins.gateway.routes import proxy
-from reins.gateway.routes.events import MAX_EVENTS_PER_POST, append
+from reins.gateway.routes.events import MAX_EVENTS_PER_POST, append, header_text
 from reins.gateway.store import Store
 from reins.schemas import EventAck, EventIn, Mode
 
@@ -61,7 +61,7 @@ async def append_events(request: Request) -> Response:
             f"POST {request.url.path} has no such parameter (it takes: none)",
             "extra_forbidden",
         )
-    key = request.headers.get("idempotency-key")
+    key = header_text(request.headers.get("idempotency-key"))
     if key is not None and len(key) > 200:
         raise _invalid(
             ("header", "idempotency-key"), "String should have at most 200 characters", "too_long"

@@ -164,10 +164,15 @@ async def _parse_json_body(request: Request) -> None:
     request._json = value
 
 
+RECORDED_UNDER = 1
+"""A proxied request sits one level down in its call's record (`data.request`): its own
+nesting may use one level less, or the call would run and its record be refused."""
+
+
 async def json_body(request: Request) -> Any:
     """A request body under the JSON rule, for endpoints that read their body themselves (the
     proxy); raises `jsonrule.JsonRuleError` (its `str()` names the field)."""
-    return jsonrule.parse(await request.body())
+    return jsonrule.parse(await request.body(), under=RECORDED_UNDER)
 
 
 async def proxy_refusal(store: Store, rollout_id: str, attempt_id: int) -> tuple[int, str] | None:

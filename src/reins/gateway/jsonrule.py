@@ -87,8 +87,10 @@ class Encoded:
     text: str
 
 
-def parse(body: bytes | str, loc: Loc = ("body",)) -> Any:
+def parse(body: bytes | str, loc: Loc = ("body",), under: int = 0) -> Any:
     """A JSON document under the rule; raises `JsonRuleError` naming the first bad field.
+    `under`: the levels the document will be stored under (a proxied request sits one level
+    down in its call's record), which its own nesting may not use.
 
     orjson reads it (and refuses NaN, Infinity, overflowing numbers, unpaired surrogates and
     invalid UTF-8 in the same pass, in Rust); a document with more brackets than `MAX_DEPTH` is
@@ -97,11 +99,20 @@ def parse(body: bytes | str, loc: Loc = ("body",)) -> Any:
     """
     try:
         value = orjson.loads(body)
-        if _brackets(body) > MAX_DEPTH:
-            pydantic_core.from_json(body)
+        if _brackets(body) + under > MAX_DEPTH:
+            pydantic_core.from_json(_nested(body, under))
         return value
     except ValueError:  # orjson.JSONDecodeError and pydantic-core's errors are ValueErrors
-        raise _explain(body, loc) from None
+        raise _explain(body, loc, under) from None
+
+
+def _nested(body: bytes | str, under: int) -> bytes | str:
+    """`body` inside `under` arrays: as deep as it will be stored."""
+    if not under:
+        return body
+    if isinstance(body, bytes):
+        return b"[" * under + body + b"]" * under
+    return "[" * under + body + "]" * under
 
 
 def check(value: Any, loc: Loc = ()) -> None:
@@ -176,9 +187,10 @@ def _encode_after_token_ids(value: dict[str, Any], leading: int, loc: Loc) -> En
     return Encoded(value, "{" + head.decode() + tail)
 
 
-def find(value: Any, loc: Loc = ()) -> JsonRuleError | None:
-    """The first place where a Python value breaks the rule, walking it (without recursion)."""
-    stack: list[tuple[Any, Loc, int]] = [(value, loc, 0)]
+def find(value: Any, loc: Loc = (), under: int = 0) -> JsonRuleError | None:
+    """The first place where a Python value breaks the rule, walking it (without recursion);
+    `under` as `parse` takes it."""
+    stack: list[tuple[Any, Loc, int]] = [(value, loc, under)]
     while stack:
         item, where, depth = stack.pop()
         kind = type(item)
@@ -190,7 +202,7 @@ def find(value: Any, loc: Loc = ()) -> JsonRuleError | None:
                 return JsonRuleError(where, "unpaired_surrogate")
         elif isinstance(item, dict | list | tuple):
             if depth >= MAX_DEPTH and item:
-                return JsonRuleError(_cut(where), "too_deep")
+                return _too_deep(_cut(where), under)
             if isinstance(item, dict):
                 children: Sequence[tuple[str | int, Any]] = list(item.items())
                 for key, _ in children:
@@ -204,6 +216,18 @@ def find(value: Any, loc: Loc = ()) -> JsonRuleError | None:
         elif isinstance(item, float) and not math.isfinite(item):
             return JsonRuleError(where, "non_finite_number")
     return None
+
+
+def _too_deep(where: Loc, stored_under: int) -> JsonRuleError:
+    if not stored_under:
+        return JsonRuleError(where, "too_deep")
+    levels = "1 level" if stored_under == 1 else f"{stored_under} levels"
+    detail = (
+        f"a value is nested more than {MAX_DEPTH - stored_under} levels deep in arrays and "
+        f"objects: the gateway stores this document {levels} down in its record, where "
+        f"{MAX_DEPTH} is the limit"
+    )
+    return JsonRuleError(where, "too_deep", detail)
 
 
 def _printable(text: str) -> str:
@@ -228,7 +252,7 @@ def _lenient_int(text: str) -> int | float:
     return float(text) if len(text) > 400 else int(text)
 
 
-def _explain(body: bytes | str, loc: Loc) -> JsonRuleError:
+def _explain(body: bytes | str, loc: Loc, under: int = 0) -> JsonRuleError:
     """Why `parse` refused a document, with the field: read it leniently and walk it."""
     if isinstance(body, bytes):
         try:
@@ -246,10 +270,10 @@ def _explain(body: bytes | str, loc: Loc) -> JsonRuleError:
     try:
         value = json.loads(body, parse_int=_lenient_int, parse_constant=float)
     except RecursionError:
-        return JsonRuleError(loc, "too_deep")
+        return _too_deep(loc, under)
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
         return JsonRuleError(loc, "json_invalid", _malformed(body, error))
-    problem = find(value, loc)
+    problem = find(value, loc, under)
     if problem is not None:
         return problem
     return JsonRuleError(loc, "json_invalid", _malformed(body, None))

@@ -23,7 +23,7 @@ import aiohttp
 import anyio
 import orjson
 from fastapi import Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from reins.disconnect import CLIENT_CLOSED_REQUEST, ClientLeft, unless_client_leaves
@@ -45,10 +45,11 @@ from reins.gateway.capture import (
 )
 from reins.gateway.reuse import PREFIX_FIELD, REUSE_HEADER, TokenReuse
 from reins.gateway.reuse_vllm import ReusedAnswer, VllmReuse
-from reins.gateway.store import OUTAGES, Conflict, Store
+from reins.gateway.store import OUTAGES, Conflict, Invalid, Store
 from reins.gateway.upstream import EngineClient, EngineResponse
 from reins.gateway.wire import Translation, WireApi, WireError
 from reins.gateway.wire.overflow import Overflow, openai_body, read_overflow
+from reins.httpjson import JSONResponse
 from reins.schemas import MODEL_REQUEST, EventIn, Model, ModelRequest
 
 WEIGHT_VERSION_HEADER = "x-reins-weight-version"
@@ -103,6 +104,13 @@ class _Recording:
 
 _RECORDING: ContextVar[_Recording | None] = ContextVar("reins_proxy_recording", default=None)
 """Set by `unless_abandoned` around its work, whose task inherits it: `_record` marks it."""
+
+
+class UnrecordableAnswer(Exception):
+    """The engine's answer, as the harness's API carries it, breaks the record's JSON rule (a
+    wire conversion decoded an escaped lone surrogate out of a tool call's arguments): the call
+    stands recorded as failed (502), and the harness is told so (`LLMProxy._record`)."""
+
 
 _NO_MODEL = "no model is registered at the gateway; the trainer registers one: POST /api/models"
 
@@ -704,6 +712,10 @@ class LLMProxy:
             unstored = {"error": {"message": _unstored(outage), "type": "unavailable", "code": 503}}
             yield b"data: " + json.dumps(unstored).encode() + b"\n\n"
             return
+        except UnrecordableAnswer as failed:
+            bad = {"error": {"message": str(failed), "type": "bad_upstream_answer", "code": 502}}
+            yield b"data: " + json.dumps(bad).encode() + b"\n\n"
+            return
         if done_line is not None:
             yield done_line
 
@@ -809,6 +821,10 @@ class LLMProxy:
             for event in translation.stream_refusal(_unstored(outage), 503):
                 yield event
             return
+        except UnrecordableAnswer as failed:
+            for event in translation.stream_refusal(str(failed), 502):
+                yield event
+            return
         for event in [*told, *closing]:
             yield event
 
@@ -859,6 +875,10 @@ class LLMProxy:
             if wire is not None:
                 return JSONResponse(wire.error_body(409, message), 409)
             return openai_error(409, message, "invalid_request_error")
+        except UnrecordableAnswer as failed:
+            if wire is not None:
+                return JSONResponse(wire.error_body(502, str(failed)), 502)
+            return openai_error(502, str(failed), "bad_upstream_answer")
         finally:
             _RECORDING.reset(context)
         if not isinstance(result, ClientLeft):
@@ -907,7 +927,37 @@ class LLMProxy:
         # ended (or its attempt was superseded) is not appended after the trainer may have read
         # the rollout. `Conflict` reaches `unless_abandoned`, which answers 409; a stream ends
         # with an error event instead of its last events.
-        await self.store.record_calls(rollout_id, attempt_id, events)
+        try:
+            await self.store.record_calls(rollout_id, attempt_id, events)
+        except Invalid as refused:
+            # The harness's request passed the same rule at the door (`guards`): what broke it is
+            # the answer as converted for the harness. Recorded as a failed call, answered 502,
+            # never a 400 for the harness's request nor a stream cut short.
+            message = f"the engine's answer cannot be recorded: {refused}"
+            failed = [_failed_record(record, message) for record in records]
+            await self.store.record_calls(
+                rollout_id,
+                attempt_id,
+                [
+                    event.model_copy(update={"data": _record_data(f)})
+                    for event, f in zip(events, failed, strict=True)
+                ],
+            )
+            raise UnrecordableAnswer(message) from refused
+
+
+def _failed_record(record: ModelRequest, message: str) -> ModelRequest:
+    """`record` as a failed call's (`capture.error_record`): the request, no answer."""
+    update: dict[str, Any] = {
+        "response": {},
+        "prompt_token_ids": [],
+        "response_token_ids": [],
+        "response_logprobs": None,
+        "finish_reason": None,
+        "status": 502,
+        "error": message[:10_000],
+    }
+    return record.model_copy(update=update)
 
 
 def _unstored(outage: Exception) -> str:

@@ -34,6 +34,22 @@ class GatewaySettings(BaseSettings):
     """SQLite file path or URL (embedded default), or `postgresql://...` for several nodes."""
     api_key: str = Field(default_factory=lambda: "rk-admin-" + secrets.token_urlsafe(24))
     """Admin key for the trainer and the controller (`Authorization: Bearer KEY`)."""
+
+    @field_validator("api_key")
+    @classmethod
+    def _usable_key(cls, key: str) -> str:
+        # An empty key let anyone in at the dashboard's login (the empty password matches) and
+        # made its session cookie a value anyone can compute; a key with outer spaces could
+        # never match, since headers are read stripped.
+        if not key.strip():
+            raise ValueError(
+                "the admin key is empty; set a key, or leave REINS_API_KEY and --api-key unset "
+                "for a random one (printed at start)"
+            )
+        if key != key.strip():
+            raise ValueError("the admin key starts or ends with white space, which no header keeps")
+        return key
+
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     """Larger request bodies get 413."""
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"

@@ -18,6 +18,7 @@ import hmac
 import json
 import math
 import time
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, cast, get_args
@@ -25,6 +26,7 @@ from urllib.parse import parse_qs, quote, urlencode
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup, escape
 
@@ -163,6 +165,14 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=1, default=str)
 
 
+def _url_part(value: Any) -> str:
+    """A value as a URL's path segment or query value, in place of Jinja's `urlencode`, which
+    reads a list or a dict as key/value pairs: a rollout whose `metadata.run` was a list made
+    the rollouts table a 500 for everyone. Any other value is its JSON text."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return quote(text, safe="/")
+
+
 templates.filters.update(
     when=_when,
     duration=_duration,
@@ -170,6 +180,7 @@ templates.filters.update(
     num=_number,
     token_strip=_token_strip,
     pretty=_json,
+    urlencode=_url_part,
 )
 
 
@@ -271,7 +282,34 @@ async def _table(store: Store, request: Request) -> dict[str, Any]:
     }
 
 
-router = APIRouter(prefix="/ui", include_in_schema=False)
+PAGE_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    # Not a script policy: the pages' one script and style are inline (base.html), and each
+    # harness string is escaped where it lands (tests/monitor); no page may be framed.
+    "Content-Security-Policy": "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; "
+    "object-src 'none'",
+}
+"""On every answer of the dashboard's routes: it shows what harnesses and models wrote."""
+
+
+class _PageRoute(APIRoute):
+    """A dashboard route: its answers carry `PAGE_HEADERS` (the gateway's other routes, the
+    proxy's among them, pay nothing for it)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def with_headers(request: Request) -> Response:
+            response = await handler(request)
+            response.headers.update(PAGE_HEADERS)
+            return response
+
+        return with_headers
+
+
+router = APIRouter(prefix="/ui", include_in_schema=False, route_class=_PageRoute)
 
 
 async def _monitor_text(request: Request) -> tuple[TokenText | None, str | None]:
@@ -466,7 +504,7 @@ def _run_context(request: Request, name: str) -> dict[str, Any]:
     settings: GatewaySettings = request.app.state.settings
     try:
         run = load_run(run_path(settings.runs_dir, name))
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, OSError) as error:  # no such run, or a name no folder can have
         raise HTTPException(404, str(error)) from None
     drawn = [svg.render(chart) for chart in charts(run)]
     return {"run": run, "charts": drawn, "last": run.steps[-1] if run.steps else {}}

@@ -95,9 +95,10 @@ def rollout_line(
                 )
                 calls.append(_call(event, sample, tokens))
             elif event.type == REWARD:
-                rewards.append({"seq": event.seq, **event.data})
+                # The event's own seq, whatever the data says: a harness writes the data.
+                rewards.append({**event.data, "seq": event.seq})
             elif event.type == AGENT_LOG:
-                logs.append({"seq": event.seq, **event.data})
+                logs.append({**event.data, "seq": event.seq})
             else:
                 other.append({"seq": event.seq, "type": event.type, "data": event.data})
         reward = rewards[-1].get("value") if rewards else None

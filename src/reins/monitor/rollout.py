@@ -184,7 +184,9 @@ def _tool_call_text(call: Any) -> str:
     function = call["function"]
     arguments: Any = function.get("arguments")
     if isinstance(arguments, str):
-        with contextlib.suppress(ValueError):  # else shown as the model wrote it
+        # Else shown as the model wrote it: not JSON, or nested past the reader's stack (a
+        # harness's own arguments of ~1,000 brackets made the rollout's page a 500).
+        with contextlib.suppress(ValueError, RecursionError):
             arguments = json.loads(arguments)
     shown = arguments if isinstance(arguments, str) else json.dumps(arguments, indent=1)
     tag = f" [{call['id']}]" if call.get("id") else ""
@@ -444,12 +446,12 @@ def attempt_view(
             items.append(Item(event.seq, event.type, call=call))
             previous = record
         elif event.type == REWARD:
-            rewards.append({"seq": event.seq, **event.data})
+            rewards.append({**event.data, "seq": event.seq})
             items.append(Item(event.seq, event.type, data=event.data))
         elif event.type == TOOL and isinstance(event.data, dict):
             items.append(Item(event.seq, event.type, data=event.data, tool=_tool_use(event.data)))
         elif event.type == AGENT_LOG:
-            logs.append({"seq": event.seq, **event.data})
+            logs.append({**event.data, "seq": event.seq})
             items.append(Item(event.seq, event.type, data=event.data))
         else:
             items.append(Item(event.seq, event.type, data=event.data, pretty=_pretty(event.data)))

@@ -112,7 +112,7 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON, or nested past the reader's stack
                 skipped += 1
                 continue
             if isinstance(row, dict):
@@ -219,7 +219,7 @@ def _row(line: bytes) -> dict[str, Any] | None:
         return None
     try:
         row = json.loads(line.decode("utf-8", errors="replace"))
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return None
     return row if isinstance(row, dict) else None
 
@@ -235,7 +235,15 @@ def run_names(runs_dir: Path) -> list[str]:
 
 
 def run_path(runs_dir: Path, name: str) -> Path:
-    """The folder of run `name`; refuses names that would leave `runs_dir`."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
+    """The folder of run `name`; refuses names that would leave `runs_dir`, and those no folder
+    can have (over 255 bytes: the page was a 500)."""
+    if (
+        not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\x00" in name
+        or len(name.encode()) > 255
+    ):
         raise ValueError(f"{name!r} is not a run name (a folder name under the runs directory)")
     return runs_dir / name

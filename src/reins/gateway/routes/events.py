@@ -54,9 +54,20 @@ async def append_events(
     the proxy or the controller writes (`RESERVED_EVENT_TYPES`) is 403; the admin key may still
     annotate any attempt and post any type.
     """
-    return await append(
-        store, rollout_id, attempt_id, body, idempotency_key, from_harness=not caller.is_admin
-    )
+    key = header_text(idempotency_key)
+    return await append(store, rollout_id, attempt_id, body, key, from_harness=not caller.is_admin)
+
+
+def header_text(value: str | None) -> str | None:
+    """A header's text as its client wrote it: HTTP reads a header's bytes as Latin-1, while
+    clients send a non-ASCII key as UTF-8 ("é" was stored as "Ã©"). Bytes that are not UTF-8
+    stay as read."""
+    if value is None or value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
 
 
 async def append(

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
-from fastapi.responses import JSONResponse
 
 from reins.gateway import guards, jsonrule
 from reins.gateway.auth import Principal
@@ -18,6 +17,7 @@ from reins.gateway.deps import AttemptCaller, AttemptIdPath, RolloutIdPath, Stor
 from reins.gateway.proxy import LLMProxy, openai_error
 from reins.gateway.store import Conflict, Store, StoreError
 from reins.gateway.wire import WireApi, WireError, messages, responses
+from reins.httpjson import JSONResponse
 from reins.schemas import AttemptCreate, Mode
 
 PROXY_BASE = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}"

@@ -86,8 +86,8 @@ class Translation(Protocol):
 
     def stream_refusal(self, message: str, status: int = 409) -> list[bytes]:
         """After `stream_end`, sent instead of its closing events: the stream ends in an error
-        (the attempt closed while the call ran, so the answer was not recorded: 409; or the
-        gateway's database failed to store it: 503)."""
+        (the attempt closed while the call ran, so the answer was not recorded: 409; the
+        gateway's database failed to store it: 503; or the answer cannot be recorded: 502)."""
         ...
 
 

@@ -49,6 +49,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from reins.gateway import jsonrule
 from reins.gateway.wire import WireError, sse, tool_call_index
 from reins.gateway.wire.overflow import Overflow, openai_body
 
@@ -875,8 +876,10 @@ class Translation:
 
     def _custom_input(self, item: _Item) -> str:
         try:
-            parsed = json.loads(item.raw)
-        except ValueError:
+            # By the gateway's rule, as Messages reads arguments: `json.loads` would decode an
+            # escaped lone surrogate, NaN or 1e400, which no answer can carry.
+            parsed = jsonrule.parse(item.raw, loc=("arguments",))
+        except jsonrule.JsonRuleError:
             parsed = None
         if isinstance(parsed, dict) and isinstance(parsed.get("input"), str):
             return str(parsed["input"])
