@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.embedded_support import ServedEngine
-from tests.engine.test_embedded import assert_openai_error, chat, post
+from tests.engine.test_embedded import assert_openai_error, chat, complete, post
 
 HI = [{"role": "user", "content": "Say hi."}]
 
@@ -64,3 +66,95 @@ def test_the_legacy_function_role_reads_as_a_tool_result(embedded: ServedEngine)
         return tokens
 
     assert rendered("function") == rendered("tool")
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b'{"prompt": "hi", "max_tokens": 2, "stop": "\\ud800"}', "no low surrogate"),
+        (b'{"prompt": "hi", "max_tokens": 2, "x": ' + b"[" * 1500 + b"]" * 1500 + b"}", "depth"),
+        (b'{"prompt": "hi", "max_tokens": 2, "temperature": NaN}', "expected a JSON value"),
+    ],
+    ids=["surrogate-stop", "deep", "nan"],
+)
+def test_a_body_python_reads_but_no_answer_can_carry_is_400(
+    embedded: ServedEngine, raw: bytes, says: str
+) -> None:
+    """A lone surrogate in a stop string was a 500 for every request prefilled with it (the
+    stop check encodes it); ~1,000 nested brackets were a bare 500 (Python's reader recursed)."""
+    response = httpx.post(
+        f"{embedded.base_url}/completions",
+        content=raw.replace(b"{", b'{"model": "' + embedded.name.encode() + b'", ', 1),
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert_openai_error(response, 400, says)
+    assert complete(embedded, "hi", max_tokens=1)["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("key", ["²", "١٢", "-1", "x"])
+def test_a_logit_bias_key_that_is_not_an_ascii_token_id_is_400(
+    embedded: ServedEngine, key: str
+) -> None:
+    """`str.isdigit` is true of "²" (then `int` failed: a bare 500) and of other scripts' digits
+    ("١٢" was read as token 12)."""
+    body = {"model": embedded.name, "prompt": "Hi", "max_tokens": 2, "logit_bias": {key: 1}}
+    assert_openai_error(post(embedded, "/completions", body), 400, f"logit_bias: {key!r}")
+
+
+def test_a_text_part_without_text_is_400(embedded: ServedEngine) -> None:
+    """`str(None)` put "None" into the prompt."""
+    content = [{"type": "text", "text": "Hi"}, {"type": "text", "text": None}]
+    body = {"model": embedded.name, "messages": [{"role": "user", "content": content}]}
+    assert_openai_error(post(embedded, "/chat/completions", {**body, "max_tokens": 2}), 400, "text")
+
+
+def test_a_grammar_that_ends_before_min_tokens_fails_only_its_request(
+    embedded: ServedEngine,
+) -> None:
+    """Once the grammar allows only the end, `min_tokens` masked that too: every token masked,
+    the sampler indexed past the vocabulary and the whole batch failed (500); greedy, token 0
+    was taken and the grammar refused it (500). Now that request alone is a 400."""
+    for temperature in (1.0, 0.0):
+        bad = {
+            "model": embedded.name,
+            "prompt": "Pick:",
+            "max_tokens": 6,
+            "min_tokens": 4,
+            "temperature": temperature,
+            "structured_outputs": {"choice": ["a"]},
+        }
+        normal = {"model": embedded.name, "prompt": "Once upon a time", "max_tokens": 24}
+        normal["temperature"] = 0
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(post, embedded, "/completions", normal)
+            refused = post(embedded, "/completions", bad)
+            kept = running.result()
+        assert_openai_error(refused, 400, "no token may come next")
+        assert "min_tokens (4)" in refused.json()["error"]["message"]
+        assert kept.status_code == 200, kept.text
+
+
+def test_a_grammar_that_cannot_be_followed_is_400(embedded: ServedEngine) -> None:
+    body = {"model": embedded.name, "prompt": "x", "max_tokens": 4}
+    response = post(
+        embedded, "/completions", {**body, "structured_outputs": {"grammar": "start: start"}}
+    )
+    assert_openai_error(response, 400, "structured output failed")
+
+
+def test_a_stream_whose_grammar_fails_ends_in_a_400_error_then_done(embedded: ServedEngine) -> None:
+    """As vLLM ends a stream that failed: its error event, then `[DONE]`."""
+    body = {
+        "model": embedded.name,
+        "prompt": "x",
+        "max_tokens": 4,
+        "stream": True,
+        "structured_outputs": {"grammar": "start: start"},
+    }
+    with httpx.stream("POST", f"{embedded.base_url}/completions", json=body, timeout=60) as answer:
+        lines = [line for line in answer.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2].removeprefix("data: "))["error"]
+    assert (error["code"], error["type"]) == (400, "BadRequestError")
+    assert "structured output failed" in error["message"]

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, Literal
 
+import orjson
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -53,6 +54,7 @@ from reins.engine.constraint import ConstraintError, format_grammar, response_gr
 from reins.engine.embedded import EmbeddedEngine, Token, WeightVersionError
 from reins.engine.metrics import CONTENT_TYPE, engine_metrics, render
 from reins.engine.sampling import Alternatives, SamplingParams
+from reins.engine.scheduler import RequestFault
 from reins.httpjson import JSONResponse
 
 WEIGHT_VERSION_HEADER = "x-reins-weight-version"
@@ -171,6 +173,19 @@ def _error(
     """vLLM's error shape (its code is the status), or OpenAI's `code` where one is known."""
     body = {"error": {"message": message, "type": kind, "param": None, "code": code or status}}
     return JSONResponse(body, status_code=status)
+
+
+def _failure_kind(error: str) -> tuple[int, str]:
+    """A failed generation's status and error type: 400 when the request caused it (its grammar
+    cannot be followed: `RequestFault`), else 500."""
+    if isinstance(error, RequestFault):
+        return 400, "BadRequestError"
+    return 500, "InternalServerError"
+
+
+def _failed(error: str) -> JSONResponse:
+    status, kind = _failure_kind(error)
+    return _error(status, error, kind)
 
 
 def _refused(error: EngineError | ChatRequestError | ConstraintError) -> JSONResponse:
@@ -374,17 +389,8 @@ class _Api:
             raise EngineError(400, message) from error
 
     def _tokens(self, text: str) -> list[int]:
-        if not text.isascii():
-            try:
-                text.encode()
-            except UnicodeEncodeError as error:
-                # JSON may escape one (`"\\ud800"`) and Python's reader takes it; the tokenizer
-                # then failed with a TypeError (a 500).
-                raise EngineError(
-                    400,
-                    f"the request's text holds {text[error.start : error.end]!r}, an unpaired "
-                    "UTF-16 surrogate, which has no UTF-8 form: send valid Unicode",
-                ) from error
+        # No unpaired surrogate reaches here (`_json` refuses the body): the tokenizer failed
+        # on one with a TypeError (a 500).
         return list(self.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _reuse(self, prefix_ids: list[int] | None, text: str) -> list[int] | None:
@@ -479,7 +485,9 @@ class _Api:
         vocab = len(self.engine.tokenizer)
         pairs = []
         for key, value in (bias or {}).items():
-            if not key.isdigit() or int(key) >= vocab:
+            # ASCII digits only: `isdigit` is true of "²", which `int` refuses (a bare 500), and
+            # of other scripts' digits, which `int` reads as another token's ID.
+            if not (key.isascii() and key.isdigit()) or int(key) >= vocab:
                 raise EngineError(
                     400, f"logit_bias: {key!r} is no token ID of this model (0 to {vocab - 1})"
                 )
@@ -564,7 +572,7 @@ class _Call:
                     choice.logprobs.append(item.logprob)
                     choice.tops.append(item.top)
                 elif item.error is not None:
-                    return _error(500, item.error, "InternalServerError")
+                    return _failed(item.error)
                 else:
                     choice.finish_reason, choice.cached_tokens = item.reason, item.cached_tokens
         usage = self._usage(choices)
@@ -689,10 +697,10 @@ class _Call:
                     if chunk is not None:
                         yield chunk
                 elif item.error is not None:
-                    error = {
-                        "error": {"message": item.error, "type": "InternalServerError", "code": 500}
-                    }
+                    status, kind = _failure_kind(item.error)
+                    error = {"error": {"message": item.error, "type": kind, "code": status}}
                     yield f"data: {json.dumps(error)}\n\n".encode()
+                    yield b"data: [DONE]\n\n"  # as vLLM ends a stream after its error
                     return
                 else:
                     choice.finish_reason, choice.cached_tokens = item.reason, item.cached_tokens
@@ -858,10 +866,18 @@ def _sse(payload: dict[str, Any]) -> bytes:
 
 
 async def _json(request: Request) -> Any:
+    """The body by a strict reader: Python's own read `NaN`, `"\\ud800"` (a string with no UTF-8
+    form, a 500 once it reached a stop string's check) and recursed past its stack on ~1,000
+    nested brackets (a bare 500); each of those is a 400 here, before any field is looked at."""
     try:
-        return await request.json()
-    except ValueError as error:
-        raise EngineError(400, f"the request body is not JSON: {error}") from error
+        return orjson.loads(await request.body())
+    except orjson.JSONDecodeError as error:
+        raise EngineError(
+            400,
+            f"the request body is not JSON this engine reads ({error}); it refuses NaN, "
+            'Infinity, a string with an unpaired UTF-16 surrogate ("\\ud800", which has no UTF-8 '
+            "form) and nesting past 1,024 levels",
+        ) from error
 
 
 def _alternatives_asked(body: _Request) -> int:

@@ -77,7 +77,12 @@ def text_of(content: Any) -> str:
         texts = []
         for part in content:
             if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
-                texts.append(str(part.get("text", "")))
+                text = part.get("text")
+                if not isinstance(text, str):  # `str()` made a null "None" in the prompt
+                    raise ChatRequestError(
+                        f"message content part {part!r} has no text: its `text` must be a string"
+                    )
+                texts.append(text)
             else:
                 raise ChatRequestError(
                     f"message content part {part!r} is not text; this engine serves text models"

@@ -88,6 +88,16 @@ class UnsampleableRows(ValueError):
         self.rows = rows
 
 
+class NothingAllowed(UnsampleableRows):
+    """Every token of `rows` is masked: its grammar allows only the end of the answer, which its
+    `min_tokens` forbids yet. Sampled, such a row indexed past the vocabulary (a 500 for every
+    request in the batch); greedy, it took token 0, which its grammar then refused."""
+
+    def __init__(self, rows: list[int]) -> None:
+        super().__init__(rows)
+        self.args = (f"no token may come next in rows {rows}: every one is masked",)
+
+
 def is_greedy(params: SamplingParams) -> bool:
     return params.temperature < GREEDY_TEMPERATURE
 
@@ -134,6 +144,9 @@ def sample_next(
         shaped = _reshaped(
             logits, params, outputs or [[] for _ in params], allowed or [None for _ in params]
         )
+        blocked = torch.isneginf(shaped).all(dim=-1)
+        if bool(blocked.any()):
+            raise NothingAllowed(torch.nonzero(blocked)[:, 0].tolist())
         drawn_from = torch.log_softmax(shaped / scale[:, None], dim=-1)
 
     tokens = torch.zeros(len(params), dtype=torch.long)

@@ -48,6 +48,7 @@ from reins.engine.prefix_cache import Match, PrefixCache, as_tokens, common_pref
 from reins.engine.sampling import (
     TOOL_TURN_TOKENS,
     Alternatives,
+    NothingAllowed,
     SamplingParams,
     UnsampleableRows,
     alternatives,
@@ -447,7 +448,7 @@ class BatchScheduler:
                 )
             except ConstraintError as error:
                 allowed.append(None)
-                _failing(sequence, str(error))
+                _failing(sequence, RequestFault(error))
         rows = [row for row, sequence in enumerate(sequences) if sequence.error is None]
         while rows:
             rows_logits = logits[rows] if len(rows) < len(sequences) else logits
@@ -465,8 +466,19 @@ class BatchScheduler:
             except UnsampleableRows as error:
                 # Nothing was drawn: those rows fail alone, the others are sampled without them.
                 for index in error.rows:
+                    sequence = sequences[rows[index]]
+                    if isinstance(error, NothingAllowed):
+                        _failing(
+                            sequence,
+                            RequestFault(
+                                "no token may come next: the structured output allows only the "
+                                f"end of the answer, and min_tokens ({sequence.params.min_tokens})"
+                                f" forbids ending after {len(sequence.output_ids)} tokens"
+                            ),
+                        )
+                        continue
                     _failing(
-                        sequences[rows[index]],
+                        sequence,
                         "the model's next-token logits for this request are NaN or infinite: "
                         "nothing can be sampled from them",
                     )
@@ -483,9 +495,13 @@ class BatchScheduler:
                 try:
                     sequence.matcher.advance(token)
                 except ConstraintError as error:
-                    _failing(sequence, str(error))
+                    _failing(sequence, RequestFault(error))
                     continue
-            sequence.finish_reason = self._finish_reason(sequence)
+            try:
+                sequence.finish_reason = self._finish_reason(sequence)
+            except Exception as error:  # one request's own check fails that request alone
+                log.exception("the end check of a request failed")
+                _failing(sequence, f"the engine could not check this request's end: {error!r}")
 
     def _finish_reason(self, sequence: Sequence) -> str | None:
         if sequence.cancelled:
@@ -594,6 +610,11 @@ class BatchScheduler:
             stats.bytes / 2**30,
             stats.capacity_bytes / 2**30,
         )
+
+
+class RequestFault(str):
+    """An error the request itself caused (its grammar cannot be followed, or allows nothing
+    its `min_tokens` accepts): answered 400, where the engine's own failures are 500."""
 
 
 def _failing(sequence: Sequence, error: str) -> None:
