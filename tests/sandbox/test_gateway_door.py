@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from reins.sandbox import Mount, Sandbox, SandboxLimits, sandbox_problem
@@ -83,8 +84,9 @@ def test_the_door_passes_only_the_attempts_proxy_paths() -> None:
         ]
         assert [door.passes(path) for path in passes] == [True] * len(passes)
         assert [door.passes(path) for path in refused] == [False] * len(refused)
-        assert door.relays == {9: door.socket_path}
-        assert door.inside_url("http://127.0.0.1:9/x") == "http://127.0.0.1:9/x"
+        # Under 1024 the sandbox cannot listen without a capability: 8000 + the port inside.
+        assert door.relays == {8009: door.socket_path}
+        assert door.inside_url("http://127.0.0.1:9/x") == "http://127.0.0.1:8009/x"
         with pytest.raises(ValueError, match="not on the gateway"):
             door.inside_url("http://127.0.0.1:10/x")
     with pytest.raises(ValueError, match="not a reins proxy URL"):
@@ -158,3 +160,23 @@ def test_mounts_and_variables(tmp_path: Path) -> None:
     assert not (shown / "new").exists()
     with pytest.raises(Exception, match="does not exist"):
         Sandbox(tmp_path / "box2", LIMITS, mounts=[Mount(tmp_path / "absent")])
+
+
+def test_every_refusal_is_403_and_recorded_within_bounds() -> None:
+    """TRACE or PROPFIND were 405 and unrecorded; the record of refusals grew without bound (a
+    command sending refused paths forever took the host's memory)."""
+    with GatewayDoor(f"http://127.0.0.1:9/{ATTEMPT.lstrip('/')}/openai/v1") as door:
+        transport = httpx.HTTPTransport(uds=str(door.socket_path))
+        with httpx.Client(transport=transport, base_url="http://door") as client:
+            for method in ("TRACE", "PROPFIND", "GET"):
+                response = client.request(method, "/api/rollouts")
+                assert response.status_code == 403, (method, response.text)
+            for index in range(150):
+                client.post(f"/api/{index}/" + "x" * 1000)
+        assert door.refused[:3] == [
+            "TRACE /api/rollouts",
+            "PROPFIND /api/rollouts",
+            "GET /api/rollouts",
+        ]
+        assert len(door.refused) == 100 and door.refused_count == 153
+        assert max(len(entry) for entry in door.refused) == 300

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -309,3 +310,120 @@ def test_a_disabled_command_is_a_stub_however_called_and_hidden_paths_are_empty(
         assert plain.run("git --version").output.startswith("git version")
     with pytest.raises(ValueError, match="is not a command name"):
         Sandbox(tmp_path / "bad", FAST, disabled_commands=("/usr/bin/git",))
+
+
+# -- what a command may not do to the host (a probe's findings, 2026-12-06) --------------------
+
+
+def test_a_command_cannot_change_the_hosts_kernel_settings(sandbox: Sandbox) -> None:
+    """uid 0 without capabilities could write most of /proc/sys (global settings). The same
+    value is written back, so the test changes nothing on a host where the write goes through."""
+    setting = "/proc/sys/kernel/printk_ratelimit_burst"
+    before = Path(setting).read_text()
+    done = sandbox.run(f"cat {setting} > /tmp/v && cat /tmp/v > {setting} && echo wrote")
+    assert "wrote" not in done.output and done.exit_code != 0, done.output
+    assert "Read-only file system" in done.output
+    assert Path(setting).read_text() == before
+    assert sandbox.run(f"cat {setting}").output == before  # still readable
+
+
+def test_no_setuid_program_is_left_on_the_host(sandbox: Sandbox) -> None:
+    done = sandbox.run("cp /usr/bin/id rootid && chmod 6755 rootid && mkdir d && chmod 2755 d")
+    assert done.exit_code == 0, done.output
+    assert (sandbox.path / "rootid").stat().st_mode & 0o7777 == 0o755
+    assert (sandbox.path / "d").stat().st_mode & 0o7777 == 0o755
+
+
+def test_the_host_side_refuses_a_fifo_instead_of_waiting_on_it(sandbox: Sandbox) -> None:
+    assert sandbox.run("mkfifo answer.txt").exit_code == 0
+    with pytest.raises(ValueError, match="not a regular file"):
+        sandbox.read_file("answer.txt")
+    with pytest.raises(ValueError, match="not a regular file"):
+        sandbox.write_file("answer.txt", "x")
+
+
+def test_a_folder_swapped_for_a_link_meanwhile_never_leads_the_host_out(tmp_path: Path) -> None:
+    """The host resolved a path, then opened it by name: a command swapping a folder for a link
+    to a host folder in between made 4 in 10 host reads read the host's file, and host writes
+    land there. Now each open walks the resolved folders without following links."""
+    sandbox = Sandbox(tmp_path / "rollout", SandboxLimits(wall_s=20, cpu_s=10))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("HOST SECRET")
+    (sandbox.path / "real").mkdir()
+    (sandbox.path / "real" / "secret.txt").write_text("inside")
+    # `d` and `link` swapped atomically (renameat2 with RENAME_EXCHANGE), as fast as it goes.
+    number = {"x86_64": 316, "aarch64": 276}[platform.machine()]
+    swap = (
+        f"ln -s {outside} link && mkdir d && cp real/secret.txt d/ && python3 - <<'EOF'\n"
+        "import ctypes, time\nlibc = ctypes.CDLL(None)\nend = time.monotonic() + 3\n"
+        "while time.monotonic() < end:\n"
+        f"    libc.syscall({number}, -100, b'd', -100, b'link', 2)\nEOF"
+    )
+    runner = threading.Thread(target=sandbox.run, args=(swap,), kwargs={"timeout_s": 10})
+    runner.start()
+    started = time.monotonic()
+    while not os.path.lexists(sandbox.path / "link") and time.monotonic() < started + 10:
+        time.sleep(0.01)  # the swapping has begun (a host write first would make `d` itself)
+    reads, escapes, refusals = 0, 0, 0
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        for action in ("read", "write"):
+            try:
+                if action == "read":
+                    reads += 1
+                    escapes += sandbox.read_file("d/secret.txt") == "HOST SECRET"
+                else:
+                    sandbox.write_file(f"d/note{reads}.txt", "x")
+            except (ValueError, OSError):
+                refusals += 1
+    runner.join()
+    sandbox.close()
+    assert reads > 50
+    assert escapes == 0
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [("echo a\0b", "NUL byte"), ("echo \ud800", "'\\ud800', which has no UTF-8 form")],
+    ids=["nul", "surrogate"],
+)
+def test_a_command_no_shell_can_take_is_answered_not_raised(
+    sandbox: Sandbox, command: str, says: str
+) -> None:
+    done = sandbox.run(command)
+    assert (done.exit_code, done.limit) == (2, None)
+    assert done.output.startswith("[not run: the command holds") and says in done.output
+
+
+def test_a_command_longer_than_an_argument_runs(sandbox: Sandbox) -> None:
+    """Linux caps one argument at 128 KiB: a longer command (a heredoc writing a file) was an
+    OSError out of `run`."""
+    body = "x" * 200_000
+    done = sandbox.run(f"cat > big.txt <<'EOF'\n{body}\nEOF\nwc -c < big.txt")
+    assert done.exit_code == 0, done.output[-300:]
+    assert done.output.strip() == str(len(body) + 1)
+
+
+def test_output_cut_to_its_characters_never_shows_a_split_one(tmp_path: Path) -> None:
+    limits = SandboxLimits(output_chars=8000)
+    with Sandbox(tmp_path / "box", limits) as box:
+        done = box.run('python3 -c \'print("€" * 12000, end="")\'')
+    head, _, tail = done.output.partition("\n[... output truncated")
+    assert (len(head), "\ufffd" in done.output) == (4000, False)
+    assert tail.split("...]\n", 1)[1] == "€" * 4000
+    with Sandbox(tmp_path / "none", SandboxLimits(output_chars=0)) as box:
+        assert len(box.run("head -c 100000 /dev/zero").output) < 100  # the note alone
+
+
+def test_two_commands_asked_at_once_run_one_after_the_other(sandbox: Sandbox) -> None:
+    """They share the cgroups: the first's wall-time kill also killed the second."""
+    results: dict[str, Any] = {}
+    first = threading.Thread(target=lambda: results.update(a=sandbox.run("sleep 3", timeout_s=0.5)))
+    first.start()
+    time.sleep(0.1)  # the first holds the sandbox
+    results["b"] = sandbox.run("sleep 1; echo second")  # running when the first is killed
+    first.join()
+    assert results["a"].limit == "wall time"
+    assert (results["b"].exit_code, results["b"].output) == (0, "second\n")

@@ -25,13 +25,16 @@ capabilities. What it keeps, for every command:
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import logging
 import os
+import re
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -151,6 +154,11 @@ def _mounts(
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     args += ["--bind", str(folder), "/work", "--chdir", "/work", "--clearenv"]
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # The command is uid 0 without capabilities: enough to write most of /proc/sys (global
+    # kernel settings: core_pattern, drop_caches...), which bwrap leaves writable once the
+    # capabilities are dropped (its own check then reads the folder as read-only already).
+    args += ["--ro-bind", "/proc/sys", "/proc/sys"]
+    args += ["--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
     for mount in mounts:
         args += ["--bind" if mount.writable else "--ro-bind", str(mount.host), mount.target]
     if relays:
@@ -177,6 +185,25 @@ def _command_paths(name: str) -> list[str]:
         if os.path.lexists(f"{folder}/{name}"):
             places.append(f"{folder}/{name}")
     return places
+
+
+_COMMAND_FILE = "/run/reins-command.sh"
+"""Inside: a command too long to be an argument (`_LONGEST_ARGUMENT`), run from a file."""
+_LONGEST_ARGUMENT = 128 * 1024
+"""Linux's cap on one argument's bytes (MAX_ARG_STRLEN): a longer command string was an
+OSError ("Argument list too long") out of `run`."""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _unfit(text: str, what: str) -> str | None:
+    """Why `text` cannot reach a shell, or None."""
+    if "\0" in text:
+        return f"the {what} holds a NUL byte, which no shell command or input can carry"
+    try:
+        text.encode()
+    except UnicodeEncodeError as error:
+        return f"the {what} holds {text[error.start : error.end]!r}, which has no UTF-8 form"
+    return None
 
 
 _DISABLED_STUB = """#!/bin/sh
@@ -311,16 +338,23 @@ class _Output:
         take = max(0, self.cap - len(self.head))
         self.head += chunk[:take]
         self.tail += chunk[take:]
-        del self.tail[: -self.cap]
+        if len(self.tail) > self.cap:  # (`del tail[:-0]` would keep it all)
+            del self.tail[: len(self.tail) - self.cap]
 
     def text(self) -> str:
-        whole = (self.head + self.tail).decode(errors="replace")
-        if self.total == len(self.head) + len(self.tail) and len(whole) <= self.chars:
-            return whole
-        half = self.chars // 2
-        head, tail = self.head.decode(errors="replace"), self.tail.decode(errors="replace")
         note = f"\n[... output truncated: {self.total} bytes in all, the middle left out ...]\n"
-        return head[:half] + note + (tail or head)[-half:]
+        half = self.chars // 2
+        if self.total == len(self.head) + len(self.tail):  # nothing dropped
+            whole = (self.head + self.tail).decode(errors="replace")
+            if len(whole) <= self.chars:
+                return whole
+            return whole[:half] + note + whole[max(0, len(whole) - half) :]
+        # The byte caps may cut a character: a head's last and a tail's first partial ones are
+        # left out, not shown as U+FFFD.
+        head = codecs.getincrementaldecoder("utf-8")("replace").decode(bytes(self.head))
+        start = next((i for i in range(min(4, len(self.tail))) if self.tail[i] & 0xC0 != 0x80), 0)
+        tail = self.tail[start:].decode(errors="replace")
+        return head[:half] + note + tail[max(0, len(tail) - half) :]
 
 
 class Sandbox:
@@ -375,6 +409,9 @@ class Sandbox:
                 stub.chmod(0o755)
         self._running: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
+        # One command at a time: a second one running beside it was killed with it at its
+        # wall limit and blamed for its memory (they share the cgroups).
+        self._one_run = threading.Lock()
         self._closed = False
         self._cgroups: _Cgroups | None = None
         try:
@@ -392,14 +429,14 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _argv(self, command: str, env: Mapping[str, str]) -> list[str]:
+    def _argv(self, command: str, env: Mapping[str, str], script: Path | None) -> list[str]:
         limits, group = self.limits, self._cgroups
         # Set inside, after bwrap dropped the capabilities, so the hard limits cannot be raised;
         # the soft CPU limit sends SIGXCPU a second before the hard one kills.
         ulimits = f"ulimit -c 0 -f {limits.file_mb * 1024} -t {limits.cpu_s + 1}"
         if group is None:
             ulimits += f" -v {limits.memory_mb * 1024}"
-        start = 'exec /bin/bash -c "$1"'
+        start = 'exec /bin/bash -c "$1"' if script is None else f"exec /bin/bash {_COMMAND_FILE}"
         if self.relays:
             doors = " ".join(f"{port}={_RELAY_DIR}/{port}.sock" for port, _ in self.relays)
             start = f"/usr/bin/python3 -I -S {_RELAY_DIR}/relay.py {doors} && {start}"
@@ -407,8 +444,10 @@ class Sandbox:
         mounts = _mounts(self.path, self.hidden_paths, self._stubs, self.mounts, self.relays)
         for key, value in env.items():
             mounts += ["--setenv", key, value]
+        if script is not None:
+            mounts += ["--ro-bind", str(script), _COMMAND_FILE]
         argv = [_bwrap() or "bwrap", *mounts, "--", "/bin/bash", "-c", inner]
-        argv += ["sandbox", command]
+        argv += ["sandbox", "" if script is not None else command]
         if group is None:
             return argv
         # Join the cgroups before exec'ing bwrap, so every process of the command starts in them.
@@ -424,9 +463,55 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
     ) -> CommandResult:
         """Run bash `command` in /work, with `env` added to the sandbox's few variables; never
-        raises for the command's own failure."""
-        if self._closed:
-            raise SandboxError(f"sandbox {self.path} is closed")
+        raises for the command's own failure (one no shell can take, with a NUL byte or an
+        unpaired surrogate, is answered exit code 2 and says so). One command at a time: a
+        second call waits for the first."""
+        env = {**self.env, **(env or {})}
+        for key, value in env.items():
+            if not _ENV_NAME.fullmatch(key) or "\0" in value:
+                raise ValueError(f"{key!r}={value!r} is not an environment variable")
+        with self._one_run:
+            if self._closed:
+                raise SandboxError(f"sandbox {self.path} is closed")
+            unfit = _unfit(command, "command") or _unfit(stdin or "", "stdin")
+            if unfit:
+                return CommandResult(2, f"[not run: {unfit}]", None, 0.0)
+            with tempfile.TemporaryDirectory(prefix="reins-command-") as scratch:
+                script = None
+                if len(command) > _LONGEST_ARGUMENT // 4:  # its bytes may pass the cap
+                    script = Path(scratch) / "command.sh"
+                    script.write_text(command)
+                try:
+                    return self._run(command, stdin, timeout_s, env, script)
+                finally:
+                    self._strip_setuid()
+
+    def _strip_setuid(self) -> None:
+        """Setuid and setgid bits off every file of the folder: the command runs as the host's
+        root, and `chmod u+s` on a copy of a program left a root program on the host for any
+        user who can reach the folder. Nothing of the sandbox runs any more at this point."""
+        folders: list[str | Path] = [self.path]
+        while folders:
+            with contextlib.suppress(OSError), os.scandir(folders.pop()) as entries:
+                for entry in entries:
+                    with contextlib.suppress(OSError):
+                        mode = entry.stat(follow_symlinks=False).st_mode
+                        if stat.S_ISLNK(mode):
+                            continue
+                        setuid = stat.S_ISUID | stat.S_ISGID
+                        if mode & setuid:
+                            os.chmod(entry.path, stat.S_IMODE(mode) & ~setuid)
+                        if stat.S_ISDIR(mode):
+                            folders.append(entry.path)
+
+    def _run(
+        self,
+        command: str,
+        stdin: str | None,
+        timeout_s: float | None,
+        env: Mapping[str, str],
+        script: Path | None,
+    ) -> CommandResult:
         limits, group = self.limits, self._cgroups
         wall = limits.wall_s if timeout_s is None else timeout_s
         oom0 = group.oom_kills() if group else 0
@@ -437,7 +522,7 @@ class Sandbox:
             stdin_file.write((stdin or "").encode())
             stdin_file.seek(0)
             proc = subprocess.Popen(
-                self._argv(command, {**self.env, **(env or {})}),
+                self._argv(command, env, script),
                 stdin=stdin_file, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, env={}, start_new_session=True,
             )  # fmt: skip
@@ -508,15 +593,51 @@ class Sandbox:
             raise ValueError(f"{relative!r} is outside the sandbox folder {self.path}")
         return target
 
+    def _open(self, relative: str, flags: int, *, create_parents: bool = False) -> int:
+        """A descriptor of the regular file `relative` in the folder (`flags`: os.open's).
+
+        Resolved once (`_inside`), then walked a folder at a time from the folder's own
+        descriptor without following any link: a command running meanwhile may swap a folder
+        for a symlink (a host read of `d/x` read a host file 4 times in 10), and an open that
+        followed it would leave the folder. A FIFO or a device is refused, not waited on."""
+        target = self._inside(relative)
+        *parents, name = target.relative_to(self.path).parts or ("",)
+        if not name:
+            raise ValueError(f"{relative!r} is the sandbox folder itself, not a file in it")
+        folder = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in parents:
+                if create_parents:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, dir_fd=folder)
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder)
+                os.close(folder)
+                folder = inner
+            fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=folder)
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+                raise ValueError(
+                    f"{relative!r} changed into a link, or is not a regular file, while it was "
+                    f"opened in the sandbox folder {self.path}"
+                ) from error
+            raise
+        finally:
+            os.close(folder)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ValueError(f"{relative!r} in the sandbox folder is not a regular file")
+        return fd
+
     def write_file(self, relative: str, content: str) -> None:
         """Write `content` to `relative` in the folder (host side), creating parent folders."""
-        target = self._inside(relative)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content)
+        fd = self._open(relative, os.O_WRONLY | os.O_CREAT, create_parents=True)
+        with open(fd, "w") as file:  # truncated once it is known to be a regular file
+            file.truncate()
+            file.write(content)
 
     def read_file(self, relative: str, max_chars: int = 100_000) -> str:
         """The first `max_chars` characters of `relative` in the folder (host side)."""
-        with self._inside(relative).open(errors="replace") as file:
+        with open(self._open(relative, os.O_RDONLY), errors="replace") as file:
             return file.read(max_chars)
 
     def close(self) -> None:

@@ -8,7 +8,9 @@ here each request is checked before it is sent on: only paths under the attempt'
 (`.../mode/{mode}/openai/...` and `.../anthropic/...`) pass, so the scoped token the harness holds
 cannot post events (a reward among them) or reach any other gateway route, and nothing but the
 gateway is reachable at all. The inside port is the gateway's own, so a loopback gateway URL is
-the same string inside and out (`inside_url` maps any other).
+the same string inside and out (`inside_url` maps any other); a port under 1024 (a gateway
+behind http://host or https://host), which the sandbox cannot listen on without a capability,
+is 8000 + it inside (8080, 8443).
 """
 
 from __future__ import annotations
@@ -25,18 +27,20 @@ from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Mount
+from starlette.types import Receive, Scope, Send
 
 from reins.serving import BackgroundServer
 
 _OPENAI_SUFFIX = "/openai/v1"
-# Per connection, not end to end (RFC 9110 7.6.1). A request's length is httpx's to set (it
-# sends the whole body it read); a response's passes as it is, its raw bytes being passed on.
+# Per connection, not end to end (RFC 9110 7.6.1). A request's body is passed on as it comes,
+# with its own length when it has one (else chunked); a response's passes as it is, its raw
+# bytes being passed on.
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer"}
     | {"upgrade"}
 )
-_NOT_SENT_ON = _HOP_BY_HOP | {"host", "content-length"}
+_NOT_SENT_ON = _HOP_BY_HOP | {"host"}
 
 
 class GatewayDoor:
@@ -53,18 +57,20 @@ class GatewayDoor:
                 "OPENAI_BASE_URL that `reins controller` sets)"
             )
         self.origin = f"{url.scheme}://{url.netloc}"
-        self.port = url.port or (443 if url.scheme == "https" else 80)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        # Without capabilities the relay cannot listen under 1024: every command failed.
+        self.port = port if port >= 1024 else 8000 + port
         attempt = url.path[: -len(_OPENAI_SUFFIX)]
         self.allowed = (f"{attempt}/openai/", f"{attempt}/anthropic/")
         self.refused: list[str] = []
-        """`METHOD path` of each request refused, in order (for the rollout's record)."""
+        """`METHOD path` of the first `REFUSALS_KEPT` requests refused, in order (for the
+        rollout's record), each cut to 300 characters; `refused_count` counts them all."""
+        self.refused_count = 0
         self._folder = Path(tempfile.mkdtemp(prefix="reins-gateway-door-"))
         self.socket_path = self._folder / "gateway.sock"
         self._client: httpx.AsyncClient | None = None
-        app = Starlette(
-            routes=[Route("/{path:path}", self._forward, methods=_METHODS)],
-            lifespan=self._lifespan,
-        )
+        # Every method reaches `_forward` (a Route answered 405 to TRACE or PROPFIND, unrecorded).
+        app = Starlette(routes=[Mount("/", app=self._asgi)], lifespan=self._lifespan)
         self._server = BackgroundServer(app, unix_path=self.socket_path).start()
 
     @property
@@ -94,11 +100,17 @@ class GatewayDoor:
             self._client = client
             yield
 
+    async def _asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self._forward(Request(scope, receive))
+        await response(scope, receive, send)
+
     async def _forward(self, request: Request) -> Response:
         assert self._client is not None
         raw_path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path
         if not self.passes(raw_path):
-            self.refused.append(f"{request.method} {raw_path}")
+            self.refused_count += 1
+            if len(self.refused) < REFUSALS_KEPT:  # a command can send refused paths forever
+                self.refused.append(f"{request.method} {raw_path}"[:300])
             return PlainTextResponse(
                 "refused by the sandbox's gateway door: only this attempt's model proxy "
                 f"({' or '.join(p + '...' for p in self.allowed)}) is reachable from here\n",
@@ -110,7 +122,9 @@ class GatewayDoor:
             request.method,
             raw_path + (f"?{query}" if query else ""),
             headers=headers,
-            content=await request.body(),  # a model request: bounded by the gateway's limit
+            # Passed on as it comes: read whole here, a 400 MB body took the host's memory
+            # past any limit of the sandbox's. The gateway applies its own limit.
+            content=request.stream(),
         )
         try:
             answer = await self._client.send(upstream, stream=True)
@@ -135,4 +149,4 @@ class GatewayDoor:
         self.close()
 
 
-_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+REFUSALS_KEPT = 100
