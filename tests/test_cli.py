@@ -121,12 +121,31 @@ def test_a_database_that_cannot_be_opened_is_one_line_not_a_traceback(
 @pytest.mark.parametrize(
     ("flags", "environment", "words"),
     [
-        (["--api-key", ""], {}, "api_key: Value error, the admin key is empty"),
-        ([], {"REINS_API_KEY": "  "}, "api_key: Value error, the admin key is empty"),
+        (["--api-key", ""], {}, "api_key (REINS_API_KEY): Value error, the admin key is empty"),
+        ([], {"REINS_API_KEY": "  "}, "api_key (REINS_API_KEY): Value error, the admin key is"),
         (["--api-key", "key "], {}, "the admin key starts or ends with white space"),
-        ([], {"REINS_MAX_PAGE_SIZE": "0"}, "max_page_size: Input should be greater than"),
+        (["--api-key", "ключ"], {}, "the admin key must be printable ASCII"),
+        ([], {"REINS_MAX_PAGE_SIZE": "0"}, "max_page_size (REINS_MAX_PAGE_SIZE): Input should be"),
+        (
+            [],
+            {"REINS_TRAIN_SAMPLING": "{bad"},
+            "train_sampling (REINS_TRAIN_SAMPLING) is not the JSON it takes: Expecting property",
+        ),
+        (  # a typo read as no setting at all lost the default temperature unsaid
+            [],
+            {"REINS_TRAIN_SAMPLING": '{"temperature": 0.5}'},
+            "train_sampling.temperature (REINS_TRAIN_SAMPLING): Extra inputs are not permitted",
+        ),
     ],
-    ids=["empty-flag", "blank-variable", "outer-space", "other-setting"],
+    ids=[
+        "empty-flag",
+        "blank-variable",
+        "outer-space",
+        "not-ascii",
+        "other-setting",
+        "not-json",
+        "unknown-field",
+    ],
 )
 def test_a_setting_the_gateway_cannot_use_is_named_not_a_traceback(
     tmp_path: Path, flags: list[str], environment: dict[str, str], words: str
@@ -145,6 +164,72 @@ def test_a_setting_the_gateway_cannot_use_is_named_not_a_traceback(
     assert words in " ".join(result.stderr.split()), result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     assert not (tmp_path / "g.db").exists()
+
+
+def test_a_file_that_is_not_a_database_and_an_unknown_url_are_one_line(tmp_path: Path) -> None:
+    text = tmp_path / "notes.db"
+    text.write_text("not a database")
+    for database, words in (
+        (str(text), f"{text} is not a SQLite database (file is not a database)"),
+        ("mysql://u@127.0.0.1/x", "is neither a SQLite file nor a PostgreSQL URL"),
+    ):
+        result = refused_gateway(database)
+        assert result.returncode == 1, result.stderr
+        assert words in " ".join(result.stderr.split()), result.stderr
+        assert "Traceback" not in result.stderr
+
+
+CONTROLLER = ["controller", "--runner", "local", "--agent", "true", "--gateway"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "words"),
+    [
+        (["engine", "--max-batch", "0"], "Invalid value for '--max-batch'"),
+        (["engine", "--device", "foo"], "--device 'foo': Expected one of cpu"),
+        (["gateway", "--port", "99999"], "Invalid value for '--port'"),
+        (["export", "--gateway", "notaurl", "--api-key", "k"], "'notaurl' is not a gateway URL"),
+        (
+            ["export", "--gateway", "http://127.0.0.1:99999", "--api-key", "k"],
+            "its port is not 1-65535",
+        ),
+        (["export", "--gateway", "http://127.0.0.1:1", "--api-key", " "], "the admin key is empty"),
+        ([*CONTROLLER, "notaurl", "--api-key", "k"], "'notaurl' is not a gateway URL"),
+        (
+            [*CONTROLLER, "http://127.0.0.1:1", "--api-key", "k", "--set", "image=[bad"],
+            "--set 'image=[bad': its value is not YAML",
+        ),
+        (
+            [*CONTROLLER, "http://127.0.0.1:1", "--api-key", "k", "--timeout", "-1"],
+            "Invalid value for '--timeout'",
+        ),
+    ],
+    ids=[
+        "max-batch",
+        "device",
+        "port",
+        "not-a-url",
+        "port-range",
+        "blank-key",
+        "controller-url",
+        "set-not-yaml",
+        "timeout",
+    ],
+)
+def test_a_mistaken_argument_is_one_line_and_exit_2(arguments: list[str], words: str) -> None:
+    """Each was a traceback, a hang (an engine serving no sequence), a two-minute retry of a URL
+    that is none, or an attempt timing out at once."""
+    result = subprocess.run(
+        [sys.executable, "-m", "reins", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("REINS_")},
+    )
+    said = " ".join((result.stdout + result.stderr).replace("│", " ").split())
+    assert result.returncode == 2, said
+    assert words in said
+    assert "Traceback" not in said
 
 
 @pytest.mark.slow

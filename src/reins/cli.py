@@ -48,7 +48,7 @@ def model_prepare(
 @app.command()
 def engine(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option(help="TCP port (0: any free one).", min=0, max=65535)] = 8000,
     model: Annotated[
         Path | None,
         typer.Option(help="A Hugging Face model folder [default: the prepared default model]"),
@@ -63,8 +63,11 @@ def engine(
     device: Annotated[
         str | None, typer.Option(help="cpu, cuda, cuda:1... [default: cuda if present]")
     ] = None,
-    max_batch: Annotated[int, typer.Option(help="Sequences decoded together.")] = 16,
-    max_model_len: Annotated[int, typer.Option(help="Prompt + response tokens, at most.")] = 4096,
+    # 0 served nothing (every request waited forever); a length of 0 was read as 4096.
+    max_batch: Annotated[int, typer.Option(help="Sequences decoded together.", min=1)] = 16,
+    max_model_len: Annotated[
+        int, typer.Option(help="Prompt + response tokens, at most.", min=1)
+    ] = 4096,
     prefix_cache_gb: Annotated[
         float,
         typer.Option(help="GiB of KV kept to reuse across calls sharing a prefix (0: off)."),
@@ -84,6 +87,20 @@ def engine(
     from reins.engine.prepare import ModelPreparationError
     from reins.serving import freeze_startup_objects
 
+    if device is not None:
+        import torch
+
+        try:
+            wanted = torch.device(device)
+        except RuntimeError as error:
+            console.print(f"[red]error:[/red] --device {device!r}: {error}")
+            raise typer.Exit(2) from None
+        if wanted.type == "cuda" and (wanted.index or 0) >= torch.cuda.device_count():
+            console.print(
+                f"[red]error:[/red] --device {device}: this machine has "
+                f"{torch.cuda.device_count()} CUDA device(s) torch can use"
+            )
+            raise typer.Exit(2)
     try:
         with console.status("loading the model..."):
             loaded = EmbeddedEngine.load(
@@ -111,7 +128,7 @@ def engine(
 @app.command()
 def gateway(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8080,
+    port: Annotated[int, typer.Option(help="TCP port (0: any free one).", min=0, max=65535)] = 8080,
     db: Annotated[
         str | None,
         typer.Option(
@@ -129,11 +146,11 @@ def gateway(
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
 ) -> None:
     """Serve the API Gateway: rollouts, events, models (and the LLM proxy)."""
-    import pydantic
     import uvicorn
     from sqlalchemy import make_url
 
-    from reins.gateway import GatewaySettings, create_app
+    from reins.gateway import create_app
+    from reins.gateway.settings import SettingsRefused, load_settings
     from reins.gateway.store.reachable import DatabaseUnreachable, check_reachable
     from reins.serving import collect_young_objects_less_often, freeze_startup_objects
 
@@ -145,11 +162,9 @@ def gateway(
     if max_body_bytes is not None:
         overrides["max_body_bytes"] = max_body_bytes
     try:
-        settings = GatewaySettings(**overrides)  # type: ignore[arg-type]
-    except pydantic.ValidationError as error:  # a flag or a REINS_* variable
-        for problem in error.errors():
-            where = ".".join(str(part) for part in problem["loc"])
-            console.print(f"[red]reins gateway: {where}: {problem['msg']}[/red]")
+        settings = load_settings(**overrides)
+    except SettingsRefused as error:  # a flag or a REINS_* variable
+        console.print(f"[red]reins gateway: {error}[/red]")
         raise typer.Exit(2) from None
     if api_key is None and "REINS_API_KEY" not in os.environ:
         console.print(
@@ -184,12 +199,15 @@ def controller(
     max_parallel: Annotated[int, typer.Option(help="Agents running at once.")] = 8,
     max_attempts: Annotated[int, typer.Option(help="Attempts before a rollout fails.")] = 3,
     timeout: Annotated[
-        float | None, typer.Option(help="Seconds per attempt (a rollout's config wins).")
+        float | None,
+        typer.Option(help="Seconds per attempt (a rollout's config wins).", min=0.001),
     ] = None,
     log_dir: Annotated[Path, typer.Option(help="Agent logs, one folder per attempt.")] = Path(
         ".reins/agents"
     ),
-    poll_interval: Annotated[float, typer.Option(help="Seconds between gateway reads.")] = 0.25,
+    poll_interval: Annotated[
+        float, typer.Option(help="Seconds between gateway reads.", min=0.001)
+    ] = 0.25,
     agent_gateway: Annotated[
         str | None, typer.Option(help="The gateway URL as agents reach it, if it differs.")
     ] = None,
@@ -467,7 +485,7 @@ def export(
     import signal
     import sys
 
-    from reins.client import DatabaseChanged, GatewayError
+    from reins.client import DatabaseChanged, GatewayClient, GatewayError
     from reins.monitor.export import export_to
 
     if not api_key:
@@ -478,6 +496,11 @@ def export(
     except OSError as error:  # a missing folder, a directory, no permission: not a traceback
         console.print(f"[red]error:[/red] cannot write {out}: {error.strerror or error}")
         raise typer.Exit(2) from error
+    try:
+        GatewayClient.check(gateway_url, api_key)
+    except ValueError as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
     try:
         count = export_to(
             gateway_url, api_key, handle, run=run, states=status or (), mode=mode, search=search,
@@ -538,7 +561,7 @@ def doctor(
     mode: Annotated[str, typer.Option(help="train (temperature 1) or val (harness settings).")] = (
         "train"
     ),
-    timeout: Annotated[float, typer.Option(help="Seconds one run may take.")] = 600.0,
+    timeout: Annotated[float, typer.Option(help="Seconds one run may take.", min=0.001)] = 600.0,
     input_json: Annotated[
         str, typer.Option("--input", help="Every rollout's input (JSON; REINS_INPUT).")
     ] = "null",

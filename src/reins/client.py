@@ -94,8 +94,39 @@ def check_database(followed: str | None, cursor: int, page: RolloutPage) -> str 
     return page.database_id or followed
 
 
+def _gateway_url(url: str) -> str:
+    """`url` without its trailing slash; ValueError when it cannot be a gateway's: no
+    http(s) scheme or host, or a port out of range (`notaurl` was retried for two minutes as
+    an outage, `:99999` and `:abc` were tracebacks)."""
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except (httpx.InvalidURL, ValueError) as error:
+        raise ValueError(f"{url!r} is not a gateway URL ({error})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"{url!r} is not a gateway URL: write http://HOST:PORT")
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"{url!r} is not a gateway URL: its port is not 1-65535")
+    return url.rstrip("/")
+
+
+def _check_key(key: str) -> None:
+    """The gateway refuses these keys (`GatewaySettings.api_key`); sent, an empty one read as an
+    unreachable gateway, retried for two minutes, and a non-ASCII one was a traceback."""
+    if not key.strip():
+        raise ValueError("the admin key is empty: pass --api-key or set REINS_API_KEY")
+    if key != key.strip() or not key.isascii() or not key.isprintable():
+        raise ValueError("the admin key must be printable ASCII without outer spaces")
+
+
 class GatewayClient:
     """Async client; use as `async with GatewayClient(url, api_key) as gateway: ...`."""
+
+    @staticmethod
+    def check(base_url: str, api_key: str) -> str:
+        """The URL as the client keeps it; ValueError for a URL or a key no gateway takes."""
+        _check_key(api_key)
+        return _gateway_url(base_url)
 
     def __init__(
         self,
@@ -110,7 +141,7 @@ class GatewayClient:
         transport: httpx.AsyncBaseTransport | None = None,
         max_connections: int = 16,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = self.check(base_url, api_key)
         self.retry_for_s = retry_for_s
         """How long one call is retried from its first try (`reins.retry`)."""
         self.max_retries = max_retries

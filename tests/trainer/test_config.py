@@ -32,3 +32,16 @@ def test_a_dotted_override_fills_a_group_left_null_in_the_file(tmp_path: Path) -
     loaded = load_config(write_config(tmp_path, "lora:\n"), ["lora.r=8"])
     assert loaded.lora is not None
     assert (loaded.lora.r, loaded.lora.alpha) == (8, 32)
+
+
+def test_an_override_that_is_not_yaml_and_a_file_not_utf8_are_config_errors(
+    tmp_path: Path,
+) -> None:
+    """Both were tracebacks (a yaml ParserError, a UnicodeDecodeError)."""
+    path = write_config(tmp_path)
+    with pytest.raises(ConfigError, match=r"^override 'lr=\[bad': its value is not YAML"):
+        load_config(path, ["lr=[bad"])
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("tasks: café.jsonl\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"cannot read .*latin1\.yaml: 'utf-8' codec"):
+        load_config(latin1)

@@ -54,7 +54,11 @@ def parse_values(pairs: list[str]) -> dict[str, Any]:
         name, sep, text = pair.partition("=")
         if not sep or not name.strip():
             raise ValueError(f"--set {pair!r}: write --set KEY=VALUE")
-        values[name.strip()] = yaml.safe_load(text) if text.strip() else ""
+        try:
+            values[name.strip()] = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as error:
+            problem = str(error).replace("\n", " ")
+            raise ValueError(f"--set {pair!r}: its value is not YAML ({problem})") from error
     return values
 
 

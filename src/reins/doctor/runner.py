@@ -120,6 +120,7 @@ def _tokenizer(folder: Path) -> Detokenizer:
 @contextlib.contextmanager
 def _stack(options: DoctorOptions) -> Iterator[_Stack]:
     from reins.gateway import GatewaySettings, create_app
+    from reins.gateway.settings import SettingsRefused, load_settings
     from reins.serving import BackgroundServer
 
     with contextlib.ExitStack() as stack:
@@ -137,9 +138,12 @@ def _stack(options: DoctorOptions) -> Iterator[_Stack]:
             if "token_reuse" not in GatewaySettings.model_fields:
                 raise DoctorError("this gateway has no token reuse setting; drop --token-reuse")
             overrides["token_reuse"] = options.token_reuse
-        settings = GatewaySettings(
-            database_url=str(folder / "gateway.db"), api_key=key, **overrides
-        )
+        try:
+            settings = load_settings(
+                database_url=str(folder / "gateway.db"), api_key=key, **overrides
+            )
+        except SettingsRefused as error:  # a REINS_* variable of the environment
+            raise DoctorError(f"the gateway's settings: {error}") from None
         server = stack.enter_context(BackgroundServer(create_app(settings)))
         registered = httpx.post(
             f"{server.url}/api/models",

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from reins.disconnect import CLIENT_CLOSED_REQUEST
 from reins.gateway.wire import tool_call_index
@@ -36,6 +36,10 @@ Kind = Literal["chat", "completions"]
 
 class SamplingPolicy(BaseModel):
     """Sampling settings a mode applies to every proxied call."""
+
+    # A field it does not know is refused: `REINS_TRAIN_SAMPLING='{"temperature": 0.5}'` was
+    # read as no setting at all, losing the default temperature 1.0 and top_p 1.0 unsaid.
+    model_config = ConfigDict(extra="forbid")
 
     set: dict[str, JsonValue] = Field(default_factory=dict)
     """Request fields set on every call of this mode (e.g. `{"temperature": 1.0}`)."""

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from reins.gateway.capture import SamplingPolicy
 
@@ -48,6 +49,9 @@ class GatewaySettings(BaseSettings):
             )
         if key != key.strip():
             raise ValueError("the admin key starts or ends with white space, which no header keeps")
+        if not key.isascii() or not key.isprintable():
+            # A header carries Latin-1 at most: a UTF-8 key sent by a client never matched.
+            raise ValueError("the admin key must be printable ASCII (a header carries no other)")
         return key
 
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
@@ -103,3 +107,31 @@ class GatewaySettings(BaseSettings):
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+
+class SettingsRefused(ValueError):
+    """A flag or a `REINS_*` variable the gateway cannot use; the message names each one."""
+
+
+def load_settings(**fields: Any) -> GatewaySettings:
+    """`GatewaySettings(**fields)` with the `REINS_*` variables, each refusal said in one line
+    that names the setting and its variable (a `SettingsRefused`), not pydantic's dump or the
+    traceback of a variable that is not the JSON its field takes."""
+    try:
+        return GatewaySettings(**fields)
+    except ValidationError as error:
+        problems = [
+            f"{_setting(*(str(part) for part in problem['loc']))}: {problem['msg']}"
+            for problem in error.errors()
+        ]
+        raise SettingsRefused("; ".join(problems)) from None
+    except SettingsError as error:  # REINS_TRAIN_SAMPLING='{bad json'
+        found = re.search(r'field "(\w+)"', str(error))
+        name = found.group(1) if found else "a setting"
+        cause = f": {error.__cause__}" if error.__cause__ else ""
+        raise SettingsRefused(f"{_setting(name)} is not the JSON it takes{cause}") from None
+
+
+def _setting(name: str = "", *inner: str) -> str:
+    """`train_sampling.temperature (REINS_TRAIN_SAMPLING)`: where, and the variable to fix."""
+    return f"{'.'.join((name, *inner))} (REINS_{name.upper()})"

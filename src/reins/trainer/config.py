@@ -271,7 +271,7 @@ def read_config_file(
     if path is not None:
         try:
             loaded = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as error:
+        except (OSError, yaml.YAMLError, UnicodeDecodeError) as error:  # (not UTF-8 text)
             raise ConfigError(f"cannot read {path}: {error}") from error
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path} must hold a mapping of fields, not {type(loaded).__name__}")
@@ -298,7 +298,11 @@ def read_config_file(
                     f"override {item!r}: {field} is {target!r}, not a group of fields, so it "
                     f"has no {key[len(field) + 1 :]!r} to set"
                 )
-        target[leaf] = yaml.safe_load(raw) if raw else None
+        try:
+            target[leaf] = yaml.safe_load(raw) if raw else None
+        except yaml.YAMLError as error:
+            problem = str(error).replace("\n", " ")
+            raise ConfigError(f"override {item!r}: its value is not YAML ({problem})") from error
     return data
 
 

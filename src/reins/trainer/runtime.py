@@ -240,15 +240,16 @@ async def _gateway(config: TrainConfig, api_key: str, tokenizer: Path) -> AsyncI
     if config.gateway_url is not None:
         yield config.gateway_url.rstrip("/")
         return
-    from reins.gateway import GatewaySettings, create_app
+    from reins.gateway import create_app
     from reins.gateway.capture import SamplingPolicy
+    from reins.gateway.settings import load_settings
 
     val_sampling = (
         SamplingPolicy(set={"temperature": config.val_temperature})
         if config.val_temperature is not None
         else SamplingPolicy()
     )
-    settings = GatewaySettings(
+    settings = load_settings(  # SettingsRefused (a ValueError) names a bad REINS_* variable
         database_url=str(config.run_dir / "gateway.db"),
         api_key=api_key,
         runs_dir=config.runs_dir,

@@ -4,6 +4,7 @@ server as a traceback of its own lifespan machinery, the cause at the bottom."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -30,13 +31,25 @@ async def check_reachable(url: str) -> None:
             raise DatabaseUnreachable(str(error)) from None
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            sqlite3.connect(path).close()
+            with contextlib.closing(sqlite3.connect(path)) as conn:
+                # Reads the header: a file that is not a database fails here, not at startup.
+                conn.execute("PRAGMA schema_version").fetchone()
+        except sqlite3.DatabaseError as error:
+            raise DatabaseUnreachable(
+                f"{path} is not a SQLite database ({error}); name a new file or the gateway's "
+                "own database (--db or REINS_DATABASE_URL)"
+            ) from error
         except (OSError, sqlite3.Error) as error:
             raise DatabaseUnreachable(
                 f"cannot open the SQLite database {path}: {error}; name a file in a folder "
                 "this user may write (--db or REINS_DATABASE_URL)"
             ) from error
         return
+    if not url.startswith("postgresql"):
+        raise DatabaseUnreachable(
+            f"{shown} is neither a SQLite file nor a PostgreSQL URL: --db takes a file path, "
+            "sqlite:///PATH or postgresql://USER@HOST/DATABASE"
+        )
     engine = create_async_engine(url, connect_args={"timeout": CONNECT_TIMEOUT_S})
     try:
         async with engine.connect():
