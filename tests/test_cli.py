@@ -180,11 +180,23 @@ def test_a_file_that_is_not_a_database_and_an_unknown_url_are_one_line(tmp_path:
 
 
 CONTROLLER = ["controller", "--runner", "local", "--agent", "true", "--gateway"]
+KUBERNETES = [
+    *("controller", "--runner", "kubernetes", "--agent", "true"),
+    *("--gateway", "http://127.0.0.1:1", "--api-key", "k"),
+]
 
 
 @pytest.mark.parametrize(
     ("arguments", "words"),
     [
+        (
+            [*KUBERNETES, "--job-template", "/nonexistent"],
+            "--job-template /nonexistent: cannot read it ([Errno 2]",
+        ),
+        (
+            [*KUBERNETES, "--kubeconfig", "/nonexistent", "--set", "image=x"],
+            "no usable Kubernetes configuration (/nonexistent): Invalid kube-config file",
+        ),
         (["engine", "--max-batch", "0"], "Invalid value for '--max-batch'"),
         (["engine", "--device", "foo"], "--device 'foo': Expected one of cpu"),
         (["gateway", "--port", "99999"], "Invalid value for '--port'"),
@@ -205,6 +217,8 @@ CONTROLLER = ["controller", "--runner", "local", "--agent", "true", "--gateway"]
         ),
     ],
     ids=[
+        "job-template",
+        "kubeconfig",
         "max-batch",
         "device",
         "port",
@@ -325,3 +339,30 @@ def test_python_dash_m_reins_is_the_reins_command() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "Serve the API Gateway" in result.stdout
+
+
+def test_an_output_folder_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    """Each was a FileExistsError traceback."""
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        '{"step": 1, "reward/mean": 0.5}\n{"step": 2, "reward/mean": 0.6}\n'
+    )
+    for arguments in (
+        ["report", "--run", str(run), "--out", str(taken)],
+        ["model", "prepare", "--cache-dir", str(taken)],
+        [*CONTROLLER, "http://127.0.0.1:1", "--api-key", "k", "--log-dir", str(taken)],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "reins", *arguments],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if not k.startswith("REINS_")},
+        )
+        said = " ".join((result.stdout + result.stderr).split())
+        assert result.returncode == 1, (arguments, said)
+        assert "Traceback" not in said, arguments
+        assert f"error: [Errno 17] File exists: '{taken}'" in said, said

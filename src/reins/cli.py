@@ -39,7 +39,7 @@ def model_prepare(
             folder = prepare_default_model(
                 cache_dir, dtype=dtype, progress=lambda line: status.update(line)
             )
-    except (ModelPreparationError, ValueError) as error:
+    except (ModelPreparationError, ValueError, OSError) as error:  # a cache "folder" that is a file
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from error
     print(folder)
@@ -271,6 +271,9 @@ def controller(
     except (ValueError, KeyRefused) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(2) from error
+    except OSError as error:  # a --log-dir that is a file, a folder it may not write
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from error
 
 
 @app.command()
@@ -533,7 +536,7 @@ def report(
 
     try:
         written = write_report(run, out)
-    except (ReportError, FileNotFoundError) as error:
+    except (ReportError, OSError) as error:  # no run; an --out that is a file
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(1) from error
     for path in written:

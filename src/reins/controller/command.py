@@ -83,18 +83,21 @@ def build_reconciler(options: ControllerOptions) -> Reconciler:
     policy: str | None = None
     if options.network_policy:
         policy = (
-            options.network_policy_template.read_text()
+            _template(options.network_policy_template, "--network-policy-template")
             if options.network_policy_template
             else DEFAULT_NETWORK_POLICY_TEMPLATE
         )
+    job_template = (
+        _template(options.job_template, "--job-template")
+        if options.job_template
+        else DEFAULT_JOB_TEMPLATE
+    )
     return KubernetesReconciler(
         namespace=options.namespace,
         gateway_url=agent_gateway,
         kubeconfig=options.kubeconfig,
         agent=options.agent,
-        job_template=(
-            options.job_template.read_text() if options.job_template else DEFAULT_JOB_TEMPLATE
-        ),
+        job_template=job_template,
         network_policy_template=policy,
         values=options.values,
         controller_name=options.controller_name,
@@ -102,6 +105,14 @@ def build_reconciler(options: ControllerOptions) -> Reconciler:
         creations_per_s=options.creations_per_s,
         log_dir=options.log_dir,
     )
+
+
+def _template(path: Path, flag: str) -> str:
+    """A template file's text; ValueError saying which flag names what it cannot read."""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{flag} {path}: cannot read it ({error})") from None
 
 
 async def serve(options: ControllerOptions) -> None:

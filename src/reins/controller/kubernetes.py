@@ -432,16 +432,24 @@ class KubernetesReconciler:
     # -- the apiserver ----------------------------------------------------------------------
 
     def _new_api_client(self) -> Any:
+        """ValueError saying what is wrong with the kubeconfig (missing, a folder, not YAML:
+        they were tracebacks of the kubernetes client)."""
         from_file: Any = k8s_config.new_client_from_config
         in_cluster: Any = k8s_config.load_incluster_config
-        if self.kubeconfig:
-            return from_file(config_file=self.kubeconfig)
         try:
-            configuration = k8s.Configuration()
-            in_cluster(client_configuration=configuration)
-            return k8s.ApiClient(configuration)
-        except k8s_config.ConfigException:
-            return from_file()  # ~/.kube/config or $KUBECONFIG
+            if self.kubeconfig:
+                return from_file(config_file=self.kubeconfig)
+            try:
+                configuration = k8s.Configuration()
+                in_cluster(client_configuration=configuration)
+                return k8s.ApiClient(configuration)
+            except k8s_config.ConfigException:
+                return from_file()  # ~/.kube/config or $KUBECONFIG
+        except (k8s_config.ConfigException, OSError, yaml.YAMLError) as error:
+            where = self.kubeconfig or "$KUBECONFIG or ~/.kube/config, and not in a cluster"
+            raise ValueError(
+                f"no usable Kubernetes configuration ({where}): {error}; pass --kubeconfig"
+            ) from None
 
     def _apply_network_policy(self) -> None:
         policy = self.render_network_policy()

@@ -48,6 +48,6 @@ def prepare_command(
 
         try:
             prepare(loaded, say=console.print, progress=progress)
-        except (PrepareError, InstanceError) as error:
+        except (PrepareError, InstanceError, OSError) as error:  # an `out` that is a file
             console.print(f"[red]error:[/red] {error}")
             raise typer.Exit(2) from error
