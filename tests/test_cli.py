@@ -366,3 +366,28 @@ def test_an_output_folder_that_is_a_file_is_one_line(tmp_path: Path) -> None:
         assert result.returncode == 1, (arguments, said)
         assert "Traceback" not in said, arguments
         assert f"error: [Errno 17] File exists: '{taken}'" in said, said
+
+
+def test_the_controller_stops_at_once_while_the_gateway_does_not_answer() -> None:
+    """Its reconcile pass retried each call for two minutes, and SIGINT waited as long."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reins", *CONTROLLER, "http://127.0.0.1:1", "--api-key", "k"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("REINS_")},
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "controller up" in line:
+                break
+        time.sleep(1)  # its first pass is now retrying a call
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        proc.wait(timeout=30)
+        assert time.monotonic() - sent < 15
+        assert "controller stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

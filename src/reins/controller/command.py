@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Mapping
@@ -115,6 +116,10 @@ def _template(path: Path, flag: str) -> str:
         raise ValueError(f"{flag} {path}: cannot read it ({error})") from None
 
 
+STOP_GRACE_S = 5.0
+"""How long a stop (SIGINT, SIGTERM) waits for a reconcile pass in progress."""
+
+
 async def serve(options: ControllerOptions) -> None:
     """Runs the controller until SIGINT or SIGTERM (local agents are then killed)."""
     reconciler = build_reconciler(options)
@@ -139,7 +144,20 @@ async def serve(options: ControllerOptions) -> None:
             options.max_parallel,
             options.gateway,
         )
-        await controller.run(stop)
+        run = asyncio.ensure_future(controller.run(stop))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not run.done():
+                # A pass waiting on a gateway that does not answer retries its call for two
+                # minutes, and the stop waited as long: it now waits a few seconds for the pass,
+                # then cuts it (the run's own `finally` still stops the agents).
+                await asyncio.wait({run}, timeout=STOP_GRACE_S)
+                run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
+        finally:
+            stopped.cancel()
         stats = controller.stats
         log.info(
             "controller stopped: %d launched, %d succeeded, %d retried, %d failed, %d adopted",
