@@ -217,7 +217,7 @@ def prepare_blob_split(conn: sa.Connection) -> int | None:
     """PostgreSQL: the storage `split_blob` counts on (a head out of the row, uncompressed: the
     blob is compressed already; the rest in it), set once; the chunk size to split at. None
     (blobs stored whole, as before) when the table's storage cannot be set: a role that does
-    not own it."""
+    not own it, or a lock not granted within 10 s."""
     storage = {
         name: str(kind)
         for name, kind in conn.execute(
@@ -230,12 +230,16 @@ def prepare_blob_split(conn: sa.Connection) -> int | None:
     if storage != {"packed": "m", "packed_head": "e"}:
         try:
             with conn.begin_nested():
+                # Once, at the first start after the upgrade: the ALTER's lock waits for the
+                # other gateways' transactions on events, and queues theirs behind it meanwhile.
+                conn.execute(sa.text("SET LOCAL lock_timeout = '10s'"))
                 conn.execute(
                     sa.text(
                         "ALTER TABLE events ALTER COLUMN packed SET STORAGE MAIN, "
                         "ALTER COLUMN packed_head SET STORAGE EXTERNAL"
                     )
                 )
+                conn.execute(sa.text("SET LOCAL lock_timeout = DEFAULT"))
         except sa.exc.DBAPIError as error:
             logger.warning(
                 "packed calls are stored whole, not split for TOAST's pages (up to ~25 %% more "
