@@ -91,6 +91,13 @@ def test_without_a_policy_every_task_the_static_filters_keep_is_split(tmp_path: 
     assert result.report["difficulty"] == {"skipped": "no policy given"}
 
 
+def test_a_split_that_leaves_nothing_to_train_on_is_refused(tmp_path: Path) -> None:
+    """It wrote empty files and exited 0."""
+    with pytest.raises(PrepareError, match="no task is left to train on: 19 passed the filters"):
+        prepare(config(tmp_path, test_size=100_000), say=lambda line: None)
+    assert not (tmp_path / "out" / "train.jsonl").exists()
+
+
 def test_rollouts_that_failed_to_run_are_no_verdict(
     shipped: tuple[list[Instance], dict[str, RepoSource]], tmp_path: Path
 ) -> None:

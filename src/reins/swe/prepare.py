@@ -272,6 +272,11 @@ def prepare(
     random.Random(config.seed).shuffle(order)
     test, train = order[: config.test_size], order[config.test_size :]
     say(f"{'split':>24}: {len(train):>8,} train + {len(test):,} test")
+    if not train:  # it wrote empty files and exited 0
+        raise PrepareError(
+            f"no task is left to train on: {len(order)} passed the filters and test_size takes "
+            f"{config.test_size}; check the instances and repos, or lower test_size"
+        )
     config.out.mkdir(parents=True, exist_ok=True)
     for name, part in (("train", train), ("test", test)):
         with (config.out / f"{name}.jsonl").open("w") as out:
