@@ -8,6 +8,7 @@ import platform
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -427,3 +428,15 @@ def test_two_commands_asked_at_once_run_one_after_the_other(sandbox: Sandbox) ->
     first.join()
     assert results["a"].limit == "wall time"
     assert (results["b"].exit_code, results["b"].output) == (0, "second\n")
+
+
+def test_the_stubs_of_a_process_that_died_unclosed_are_removed(tmp_path: Path) -> None:
+    """Left in the temporary folder for ever (the cgroups of such a process were removed)."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = Path(tempfile.gettempdir()) / f"reins-sandbox-stubs-{dead.pid}-x"
+    stale.mkdir()
+    (stale / "git").write_text("")
+    with Sandbox(tmp_path / "rollout", FAST, disabled_commands=("git",)) as box:
+        assert not stale.exists()
+        assert box.run("git status").exit_code == 126

@@ -206,6 +206,23 @@ def _unfit(text: str, what: str) -> str | None:
     return None
 
 
+_STUBS_PREFIX = "reins-sandbox-stubs-"
+
+
+def _remove_stale_stubs() -> None:
+    """The stub folders of processes that died without `close()` (as their cgroups are)."""
+    for stale in Path(tempfile.gettempdir()).glob(f"{_STUBS_PREFIX}*"):
+        pid = stale.name.removeprefix(_STUBS_PREFIX).split("-")[0]
+        if not pid.isdigit():
+            continue  # made before the folders were named by their process
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except OSError:  # alive, another user's
+            pass
+
+
 _DISABLED_STUB = """#!/bin/sh
 echo "{name}: disabled in this sandbox (reins)" >&2
 exit 126
@@ -402,7 +419,8 @@ class Sandbox:
             if not name or "/" in name:
                 raise ValueError(f"{name!r} is not a command name")
         if disabled_commands:
-            self._stubs = Path(tempfile.mkdtemp(prefix="reins-sandbox-stubs-"))
+            _remove_stale_stubs()
+            self._stubs = Path(tempfile.mkdtemp(prefix=f"{_STUBS_PREFIX}{os.getpid()}-"))
             for name in disabled_commands:
                 stub = self._stubs / name
                 stub.write_text(_DISABLED_STUB.format(name=name))
