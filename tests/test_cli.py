@@ -179,6 +179,17 @@ def test_a_file_that_is_not_a_database_and_an_unknown_url_are_one_line(tmp_path:
         assert "Traceback" not in result.stderr
 
 
+def reins(arguments: list[str]) -> subprocess.CompletedProcess[str]:
+    """`reins ARGUMENTS` run as a user runs it, without the REINS_* variables of this process."""
+    return subprocess.run(
+        [sys.executable, "-m", "reins", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("REINS_")},
+    )
+
+
 CONTROLLER = ["controller", "--runner", "local", "--agent", "true", "--gateway"]
 KUBERNETES = [
     *("controller", "--runner", "kubernetes", "--agent", "true"),
@@ -233,13 +244,7 @@ KUBERNETES = [
 def test_a_mistaken_argument_is_one_line_and_exit_2(arguments: list[str], words: str) -> None:
     """Each was a traceback, a hang (an engine serving no sequence), a two-minute retry of a URL
     that is none, or an attempt timing out at once."""
-    result = subprocess.run(
-        [sys.executable, "-m", "reins", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={k: v for k, v in os.environ.items() if not k.startswith("REINS_")},
-    )
+    result = reins(arguments)
     said = " ".join((result.stdout + result.stderr).replace("│", " ").split())
     assert result.returncode == 2, said
     assert words in said
@@ -355,13 +360,7 @@ def test_an_output_folder_that_is_a_file_is_one_line(tmp_path: Path) -> None:
         ["model", "prepare", "--cache-dir", str(taken)],
         [*CONTROLLER, "http://127.0.0.1:1", "--api-key", "k", "--log-dir", str(taken)],
     ):
-        result = subprocess.run(
-            [sys.executable, "-m", "reins", *arguments],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={k: v for k, v in os.environ.items() if not k.startswith("REINS_")},
-        )
+        result = reins(arguments)
         said = " ".join((result.stdout + result.stderr).split())
         assert result.returncode == 1, (arguments, said)
         assert "Traceback" not in said, arguments
