@@ -53,6 +53,12 @@ def test_a_run_that_exits_keeps_its_status_and_output(tmp_path: Path) -> None:
     [
         ([], DoctorOptions(), "no harness command"),
         (["true"], DoctorOptions(runs=0), "--runs must be at least 1"),
+        (["true"], DoctorOptions(tokenizer=Path("/tmp")), "--tokenizer goes with --engine"),
+        (
+            ["true"],
+            DoctorOptions(engine_url="http://127.0.0.1:9/v1", model=Path("/tmp")),
+            "--model is the embedded",
+        ),
     ],
 )
 def test_a_doctor_without_a_command_or_runs_refuses(
@@ -60,3 +66,13 @@ def test_a_doctor_without_a_command_or_runs_refuses(
 ) -> None:
     with pytest.raises(DoctorError, match=message):
         run_doctor(argv, options)
+
+
+def test_a_tokenizer_folder_that_is_missing_or_empty_is_named(tmp_path: Path) -> None:
+    # Not transformers' hub message ("Repo id must use alphanumeric chars...").
+    engine = "http://127.0.0.1:9/v1"
+    missing = tmp_path / "missing"
+    with pytest.raises(DoctorError, match=f"--tokenizer {missing}: no such folder"):
+        run_doctor(["true"], DoctorOptions(engine_url=engine, tokenizer=missing))
+    with pytest.raises(DoctorError, match="no tokenizer there"):
+        run_doctor(["true"], DoctorOptions(engine_url=engine, tokenizer=tmp_path))

@@ -94,6 +94,22 @@ def test_completion_alternatives_include_the_sampled_token(embedded: ServedEngin
         assert list(shown.values()) == pytest.approx(list(expected.values()), abs=1e-4)
 
 
+def test_a_token_holding_part_of_a_character_starts_where_the_character_does(
+    embedded: ServedEngine,
+) -> None:
+    """`text_offset` indexes `text`: "你" is two tokens here, both at 0 (the tokens' own texts,
+    one U+FFFD each, added up to offsets past the text's end)."""
+    prompt = "Q: Say 你好 and 😀\nA:"
+    constrained = {"structured_outputs": {"regex": "你好😀"}, "temperature": 0, "logprobs": 0}
+    choice = complete(embedded, prompt, max_tokens=6, **constrained)["choices"][0]
+    texts = embedded.engine.token_texts
+    raw = [bytes(texts(token)[1]) for token in choice["token_ids"]]
+    assert b"".join(raw).startswith("你好".encode()), choice
+    whole = [len(b"".join(raw[:i]).decode(errors="ignore")) for i in range(len(raw))]
+    assert choice["logprobs"]["text_offset"] == whole
+    assert whole[:2] == [0, 0] and max(whole) < len(choice["text"])
+
+
 def test_a_completion_without_logprobs_lists_no_alternatives(embedded: ServedEngine) -> None:
     choice = complete(embedded, "Le café", max_tokens=3, temperature=0)["choices"][0]
     assert choice["logprobs"]["top_logprobs"] is None

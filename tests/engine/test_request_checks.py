@@ -25,8 +25,12 @@ HI = [{"role": "user", "content": "Say hi."}]
         ({"tools": [{"type": "function"}]}, 'tools[0] must be {"type": "function"'),
         ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function needs a `name`"),
         ({"max_tokens": 4, "min_tokens": 5}, "min_tokens (5) must not be more than max_tokens (4)"),
+        ({"stream_options": {"include_usage": True}}, "`stream_options` can only be set with"),
     ],
-    ids=["top-logprobs-21", "top-logprobs-alone", "role", "no-function", "no-name", "min-over-max"],
+    ids=[
+        *("top-logprobs-21", "top-logprobs-alone", "role", "no-function", "no-name"),
+        *("min-over-max", "stream-options-alone"),
+    ],
 )
 def test_a_request_openai_refuses_is_400(
     embedded: ServedEngine, fields: dict[str, Any], says: str

@@ -186,8 +186,12 @@ def test_run_pages_draw_the_trainers_curves(gateway: Gateway, runs_dir: Path) ->
 
 
 def test_dashboard_works_without_runs_dir(gateway: Gateway, runs_dir: Path) -> None:
-    runs_dir.rmdir()
     assert "No run yet" in gateway.http.get("/ui/runs").text
+    runs_dir.rmdir()
+    assert f"<code>{runs_dir}</code> does not exist (yet)." in gateway.http.get("/ui/runs").text
+    assert gateway.http.get("/ui").status_code == 200
+    runs_dir.write_text("a file where runs should be")
+    assert f"<code>{runs_dir}</code> is not a folder" in gateway.http.get("/ui/runs").text
     assert gateway.http.get("/ui").status_code == 200
 
 

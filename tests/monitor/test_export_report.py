@@ -183,7 +183,10 @@ def test_report_says_what_is_wrong(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no metrics"):
         write_report(tmp_path)
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "note": "warming up"}\n')
-    with pytest.raises(ReportError, match="no numeric metrics"):
+    with pytest.raises(ReportError, match=r"no numeric metrics yet \(1 steps read\)"):
+        write_report(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5\n[1, 2]\n')
+    with pytest.raises(ReportError, match=r"\(0 steps read; 2 lines skipped, not JSON objects\)"):
         write_report(tmp_path)
 
 

@@ -107,12 +107,20 @@ def _embedded(model: Path | None) -> Iterator[tuple[str, Detokenizer, Callable[[
 
 
 def _tokenizer(folder: Path) -> Detokenizer:
+    folder = folder.expanduser()
+    if not folder.is_dir():
+        # Else transformers reads the path as a hub repository id and says so.
+        raise DoctorError(f"--tokenizer {folder}: no such folder")
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise DoctorError(
+            f"--tokenizer {folder}: no tokenizer there (tokenizer.json or tokenizer_config.json)"
+        )
     try:
         from transformers import AutoTokenizer
     except ImportError as error:
         raise DoctorError("--tokenizer needs transformers: pip install 'reins[train]'") from error
     try:
-        return Detokenizer(AutoTokenizer.from_pretrained(str(folder.expanduser())))
+        return Detokenizer(AutoTokenizer.from_pretrained(str(folder)))
     except (OSError, ValueError) as error:
         raise DoctorError(f"cannot load a tokenizer from {folder}: {error}") from error
 
@@ -247,6 +255,10 @@ def run_doctor(
         )
     if options.runs < 1:
         raise DoctorError(f"--runs must be at least 1, not {options.runs}")
+    if options.engine_url is None and options.tokenizer is not None:
+        raise DoctorError("--tokenizer goes with --engine (the embedded engine has its own)")
+    if options.engine_url is not None and options.model is not None:
+        raise DoctorError("--model is the embedded engine's; with --engine, pass --tokenizer")
     runs: list[HarnessRun] = []
     base = {k: v for k, v in os.environ.items() if k != "REINS_API_KEY"}
     base.setdefault("PYTHONUNBUFFERED", "1")

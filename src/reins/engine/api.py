@@ -13,6 +13,7 @@ the distribution whose logprob the sampled token reports.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import json
 import time
@@ -88,6 +89,13 @@ class _Request(BaseModel):
     """Structured output (`constraint.py`): `{"type": "json_object"}`, or `json_schema`."""
     structured_outputs: Any = None
     """vLLM's structured output field (`json`, `regex`, `choice`, `grammar`, `json_object`)."""
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> Any:
+        """As vLLM and OpenAI refuse them (an empty object passes, as in vLLM)."""
+        if self.stream_options and not self.stream:
+            raise ValueError("`stream_options` can only be set with `stream: true`")
+        return self
 
     @field_validator("n", mode="before")
     @classmethod
@@ -506,7 +514,10 @@ class _Choice:
         self.logprobs: list[float] = []
         self.tops: list[Alternatives] = []
         self.text_offsets: list[int] = [0]
-        """Completions' `text_offset`: where each token's text starts (one more: the end)."""
+        """Completions' `text_offset`: where each token's text starts in `text` (one more: the
+        end). A token holding part of a character starts where that character does."""
+        self.characters = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        """The tokens' bytes so far as characters, for the offsets."""
         self.shown = ""
         self.sent = 0
         """Tokens a stream has sent."""
@@ -665,7 +676,8 @@ class _Call:
         tokens = [texts.text(token) for token in choice.token_ids[start:end]]
         offsets = choice.text_offsets
         while len(offsets) <= end:
-            offsets.append(offsets[-1] + len(texts.text(choice.token_ids[len(offsets) - 1])))
+            raw = texts(choice.token_ids[len(offsets) - 1])[1]
+            offsets.append(offsets[-1] + len(choice.characters.decode(bytes(raw))))
         top: list[dict[str, float]] | None = None
         if isinstance(self.body, CompletionRequest) and self.body.logprobs is not None:
             top = [

@@ -497,7 +497,15 @@ async def runs_page(request: Request) -> HTMLResponse:
     # Runs are read in a thread, here and below: a run's metrics.jsonl grows to megabytes, and
     # reading it on the event loop held up every request of the gateway, the proxy's included.
     runs = await asyncio.to_thread(list_runs, settings.runs_dir)
-    return _html("runs.html", runs=runs, runs_dir=settings.runs_dir)
+    folder = settings.runs_dir
+    problem = (
+        "does not exist (yet)"
+        if not folder.exists()
+        else "is not a folder: point REINS_RUNS_DIR at the trainer's runs_dir"
+        if not folder.is_dir()
+        else None
+    )
+    return _html("runs.html", runs=runs, runs_dir=folder, problem=problem)
 
 
 def _run_context(request: Request, name: str) -> dict[str, Any]:

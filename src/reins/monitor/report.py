@@ -77,6 +77,12 @@ def draw(ax: Axes, chart: Chart) -> None:
     ax.legend(fontsize=7, loc="best")
 
 
+def _skipped(lines: int) -> str:
+    if not lines:
+        return ""
+    return f"; {lines} line{'s' if lines > 1 else ''} skipped, not JSON objects"
+
+
 def write_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     """Writes the PNGs of the run in `run_dir` into `out_dir` (default `<run_dir>/report`);
     returns their paths, overview first."""
@@ -86,7 +92,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     if not found:
         raise ReportError(
             f"{run_dir / 'metrics.jsonl'} has no numeric metrics yet "
-            f"({len(run.steps)} steps read): nothing to plot"
+            f"({len(run.steps)} steps read{_skipped(run.skipped_lines)}): nothing to plot"
         )
     out_dir = out_dir or run_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
