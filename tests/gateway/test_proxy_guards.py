@@ -19,8 +19,9 @@ import sqlalchemy as sa
 
 from reins.gateway.admission import AdmissionGate
 from reins.gateway.proxy import LLMProxy, UnrecordableAnswer
+from reins.gateway.store import Conflict
 from reins.gateway.store.sql import SqlStore
-from reins.schemas import AttemptCreate, ModelRequest, RolloutSpec
+from reins.schemas import AttemptCreate, ModelRequest, RolloutSpec, RolloutUpdate
 from tests.conftest import Gateway
 from tests.stub_engine import StubEngine, encode
 
@@ -516,6 +517,8 @@ async def test_an_answer_its_record_cannot_hold_is_recorded_as_a_failed_call(
         await store.create_rollouts([RolloutSpec(rollout_id="r")])
         await store.open_attempt("r", AttemptCreate())
         proxy = LLMProxy(store, AdmissionGate(10.0), {})
+        observed: list[int] = []
+        proxy.on_record = lambda call: observed.append(call.status)
         record = ModelRequest(
             request={"model": "policy", "input": "hi"},
             response={"output": [{"type": "custom_tool_call", "input": "\ud800"}]},
@@ -530,5 +533,12 @@ async def test_an_answer_its_record_cannot_hold_is_recorded_as_a_failed_call(
         assert "the engine's answer cannot be recorded" in event.data["error"]
         assert event.data["request"] == record.request
         assert (event.data["response"], event.data["response_token_ids"]) == ({}, [])
+        assert observed == [502]  # the metrics count it as recorded, not as the engine's 200
+        await store.update_rollout(
+            "r", RolloutUpdate.model_validate({"status": {"state": "succeeded"}})
+        )
+        with pytest.raises(Conflict):
+            await proxy._record("r", 1, [record.model_copy(update={"response": {}})])
+        assert observed == [502]  # nor a call its closed attempt refused
     finally:
         await store.close()

@@ -191,7 +191,7 @@ async def test_rollout_stats_give_the_latest_attempts_serving_versions(gateway: 
     async with GatewayClient(gateway.url, gateway.api_key) as client:
         await client.create_rollouts([RolloutSpec(rollout_id=r) for r in ("a", "b")])
         await client.open_attempt("a", attempt_id=1)
-        for n, version in enumerate((3, 5)):
+        for n, version in enumerate((3, 2**53 + 1)):  # past a double's integers
             data = {**main[n], "model_version": version}
             event = EventIn(type="model_request", data=data, idempotency_key=f"c{n}")
             await client.post_events("a", 1, [event])
@@ -205,7 +205,7 @@ async def test_rollout_stats_give_the_latest_attempts_serving_versions(gateway: 
         with pytest.raises(GatewayError) as missing:
             await client.rollout_stats(["a", "nope"])
     a, b = first["a"], first["b"]
-    assert (a.calls, a.min_version, a.max_version, a.reward) == (2, 3, 5, 0.25)
+    assert (a.calls, a.min_version, a.max_version, a.reward) == (2, 3, 2**53 + 1, 0.25)
     assert a.prompt_tokens == len(main[0]["prompt_token_ids"]) + len(main[1]["prompt_token_ids"])
     assert (b.calls, b.min_version, b.max_version, b.reward, b.events) == (0, None, None, None, 0)
     assert (retried["a"].calls, retried["a"].min_version, retried["a"].max_version) == (1, 7, 7)

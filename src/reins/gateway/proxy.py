@@ -920,9 +920,6 @@ class LLMProxy:
             )
             for record in records
         ]
-        if self.on_record is not None:
-            for record in records:
-                self.on_record(record)
         # Checked as the harness's own event posts are: a call still in flight when its rollout
         # ended (or its attempt was superseded) is not appended after the trainer may have read
         # the rollout. `Conflict` reaches `unless_abandoned`, which answers 409; a stream ends
@@ -943,7 +940,16 @@ class LLMProxy:
                     for event, f in zip(events, failed, strict=True)
                 ],
             )
+            self._observe(failed)
             raise UnrecordableAnswer(message) from refused
+        self._observe(records)
+
+    def _observe(self, records: list[ModelRequest]) -> None:
+        """The metrics count calls as recorded: not a call whose attempt closed (409) or whose
+        store was down, nor an answer its record could not hold as it was."""
+        if self.on_record is not None:
+            for record in records:
+                self.on_record(record)
 
 
 def _failed_record(record: ModelRequest, message: str) -> ModelRequest:

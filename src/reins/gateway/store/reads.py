@@ -175,7 +175,9 @@ class DashboardReads:
             kind = sa.func.json_type(column, path)
             return sa.case((kind.in_(["integer", "real"]), sa.func.json_extract(column, path)))
         is_number = sa.func.json_typeof(column[key]) == "number"
-        return unless_nul(column, sa.case((is_number, column[key].as_float())))
+        # NUMERIC, not a double: a version past 2**53 stays exact (SQLite's are 64-bit ints).
+        exact = sa.cast(column[key].as_string(), sa.Numeric)
+        return unless_nul(column, sa.case((is_number, exact)))
 
     def _json_length(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[Any]:
         """Length of the JSON array `column[key]`; 0 when it is not an array."""
