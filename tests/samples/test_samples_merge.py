@@ -13,6 +13,23 @@ def test_dedup_keeps_the_last_of_identical_prompts() -> None:
     assert [c.seq for c in dedup_calls(calls)] == [2, 3]
 
 
+def test_dedup_keeps_the_choice_the_harness_went_on_with() -> None:
+    """A call with `n: 2` is two records with one prompt; the harness went on with choice 0.
+    Keeping the last (choice 1) trained an answer nobody used and split the rollout there."""
+    choice_0 = call([1, 2], [3, 4], seq=1)
+    choice_1 = call([1, 2], [5, 6], seq=2)
+    next_turn = continuing(choice_0, [7], [8], seq=3)
+    kept = dedup_calls([choice_0, choice_1, next_turn])
+    assert [c.seq for c in kept] == [1, 3]
+    (sequence,), splits = merge_calls(kept)
+    assert splits == [] and sequence.token_ids.tolist() == [1, 2, 3, 4, 7, 8]
+    # Choice 1 taken, or a retry (the harness goes on with the last answer): the last is kept.
+    went_on = continuing(choice_1, [7], [8], seq=3)
+    assert [c.seq for c in dedup_calls([choice_0, choice_1, went_on])] == [2, 3]
+    # Nothing after them continues either (the rollout ended there): the last, as before.
+    assert [c.seq for c in dedup_calls([choice_0, choice_1, call([9], [9], seq=3)])] == [2, 3]
+
+
 def test_dedup_keeps_prompts_that_differ_only_in_a_token() -> None:
     calls = [call([1, 2], [3], seq=1), call([1, 5], [3], seq=2)]
     assert [c.seq for c in dedup_calls(calls)] == [1, 2]

@@ -172,3 +172,25 @@ def test_token_ids_take_an_int32_array_as_it_is_and_refuse_other_arrays() -> Non
         np.array([3.0, 4.0]),
     ):
         assert token_ids(refused) is None, refused
+
+
+@pytest.mark.parametrize(
+    ("ids", "says"),
+    [
+        (np.array([2**32 + 7]), "must be from 0 to 2\\*\\*31 - 1, got 4294967303"),
+        (np.array([1.9, 3.0]), "must be integers, got float64"),
+        ([-1, 2], "must be from 0 to 2\\*\\*31 - 1, got -1"),
+        ([True, False], "must be integers, got bool"),
+        ([2**70], "must be integers, got object"),
+    ],
+)
+def test_a_call_refuses_token_ids_a_cast_would_change(ids: Any, says: str) -> None:
+    """A built record (tests, benchmarks, other readers) was cast silently: 2**32 + 7 read as 7,
+    1.9 as 1."""
+    with pytest.raises(ValueError, match=f"token IDs {says}"):
+        Call(ids, [5])
+    with pytest.raises(ValueError, match=f"token IDs {says}"):
+        Call([5], ids)
+    kept = np.array([3, 4], dtype=np.int32)
+    assert Call(kept, [5]).prompt is kept  # an int32 array is not copied
+    assert Call(np.array([3, 4], dtype=np.uint16), [5]).prompt.tolist() == [3, 4]

@@ -220,6 +220,29 @@ def test_a_step_with_no_gradient_anywhere_moves_no_weight(tiny_model_dir: Path) 
     assert backend.train_step(batch).optimizer_steps == 1  # the next signal steps again
 
 
+def test_a_gradient_with_a_nan_is_not_stepped_on(tiny_model_dir: Path) -> None:
+    """One NaN in the loss (an advantage from a NaN reward, an overflow) made every weight NaN,
+    which was then checkpointed and served: the step is skipped and counted instead."""
+    from dataclasses import replace
+
+    batch = make_batch(groups=1, per_group=2)
+    poisoned = replace(
+        batch,
+        sequences=[replace(s, advantage=float("nan")) if i == 0 else s for i, s in
+                   enumerate(batch.sequences)],
+    )  # fmt: skip
+    backend = load(tiny_model_dir)
+    before = parameters(backend)
+    stats = backend.train_step(poisoned)
+    assert (stats.optimizer_steps, stats.nonfinite_steps, stats.grad_norm) == (0, 1, 0.0)
+    assert stats.as_metrics()["policy/nonfinite_steps_skipped"] == 1.0
+    for a, b in zip(before, parameters(backend), strict=True):
+        assert torch.equal(a, b)
+    stats = backend.train_step(batch)  # the next finite gradient steps
+    assert (stats.optimizer_steps, stats.nonfinite_steps) == (1, 0) and stats.grad_norm > 0
+    assert all(bool(p.isfinite().all()) for p in parameters(backend))
+
+
 def checkpointing(model: Any) -> bool:
     if hasattr(type(model), "is_activation_checkpointing"):  # transformers 5 renamed it
         return bool(model.is_activation_checkpointing)

@@ -45,3 +45,24 @@ def test_an_override_that_is_not_yaml_and_a_file_not_utf8_are_config_errors(
     latin1.write_bytes("tasks: café.jsonl\n".encode("latin-1"))
     with pytest.raises(ConfigError, match=r"cannot read .*latin1\.yaml: 'utf-8' codec"):
         load_config(latin1)
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("lr=.inf", "lr: Input should be a finite number"),
+        ("fill_reward=.nan", "fill_reward: Input should be a finite number"),
+        ("fill_reward=1e13", "fill_reward: Input should be less than or equal to 1000000000000"),
+        ("train_temperature=.inf", "train_temperature: Input should be a finite number"),
+        ("betas=[.nan, 0.9]", r"betas\.0: Input should be a finite number"),
+        ("lora.dropout=.nan", r"lora\.dropout: Input should be a finite number"),
+        ("group_size=1", "group_size: Input should be greater than or equal to 2"),
+    ],
+)
+def test_values_that_would_train_nothing_or_nan_weights_are_refused(
+    tmp_path: Path, override: str, says: str
+) -> None:
+    """`lr: .inf` and `fill_reward: .nan` were accepted and made every weight NaN (then
+    checkpointed and served); a group of one has no baseline, so every advantage was 0."""
+    with pytest.raises(ConfigError, match=f"^invalid training config: {says}"):
+        load_config(write_config(tmp_path), [override])

@@ -317,6 +317,51 @@ def test_a_checkpoint_whose_rng_state_is_damaged_is_refused_before_loading(
     assert str(refused.value).endswith(f"to resume from {first.name}, the one before it")
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("next_step", "1", "next_step holds '1', not an integer >= 0"),
+        ("weight_version", "x", "weight_version holds 'x', not an integer >= 0"),
+        ("data_position", -5, "data_position holds -5, not an integer >= 0"),
+        ("lineage", [0, True], "lineage holds True, not an integer >= 0"),
+        ("pending", 3, "pending is 3, not a list"),
+        ("record", [1], r"record is \[1\], not an object"),
+    ],
+)
+def test_a_checkpoint_whose_counts_are_damaged_is_refused_before_loading(
+    tmp_path: Path, tiny_model_dir: Path, field: str, value: Any, says: str
+) -> None:
+    """A count written as a string was a TypeError traceback at the first comparison, and a
+    negative one resumed as if valid."""
+    run = config(tmp_path, tiny_model_dir)
+    _, second = damaged_checkpoints(run, tiny_model_dir)
+    saved = json.loads((second / "trainer.json").read_text())
+    (second / "trainer.json").write_text(json.dumps({**saved, field: value}))
+    with pytest.raises(resume.ResumeError, match=f"cannot be loaded \\(trainer.json: {says}\\)"):
+        asyncio.run(train(run, resume=True))
+
+
+def test_checkpoints_are_ordered_by_step_number_and_other_folders_left_alone(
+    tmp_path: Path,
+) -> None:
+    """Sorted by name, a user's `step-000001-copy` was the latest (a resume went back to it) and
+    pruning deleted real checkpoints to keep it; a step past 999999 sorted first."""
+
+    class Saves:
+        def save_checkpoint(self, folder: Path) -> None:
+            folder.mkdir(parents=True)
+
+    root = tmp_path / "checkpoints"
+    (root / "step-000001-copy").mkdir(parents=True)
+    for step in (999_999, 1_000_000, 1_000_001):
+        state = checkpoint.TrainerState(step, 0, 0, {}, [0])
+        checkpoint.save(tmp_path, Saves(), state, keep=2)  # type: ignore[arg-type]
+    assert sorted(p.name for p in root.iterdir()) == [
+        "step-000001-copy", "step-1000000", "step-1000001",
+    ]  # fmt: skip
+    assert checkpoint.latest(tmp_path) == root / "step-1000001"
+
+
 # -- metrics on resume (pure) ----------------------------------------------------------------
 
 

@@ -63,10 +63,14 @@ class MergedSequence:
 
 
 def dedup_calls(calls: Sequence[Call]) -> list[Call]:
-    """Drop retried calls: of calls with identical prompts, keep only the last (paper 3.2).
+    """Drop retried calls: of calls with identical prompts, keep one (paper 3.2): the last one
+    whose prompt + response a later call's prompt continues, else the last.
 
-    The kept calls stay in their order. Prompts are bucketed by length first, so only prompts of
-    equal length are ever compared.
+    A retry's harness goes on with the last answer, which this keeps. The choices of one call
+    with `n > 1` (one record each, the same prompt) are kept as the one the harness went on
+    with, whichever it took: keeping the last alone trained a choice nobody used and cut the
+    rollout where the harness's next prompt continued another. The kept calls stay in their
+    order. Prompts are bucketed by length first, so only prompts of equal length are compared.
     """
     by_len: dict[int, list[int]] = {}
     for i, call in enumerate(calls):
@@ -75,15 +79,26 @@ def dedup_calls(calls: Sequence[Call]) -> list[Call]:
     for idxs in by_len.values():
         if len(idxs) < 2:
             continue
-        last: dict[bytes, int] = {}
+        same: dict[bytes, list[int]] = {}
         for i in idxs:
-            key = calls[i].prompt.tobytes()
-            if key in last:
-                dropped.add(last[key])
-            last[key] = i
+            same.setdefault(calls[i].prompt.tobytes(), []).append(i)
+        for group in same.values():
+            if len(group) > 1:
+                kept = _continued(calls, group)
+                dropped.update(i for i in group if i != kept)
     if not dropped:
         return list(calls)
     return [c for i, c in enumerate(calls) if i not in dropped]
+
+
+def _continued(calls: Sequence[Call], group: list[int]) -> int:
+    """Of calls `group` (indices, in order, one prompt), the last that a call after them
+    continues; the last of them when none is continued."""
+    later = calls[group[-1] + 1 :]
+    for i in reversed(group):
+        if any(_continues(calls[i], call.prompt) for call in later):
+            return i
+    return group[-1]
 
 
 def _continues(prev: Call, prompt: TokenArray) -> bool:

@@ -22,11 +22,20 @@ LogprobArray = NDArray[np.float32]
 
 
 def as_tokens(ids: Sequence[int] | NDArray[np.integer]) -> TokenArray:
-    """A 1-D int32 array of token IDs (no copy when ``ids`` already is one)."""
-    arr = np.asarray(ids, dtype=np.int32)
-    if arr.ndim != 1:
-        raise ValueError(f"token IDs must be 1-D, got shape {arr.shape}")
-    return arr
+    """A 1-D int32 array of token IDs (no copy when ``ids`` already is one); a ValueError for
+    IDs that are not integers from 0 to 2**31 - 1 (a cast would wrap 2**32 + 7 to 7 and cut 1.9
+    to 1, silently)."""
+    source = ids if isinstance(ids, np.ndarray) else np.asarray(ids)
+    if source.ndim != 1:
+        raise ValueError(f"token IDs must be 1-D, got shape {source.shape}")
+    if not source.size:
+        return source.astype(np.int32, copy=False)
+    if source.dtype.kind not in "iu":
+        raise ValueError(f"token IDs must be integers, got {source.dtype} values")
+    low, high = int(source.min()), int(source.max())
+    if low < 0 or high > _INT32_MAX:
+        raise ValueError(f"token IDs must be from 0 to 2**31 - 1, got {low if low < 0 else high}")
+    return source.astype(np.int32, copy=False)
 
 
 @dataclass(slots=True)

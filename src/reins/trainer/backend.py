@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,9 @@ class StepStats:
     response_tokens: int = 0
     trained_tokens: int = 0
     optimizer_steps: int = 0
+    nonfinite_steps: int = 0
+    """Optimizer steps not taken: the gradient held an inf or a NaN (one step would have made
+    every weight NaN)."""
     skipped_sequences: int = 0
     """Sequences with advantage 0 (and no KL penalty or entropy bonus): no gradient, so no
     forward or backward."""
@@ -77,6 +81,7 @@ class StepStats:
             "loss": self.loss,
             "policy/grad_norm": self.grad_norm,
             "policy/optimizer_steps": float(self.optimizer_steps),
+            "policy/nonfinite_steps_skipped": float(self.nonfinite_steps),
         }
         if self.response_tokens:  # measured on the sequences that were run
             out["policy/entropy"] = self.entropy
@@ -243,6 +248,7 @@ class TorchBackend:
             self.model.eval()
         if self.world_size > 1:
             self._sum_over_ranks(sums)
+        stepped = [norm for norm in grad_norms if math.isfinite(norm)]
         weight = max(sums.weight, 1e-12)
         return StepStats(
             loss=sums.loss,
@@ -250,10 +256,11 @@ class TorchBackend:
             clip_fraction=sums.clipped / weight,
             logprob_gap=sums.gap / sums.gap_tokens if sums.gap_tokens else None,
             kl_initial=sums.kl / weight if self.reference is not None else None,
-            grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0,
+            grad_norm=float(np.mean(stepped)) if stepped else 0.0,
             response_tokens=sums.tokens,
             trained_tokens=sums.trained,
-            optimizer_steps=len(grad_norms),
+            optimizer_steps=len(stepped),
+            nonfinite_steps=len(grad_norms) - len(stepped),
             skipped_sequences=skipped,
             correction=correction,
         )
@@ -319,9 +326,11 @@ class TorchBackend:
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
             self._all_reduce(parameter.grad)
-        norm = torch.nn.utils.clip_grad_norm_(self.parameters, self.config.grad_clip)
-        self.optimizer.step()
-        return self._norm(norm)
+        norm = self._norm(torch.nn.utils.clip_grad_norm_(self.parameters, self.config.grad_clip))
+        if math.isfinite(norm):
+            # The norm is the whole model's (after the all-reduce): every rank decides alike.
+            self.optimizer.step()
+        return norm
 
     def _all_reduce(self, gradient: torch.Tensor) -> None:
         if self.world_size > 1:

@@ -120,13 +120,24 @@ def save(run_dir: Path, backend: Backend, state: TrainerState, *, keep: int) -> 
         _discard(final)
     staging.rename(final)
     _sync_folder(root)
-    for old in sorted(root.glob(f"{PREFIX}*"))[:-keep]:
+    for old in saved(root)[:-keep]:
         _discard(old)
     return final
 
 
+def saved(root: Path) -> list[Path]:
+    """The checkpoints in `root`, oldest first: folders named `step-` and a step number, in the
+    order of their numbers (a user's `step-1-copy` beside them is neither loaded nor pruned)."""
+    found = [
+        (int(path.name[len(PREFIX) :]), path)
+        for path in root.glob(f"{PREFIX}*")
+        if path.name[len(PREFIX) :].isascii() and path.name[len(PREFIX) :].isdigit()
+    ]
+    return [path for _, path in sorted(found)]
+
+
 def latest(run_dir: Path) -> Path | None:
-    found = sorted((run_dir / "checkpoints").glob(f"{PREFIX}*"))
+    found = saved(run_dir / "checkpoints")
     return found[-1] if found else None
 
 
@@ -169,10 +180,32 @@ def _sync_folder(folder: Path) -> None:
 
 
 def read_state(folder: Path) -> TrainerState:
-    state = TrainerState(**json.loads((folder / "trainer.json").read_text()))
+    """The checkpoint's `trainer.json`; a ValueError or TypeError saying what is wrong with it
+    (a count that is a string, say, failed later as a traceback, and a negative one resumed)."""
+    data = json.loads((folder / "trainer.json").read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"trainer.json holds a {type(data).__name__}, not an object")
+    state = TrainerState(**data)
+    for name in ("next_step", "data_position", "weight_version"):
+        _check_counts(name, [getattr(state, name)])
+    for name in ("lineage", "pending"):
+        values = getattr(state, name)
+        if not isinstance(values, list):
+            raise ValueError(f"trainer.json: {name} is {values!r}, not a list")
+        _check_counts(name, values)
+    for name in ("rng", "record", "stream"):
+        value = getattr(state, name)
+        if not isinstance(value, dict) and (value is not None or name == "rng"):
+            raise ValueError(f"trainer.json: {name} is {value!r}, not an object")
     if not state.lineage:  # a checkpoint written before lineages were kept
         state.lineage = [state.weight_version]
     return state
+
+
+def _check_counts(name: str, values: list[Any]) -> None:
+    for value in values:
+        if type(value) is not int or value < 0:
+            raise ValueError(f"trainer.json: {name} holds {value!r}, not an integer >= 0")
 
 
 def load(folder: Path, backend: Backend) -> TrainerState:

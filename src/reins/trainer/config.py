@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from reins.samples.advantage import AdvantageEstimator, AdvantageLevel
 from reins.samples.loss import LossAggregation
+from reins.schemas import REWARD_LIMIT
 
 
 class ConfigError(ValueError):
@@ -21,7 +22,7 @@ class ConfigError(ValueError):
 
 
 class LoraConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     r: int = Field(default=16, ge=1)
     """Rank of the adapters."""
@@ -36,7 +37,8 @@ class LoraConfig(BaseModel):
 
 
 class TrainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    # No inf or NaN anywhere: `lr: .inf` or `fill_reward: .nan` made every weight NaN.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     # -- run ---------------------------------------------------------------------------------
     run_name: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -55,8 +57,10 @@ class TrainConfig(BaseModel):
     """Held-out tasks, same format, run in `val` mode (greedy by default)."""
     tasks_per_step: int = Field(default=8, ge=1)
     """Tasks (GRPO groups) per policy update."""
-    group_size: int = Field(default=4, ge=1)
-    """Rollouts per task; client-chosen ids make a retried declare harmless."""
+    group_size: int = Field(default=4, ge=2)
+    """Rollouts per task; client-chosen ids make a retried declare harmless. At least 2: GRPO
+    and RLOO take each rollout's advantage against its group's others (a group of one has no
+    baseline, so every advantage would be 0 and nothing would train)."""
     val_every: int = Field(default=5, ge=0)
     """Validate before step 0 and every this many steps, and after the last (0: never)."""
     val_temperature: float | None = Field(default=0.0, ge=0)
@@ -79,7 +83,7 @@ class TrainConfig(BaseModel):
     """Attempts per rollout (a crash or a timeout opens the next one)."""
     failed_rollouts: Literal["drop_group", "fill"] = "drop_group"
     """A failed rollout drops its whole group from the update, or counts with `fill_reward`."""
-    fill_reward: float = 0.0
+    fill_reward: float = Field(default=0.0, ge=-REWARD_LIMIT, le=REWARD_LIMIT)
     """Reward of a failed rollout under `failed_rollouts: fill` (it trains on its calls, if any)."""
 
     # -- schedule ----------------------------------------------------------------------------

@@ -685,6 +685,11 @@ class Trainer:
             record["samples/response_tokens"] = sample_metrics.response_tokens
             record["samples/merge_token_saving"] = sample_metrics.merge_token_saving
             record["samples/mixed_version_sequences"] = sample_metrics.mixed_version_sequences
+            # Calls left out (retries and unused choices; failed or empty ones), and sequences
+            # past the micro-batch bound (each ran alone): none of these is an error.
+            record["samples/dedup_calls"] = sample_metrics.dedup_calls
+            record["samples/skipped_calls"] = sample_metrics.skipped_calls
+            record["samples/oversize_sequences"] = sample_metrics.oversize_sequences
             record.update(stats.as_metrics())
             record["samples/zero_advantage_skipped"] = stats.skipped_sequences
             busy = timings.get("time/rollout", 0.0) + update_s

@@ -122,8 +122,8 @@ def check_stream(point: ResumePoint, now: dict[str, Any], config: TrainConfig) -
 
 def damaged(folder: Path, error: BaseException) -> str:
     """Why `folder` cannot be resumed from, and what the user can do."""
-    found = sorted(folder.parent.glob(f"{checkpoint.PREFIX}*"))
-    earlier = [f for f in found if f.name < folder.name]
+    found = checkpoint.saved(folder.parent)
+    earlier = found[: found.index(folder)] if folder in found else []
     instead = (
         f"move it out of {folder.parent} to resume from {earlier[-1].name}, the one before it"
         if earlier

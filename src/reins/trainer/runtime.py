@@ -93,11 +93,11 @@ class ConsoleReporter:
         self.progress.update(self.task, phase=f"[cyan]rollouts {done}/{total}[/cyan]")
 
     def step_done(self, record: dict[str, Any]) -> None:
-        if "reward/mean" in record:
+        if record.get("reward/mean") is not None:  # None: NaN, which the metrics log writes so
             self.figures["reward"] = f"reward {record['reward/mean']:.3f}"
         if record.get("val/reward_mean") is not None:
             self.figures["val"] = f"val {record['val/reward_mean']:.3f}"
-        if "time/step" in record:
+        if record.get("time/step") is not None:
             self.figures["time"] = f"{record['time/step']:.0f} s/step"
         step = int(record.get("step", 0))
         completed = min(step + 1, int(self.progress.tasks[0].total or 0))
