@@ -83,10 +83,31 @@ def escape(task: dict[str, Any]) -> float:
     daemon_pid = int(daemon.stdout)
     parent = int(Path(f"/proc/{daemon_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     pids = {"agent": os.getpid(), "tool": tool.pid, "daemon": daemon_pid, "daemon_parent": parent}
+    pids["python_daemon"] = _python_daemon()
     Path(task["pid_file"]).write_text(json.dumps(pids))
     if task["then"] == "hang":
         time.sleep(1000)
     return 1.0
+
+
+def _python_daemon() -> int:
+    """A daemon forked without an exec (fork, setsid, fork), as a Python program daemonizes:
+    a zygote-forked agent's starting environment is the zygote's; its pid."""
+    read, write = os.pipe()
+    first = os.fork()
+    if first == 0:
+        os.setsid()
+        daemon = os.fork()
+        if daemon == 0:
+            os.close(write)  # the agent reads until every writer has closed
+            time.sleep(1000)
+            os._exit(0)
+        os.write(write, str(daemon).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(first, 0)
+    with os.fdopen(read) as answer:
+        return int(answer.read())
 
 
 def timed(task: dict[str, Any]) -> float:
@@ -135,3 +156,17 @@ def kill_self(task: dict[str, Any]) -> None:
 
 def interrupted(task: dict[str, Any]) -> None:
     raise KeyboardInterrupt
+
+
+def report_from_a_thread(task: dict[str, Any]) -> None:
+    """Reports its reward from a thread that is no daemon, after returning, and writes a file
+    at exit: a fresh interpreter waits for the thread and runs `atexit` before it ends."""
+    import atexit
+    import threading
+
+    def later() -> None:
+        time.sleep(0.3)
+        report_reward(0.75)
+
+    atexit.register(Path(task["atexit_file"]).write_text, "ran")
+    threading.Thread(target=later).start()

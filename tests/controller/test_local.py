@@ -189,9 +189,9 @@ async def test_a_timeout_kills_the_whole_process_group(
 async def test_processes_that_left_the_group_end_with_the_attempt(
     client: GatewayClient, gateway_url: str, tmp_path: Path, preload: bool, then: str
 ) -> None:
-    """A tool started in its own session and a daemon (double fork, setsid) are outside the
-    attempt's process group: found by the attempt's mark in their environment, they end when
-    the agent exits, and on a timeout."""
+    """A tool started in its own session and daemons (double fork, setsid; one forked by
+    Python without an exec) are outside the attempt's process group: found by the attempt's
+    mark in their environment, they end when the agent exits, and on a timeout."""
     pid_file = tmp_path / "pids"
     timeout = RolloutConfig(timeout_s=5.0 if then == "hang" else None)
     spec = RolloutSpec(
@@ -211,11 +211,12 @@ async def test_processes_that_left_the_group_end_with_the_attempt(
         assert rollouts["r-escape"].status.state == expected
         pids = json.loads(pid_file.read_text())
         assert pids["daemon_parent"] != pids["agent"]  # the daemon is no descendant of it
-        ended = lambda: not alive(pids["tool"]) and not alive(pids["daemon"])  # noqa: E731
+        left = ("tool", "daemon", "python_daemon")
+        ended = lambda: not any(alive(pids[name]) for name in left)  # noqa: E731
         await wait_for(ended, what="the end of what left the group", timeout_s=10)
     finally:
         if pid_file.exists():
-            for name in ("tool", "daemon"):
+            for name in ("tool", "daemon", "python_daemon"):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(json.loads(pid_file.read_text())[name], signal.SIGKILL)
 
@@ -537,6 +538,27 @@ async def test_without_preload_function_agents_run_in_a_fresh_interpreter(
         rollouts = await wait_terminal(client, ["r-plain"])
     assert rollouts["r-plain"].status.state == "succeeded"
     assert not (tmp_path / "logs/r-plain/attempt-1/pid.start").exists()
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["forked", "fresh"])
+async def test_an_agent_ends_as_a_fresh_interpreter_does_after_its_threads_and_atexit(
+    client: GatewayClient, gateway_url: str, tmp_path: Path, preload: bool
+) -> None:
+    """A forked agent ended at once when its function returned: a reward reported from a
+    thread was lost (the rollout succeeded without one) and `atexit` never ran."""
+    rid = f"r-thread-{preload}"
+    marker = tmp_path / "atexit"
+    await client.create_rollouts([RolloutSpec(rollout_id=rid, input={"atexit_file": str(marker)})])
+    reconciler = LocalReconciler(
+        f"{AGENTS}:report_from_a_thread", 2, tmp_path / "logs", workdir=ROOT, preload=preload
+    )
+    ctl = Controller(client, reconciler, gateway_url=gateway_url, poll_interval_s=0.1)
+    async with running(ctl):
+        rollouts = await wait_terminal(client, [rid])
+    assert rollouts[rid].status.state == "succeeded"
+    rewards = await client.get_events(rid, types=["reward"])
+    assert [event.data["value"] for event in rewards] == [0.75]
+    assert marker.read_text() == "ran"
 
 
 @pytest.mark.parametrize("preload", [True, False], ids=["forked", "fresh"])

@@ -45,7 +45,12 @@ from reins.controller.loop import (
     agent_command,
 )
 from reins.controller.marks import ATTEMPT_MARK, marked_processes, signal_marked
-from reins.controller.zygote import DIE_WITH_PARENT, die_with_parent, pdeathsig_call
+from reins.controller.zygote import (
+    DIE_WITH_PARENT,
+    MARK_PLACEHOLDER,
+    die_with_parent,
+    pdeathsig_call,
+)
 
 # Runs the agent as its child so that the exit status is written even when no controller is
 # alive to wait for it. `"$@"` is the agent's argv, so nothing of it is parsed by this shell.
@@ -733,6 +738,7 @@ class _Zygote:
 
     def _env(self) -> dict[str, str]:
         env = self.owner._base_env()
+        env[ATTEMPT_MARK] = MARK_PLACEHOLDER  # room for each child's own (`mark_start_environ`)
         if self.owner.die_with_parent:
             env[DIE_WITH_PARENT] = "1"
             env[DIE_WITH_PARENT + "_PID"] = str(os.getpid())

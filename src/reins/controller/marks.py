@@ -10,9 +10,10 @@ every process whose environment carries it, read from `/proc/PID/environ` (the e
 process was started with: the mark is there for every process the agent's tree executed).
 
 Limits: a process started with a cleared environment (`env -i`) is not found, nor a process of
-another user, nor anything outside Linux's /proc (elsewhere no process is found). A zygote-forked
-agent carries the mark in its Python environment only (a fork does not rewrite the
-kernel's copy), and is found by its process group instead, as it leads one.
+another user, nor anything outside Linux's /proc (elsewhere no process is found). A fork does
+not rewrite the kernel's copy of the environment: a zygote-forked agent writes its mark over the
+zygote's placeholder in its own starting environment (`zygote.mark_start_environ`), so what it
+forks without an exec (a Python daemon's double fork) carries the mark too.
 """
 
 from __future__ import annotations

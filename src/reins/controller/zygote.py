@@ -29,15 +29,19 @@ the controller's environment, not the attempt's; such agents can opt out (`reins
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from reins.controller.marks import ATTEMPT_MARK
 
 
 def process_start_time(pid: int) -> str | None:
@@ -74,6 +78,37 @@ def pdeathsig_call() -> Callable[..., int] | None:
 
     prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
     return prctl
+
+
+MARK_PLACEHOLDER = "0" * 32
+"""The zygote's own `ATTEMPT_MARK` (an attempt's, a uuid4's hex, is never all zeros): each child
+writes its attempt's mark over it (`mark_start_environ`)."""
+
+
+def mark_start_environ(name: str, value: str) -> bool:
+    """Writes `value` over the value of `name` in this process's starting environment: the copy
+    /proc/PID/environ shows, which a fork does not rewrite (`os.environ` is another copy), so a
+    process forked from this one without an exec (a daemon's double fork) is found by its mark
+    too (`reins.controller.marks`). Only over a value of the same length, which the zygote
+    starts with (`MARK_PLACEHOLDER`); False when it cannot (not Linux, no such variable)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[-1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start and env_end: fields 50, 51
+        environ = Path("/proc/self/environ").read_bytes()
+    except (OSError, IndexError, ValueError):
+        return False
+    needle = f"{name}=".encode()
+    found = -1 if environ.startswith(needle) else environ.find(b"\0" + needle)
+    if (found < 0 and not environ.startswith(needle)) or len(environ) != end - start:
+        return False
+    new = value.encode()
+    at = found + 1 + len(needle)
+    if environ.find(b"\0", at) - at != len(new):
+        return False
+    import ctypes
+
+    ctypes.memmove(start + at, new, len(new))
+    return True
 
 
 def _write(path: Path, text: str) -> None:
@@ -113,6 +148,9 @@ def _child(
         sys.stdin = open(0)  # noqa: SIM115 (the child's whole life)
         os.environ.clear()
         os.environ.update(request["env"])
+        mark = request["env"].get(ATTEMPT_MARK)
+        if mark:
+            mark_start_environ(ATTEMPT_MARK, mark)
         os.chdir(request["cwd"])
         from reins.controller.run_agent import call_agent
 
@@ -125,12 +163,26 @@ def _child(
     except BaseException as error:  # the child must reach os._exit whatever happens
         print(f"reins: the agent's process failed before it ran: {error!r}", file=sys.stderr)
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _finalize()
         try:
             _write(Path(request["folder"]) / "exit", str(code))
         finally:
             os._exit(code)
+
+
+def _finalize() -> None:
+    """What a fresh interpreter does before it exits, in its order: wait for the threads that
+    are not daemons (an agent reporting its reward from one lost it), run the `atexit`
+    functions, flush the output. `os._exit` then skips the zygote's own frames above the fork."""
+    shutdown = getattr(threading, "_shutdown", None)  # what Py_FinalizeEx calls first
+    for step in (shutdown, atexit._run_exitfuncs, sys.stdout.flush, sys.stderr.flush):
+        if step is None:
+            continue
+        try:
+            step()
+        except BaseException:  # as the interpreter's exit does, go on to the next step
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()
 
 
 def _reap(children: dict[int, Path], *, until_none_left: bool = False) -> None:
