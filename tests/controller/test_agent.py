@@ -6,6 +6,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,7 +21,8 @@ from reins.agent import (
     report_tool,
 )
 from reins.controller.run_agent import call_agent
-from tests.conftest import ADMIN_KEY
+from reins.gateway import GatewaySettings
+from tests.conftest import ADMIN_KEY, serve
 from tests.support import free_port
 
 
@@ -246,6 +248,31 @@ def test_a_reward_outlasts_a_gateway_restart(monkeypatch: pytest.MonkeyPatch) ->
     assert _Restarting.clock.now >= 45.0
     keys = {body["idempotency_key"] for body in _Restarting.bodies}
     assert len(_Restarting.bodies) > 10 and len(keys) == 1
+
+
+def test_an_event_over_the_gateways_body_limit_is_refused_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway answered 413 without reading the body: urllib, still sending, saw the
+    connection reset, and the agent retried it for two minutes as an outage."""
+    tries: list[object] = []
+    opener = agent._POSTER
+
+    class Counting:
+        def open(self, request: object, **options: object) -> object:
+            tries.append(request)
+            return opener.open(request, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(agent, "_POSTER", Counting())
+    settings = GatewaySettings(
+        database_url=str(tmp_path / "g.db"), api_key=ADMIN_KEY, max_body_bytes=4096
+    )
+    with serve(settings) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        context = AgentContext(url, "tok", url, "r", 1, "train", None)
+        with pytest.raises(ReportError, match=r"refused the log event \(413: .*4096 bytes"):
+            emit_event("log", {"text": "x" * 40_000_000}, context=context)
+    assert len(tries) == 1  # no retry
 
 
 def test_an_unreachable_gateway_fails_after_the_retry_time(

@@ -184,6 +184,36 @@ async def test_a_timeout_kills_the_whole_process_group(
     assert "hanging" in agent_log.data["tail"]
 
 
+@pytest.mark.parametrize("kind", ["command", "plain", "zygote"])
+async def test_an_agent_gets_its_grace_after_sigterm_whatever_runs_it(
+    client: GatewayClient, gateway_url: str, tmp_path: Path, kind: str
+) -> None:
+    """SIGTERM, then SIGKILL after `kill_grace_s`: a command's `sh` wrapper died of the SIGTERM
+    at once and its group was SIGKILLed then, the agent's cleanup cut short."""
+    cleaned = tmp_path / "cleaned"
+    spec = RolloutSpec(
+        rollout_id=f"r-grace-{kind}",
+        input={"file": str(cleaned)},
+        config=RolloutConfig(timeout_s=2),
+    )
+    await client.create_rollouts([spec])
+    agent = (
+        f"{sys.executable} {ROOT / 'tests/controller/graceful_agent.py'} {cleaned}"
+        if kind == "command"
+        else "tests.controller.graceful_agent:hang"
+    )
+    reconciler = LocalReconciler(
+        agent, 2, tmp_path / "logs", workdir=ROOT, kill_grace_s=5, preload=kind == "zygote"
+    )
+    ctl = Controller(
+        client, reconciler, gateway_url=gateway_url, max_attempts=1, poll_interval_s=0.1
+    )
+    async with running(ctl):
+        rollouts = await wait_terminal(client, [spec.rollout_id])
+    assert rollouts[spec.rollout_id].status.state == "failed"  # timed out
+    assert cleaned.read_text() == "cleaned up"
+
+
 @pytest.mark.parametrize("preload", [True, False], ids=["zygote", "plain"])
 @pytest.mark.parametrize("then", ["exit", "hang"])
 async def test_processes_that_left_the_group_end_with_the_attempt(
@@ -820,6 +850,24 @@ async def test_a_graceful_restart_does_not_use_up_an_attempt(
     assert report.data["outcome"] == "stopped"
     attempts = (await client.get_rollout("r")).attempts
     assert "stopped by the controller's shutdown" in (attempts[0].reason or "")
+
+
+async def test_an_attempt_that_ended_as_the_controller_stopped_keeps_its_outcome(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    """Its `exit` was written over with `stopped`, so the next controller ran the finished
+    rollout again. The agent's end is stood in for: it writes its `exit` as the wrapper would,
+    then lingers (its ending was not seen yet when the stop came)."""
+    logs = tmp_path / "logs"
+    folder = logs / "r-ended" / "attempt-1"
+    agent = f"printf '0\\n' > {folder / 'exit'}; sleep 1000"
+    await client.create_rollouts([RolloutSpec(rollout_id="r-ended", input={})])
+    async with running(controller(client, gateway_url, logs, agent)):
+        await wait_for((folder / "exit").exists, what="the agent's exit")
+    assert (folder / "exit").read_text() == "0\n"
+    async with running(controller(client, gateway_url, logs, agent)):
+        rollout = (await wait_terminal(client, ["r-ended"]))["r-ended"]
+    assert (rollout.status.state, rollout.attempt_count) == ("succeeded", 1)
 
 
 def test_the_command_stops_when_the_gateway_refuses_its_key(gateway_url: str) -> None:

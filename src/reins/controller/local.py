@@ -405,8 +405,8 @@ class LocalReconciler:
         try:
             code = await asyncio.wait_for(process.wait(), remaining)
         except TimeoutError:
-            await self._kill_group(execution)
-            self._end(execution, _timeout(execution))
+            own = await self._kill_group(execution)
+            self._end(execution, own or _timeout(execution))
             return
         _kill_leftovers(execution)
         ended = _read_exit(execution.folder)
@@ -430,8 +430,8 @@ class LocalReconciler:
                 if execution.deadline is not None:
                     remaining = execution.deadline - time.time()
                     if remaining <= 0:
-                        await self._kill_group(execution)
-                        self._end(execution, _timeout(execution))
+                        own = await self._kill_group(execution)
+                        self._end(execution, own or _timeout(execution))
                         return
                 if pidfd is None:
                     await asyncio.sleep(self.adopt_poll_s)
@@ -488,25 +488,30 @@ class LocalReconciler:
             with contextlib.suppress(asyncio.CancelledError):
                 await monitor
         if execution.ended is None:
-            await self._kill_group(execution)
-            execution.ended = Ended("stopped", None, f"was {why} by the controller")
+            own = await self._kill_group(execution)
+            execution.ended = own or Ended("stopped", None, f"was {why} by the controller")
             self._release(execution)
 
-    async def _kill_group(self, execution: _Execution) -> None:
-        """SIGTERM to the whole group and the attempt's processes outside it, SIGKILL after the
-        grace period; records why in `exit`."""
+    async def _kill_group(self, execution: _Execution) -> Ended | None:
+        """SIGTERM to the whole group and the attempt's processes outside it, SIGKILL once they
+        are all gone or after the grace period; records why in `exit`, unless the agent had
+        recorded its own outcome before the SIGTERM (it ended as it was stopped: its outcome
+        stands, and is returned; a stop or a timeout written over it ran it again)."""
+        own = _read_exit(execution.folder)
         _killpg(execution.pid, signal.SIGTERM)
         signal_marked(execution.mark, signal.SIGTERM, execution.pid)
         deadline = time.monotonic() + self.kill_grace_s
         process = execution.process
+        # The grace is the agent's, not its `sh` wrapper's: sh dies of the SIGTERM at once,
+        # while the agent (and whatever left the group) may still be cleaning up.
         while time.monotonic() < deadline:
-            if process is not None:
+            if process is not None and process.returncode is None:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(process.wait(), deadline - time.monotonic())
+                    await asyncio.wait_for(process.wait(), 0.05)
+            elif not _group_exists(execution.pid) and not _marked_alive(execution):
                 break
-            if not _alive(execution.pid, execution.folder):
-                break
-            await asyncio.sleep(0.05)
+            else:
+                await asyncio.sleep(0.05)
         _kill_leftovers(execution)
         if process is not None:
             await process.wait()
@@ -515,8 +520,11 @@ class LocalReconciler:
             if not _group_exists(execution.pid) and not _marked_alive(execution):
                 break
             await asyncio.sleep(0.01)
+        if own is not None:
+            return own
         is_timeout = execution.deadline is not None and time.time() >= execution.deadline
         _write_exit(execution.folder, "timeout" if is_timeout else "stopped")
+        return None
 
 
 def _kill_leftovers(execution: _Execution) -> None:

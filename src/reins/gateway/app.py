@@ -354,6 +354,8 @@ class BodySizeLimit:
                 await _send_error(scope, receive, send, 400, message)
                 return
             if int(declared) > self.max_bytes:
+                if int(declared) <= DRAINED_BYTES:
+                    await _drain(receive, DRAINED_BYTES)
                 await _send_error(scope, receive, send, 413, self._too_large())
                 return
         received = 0
@@ -377,6 +379,7 @@ class BodySizeLimit:
             await self.app(scope, limited_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
+                await _drain(receive, DRAINED_BYTES - received)
                 await _send_error(scope, receive, send, 413, self._too_large())
 
     def _too_large(self) -> str:
@@ -384,6 +387,25 @@ class BodySizeLimit:
             f"the request body is larger than the limit of {self.max_bytes} bytes "
             "(the gateway's REINS_MAX_BODY_BYTES)"
         )
+
+
+DRAINED_BYTES = 256 * 1024 * 1024
+"""A body over the limit is read and dropped up to this size before the 413 is sent: a client
+that sends its whole body before it reads an answer (urllib, requests) then reads the 413. A
+body left unread is reset under it when the connection closes: the client saw a reset, which
+`reins.agent` retried for two minutes as an outage."""
+
+
+async def _drain(receive: Receive, limit: int) -> None:
+    """Reads the rest of the request body and drops it, `limit` bytes at most."""
+    read = 0
+    while read <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        read += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 class _BodyTooLarge(HTTPException):
