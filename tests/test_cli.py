@@ -226,6 +226,10 @@ KUBERNETES = [
             [*CONTROLLER, "http://127.0.0.1:1", "--api-key", "k", "--timeout", "-1"],
             "Invalid value for '--timeout'",
         ),
+        (
+            [*CONTROLLER, "http://127.0.0.1:1", "--api-key", "k", "--poll-interval", "inf"],
+            "Invalid value for '--poll-interval'",
+        ),
     ],
     ids=[
         "job-template",
@@ -239,6 +243,7 @@ KUBERNETES = [
         "controller-url",
         "set-not-yaml",
         "timeout",
+        "poll-interval-inf",
     ],
 )
 def test_a_mistaken_argument_is_one_line_and_exit_2(arguments: list[str], words: str) -> None:

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
@@ -58,6 +60,14 @@ _VARIABLES = {
 _OPENAI_SUFFIX = "/openai/v1"
 
 
+_HEADER_VALUE = re.compile(r"[\x21-\x7e]+")
+"""A bearer token as an HTTP header carries it: visible ASCII, no spaces."""
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
 class AgentEnvError(RuntimeError):
     """The environment lacks what `reins controller` gives every agent."""
 
@@ -82,6 +92,25 @@ class AgentContext:
     input: Json
     """The rollout's input, JSON-decoded."""
 
+    def __post_init__(self) -> None:
+        """What every event post needs, checked here: a gateway URL without its scheme was
+        retried for two minutes as an outage, and a token with a newline was a bare error."""
+        where = urllib.parse.urlsplit(self.gateway_url)
+        if where.scheme not in ("http", "https") or not where.netloc:
+            raise AgentEnvError(
+                f"the gateway URL {self.gateway_url!r} is not an http(s)://HOST:PORT URL "
+                "(REINS_GATEWAY_URL)"
+            )
+        if not self.api_key or not _HEADER_VALUE.fullmatch(self.api_key):
+            raise AgentEnvError(
+                "the attempt's token (OPENAI_API_KEY) is empty or holds characters no HTTP "
+                "header can carry"
+            )
+        if not self.rollout_id:
+            raise AgentEnvError("the rollout id (REINS_ROLLOUT_ID) is empty")
+        if isinstance(self.attempt_id, bool) or self.attempt_id < 1:
+            raise AgentEnvError(f"the attempt id is {self.attempt_id!r}: attempts count from 1")
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentContext:
         env = os.environ if environ is None else environ
@@ -98,7 +127,7 @@ class AgentContext:
                 f"REINS_ATTEMPT_ID is {env['REINS_ATTEMPT_ID']!r}, not an integer"
             ) from error
         try:
-            value: Json = json.loads(env["REINS_INPUT"])
+            value: Json = json.loads(env["REINS_INPUT"], parse_constant=_not_json)
         except ValueError as error:
             raise AgentEnvError(f"REINS_INPUT is not JSON: {error}") from error
         return cls(
@@ -213,15 +242,26 @@ def report_reward(
     `metrics` are numbers about the episode (searches made, tool calls, answered or not): the
     trainer logs their mean over a step's trained rollouts as `agent/<name>` and over a
     validation as `val/agent/<name>`."""
-    data: dict[str, Json] = {"value": float(value), "source": source}
+    data: dict[str, Json] = {"value": _number("the reward", value), "source": source}
     if reason is not None:
         data["reason"] = reason
     if metrics:
-        for name, number in metrics.items():
-            if isinstance(number, bool) or not isinstance(number, int | float):
-                raise TypeError(f"metric {name!r} is {number!r}: metrics are numbers")
-        data["metrics"] = {name: float(number) for name, number in metrics.items()}
+        for name in metrics:
+            if not isinstance(name, str):
+                raise TypeError(f"metric name {name!r} is not a string")
+        data["metrics"] = {name: _number(f"metric {name!r}", n) for name, n in metrics.items()}
     emit_event(REWARD, data, context=context)
+
+
+def _number(what: str, value: Any) -> float:
+    """`value` as a float; a TypeError for what is no number (a bool, a string: `run_agent`
+    refuses a returned bool too), a ValueError for an int past a float's range."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} is {value!r}, not a number")
+    try:
+        return float(value)
+    except OverflowError as error:
+        raise ValueError(f"{what} is an integer too large for a float") from error
 
 
 def report_tool(

@@ -206,7 +206,7 @@ def controller(
         ".reins/agents"
     ),
     poll_interval: Annotated[
-        float, typer.Option(help="Seconds between gateway reads.", min=0.001)
+        float, typer.Option(help="Seconds between gateway reads.", min=0.001, max=3600)
     ] = 0.25,
     agent_gateway: Annotated[
         str | None, typer.Option(help="The gateway URL as agents reach it, if it differs.")

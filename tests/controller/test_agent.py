@@ -123,8 +123,43 @@ def test_tool_uses_and_reward_metrics_are_posted_as_given(gateway_url: str) -> N
             },
         },
     ]
-    with pytest.raises(TypeError, match="metric 'answered' is True: metrics are numbers"):
+    with pytest.raises(TypeError, match="metric 'answered' is True, not a number"):
         report_reward(1, metrics={"answered": True}, context=context)
+    # Each was stored as 1.0 or 0.7, a raw OverflowError, or a key silently made a string.
+    with pytest.raises(TypeError, match="the reward is True, not a number"):
+        report_reward(True, context=context)
+    with pytest.raises(TypeError, match=r"the reward is '0\.7', not a number"):
+        report_reward("0.7", context=context)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="metric 'big' is an integer too large for a float"):
+        report_reward(1, metrics={"big": 10**400}, context=context)
+    with pytest.raises(TypeError, match="metric name 3 is not a string"):
+        report_reward(1, metrics={3: 1.0}, context=context)  # type: ignore[dict-item]
+    assert len(events(gateway_url, "r-1")) == 3  # none of them posted
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"REINS_GATEWAY_URL": "127.0.0.1:8080"}, "is not an http\\(s\\)://HOST:PORT URL"),
+        ({"REINS_GATEWAY_URL": ""}, "is not an http\\(s\\)://HOST:PORT URL"),
+        ({"OPENAI_API_KEY": "tok\nen"}, "holds characters no HTTP header can carry"),
+        ({"OPENAI_API_KEY": "tøken"}, "holds characters no HTTP header can carry"),
+        ({"REINS_ATTEMPT_ID": "0"}, "the attempt id is 0: attempts count from 1"),
+        ({"REINS_INPUT": "NaN"}, "REINS_INPUT is not JSON: NaN is not a JSON number"),
+        ({"REINS_ROLLOUT_ID": ""}, "the rollout id \\(REINS_ROLLOUT_ID\\) is empty"),
+    ],
+)
+def test_an_environment_no_event_could_be_posted_with_says_so(
+    change: dict[str, str], says: str
+) -> None:
+    """A URL without its scheme was retried for two minutes as an outage; the others were bare
+    ValueErrors or UnicodeEncodeErrors at the first post."""
+    good = AgentContext(
+        "http://127.0.0.1:1/p/openai/v1", "tok", "http://127.0.0.1:1", "r", 1, "train", 1
+    )
+    env = {**good.env(), **change}
+    with pytest.raises(AgentEnvError, match=says):
+        AgentContext.from_env(env)
 
 
 def test_a_token_of_another_attempt_is_refused_at_once(gateway_url: str) -> None:
