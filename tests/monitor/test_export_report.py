@@ -201,6 +201,23 @@ def test_report_of_a_metric_named_overview_keeps_the_overview(tmp_path: Path) ->
     assert [path.name for path in written] == ["overview.png", "reward.png", "overview-.png"]
 
 
+async def test_an_exported_call_is_json_and_keeps_the_events_seq(gateway: Gateway) -> None:
+    """Two finite logprobs of -1.7e308 made a mean of -inf, written as `-Infinity` (no JSON
+    reader takes it); a `seq` in a call's data replaced the event's."""
+    event = chat_call([{"role": "user", "content": "hi"}], "ok", logprobs=[-1.7e308, -1.7e308])
+    event["data"]["seq"] = 999
+    declare(gateway, [{"rollout_id": "edge", "input": {}}])
+    assert gateway.http.post("/api/rollouts/edge/attempts").status_code == 200
+    post(gateway, "edge", [event])
+    (stored,) = gateway.http.get("/api/rollouts/edge/events").json()
+    out = io.StringIO()
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        assert await export_rollouts(client, out) == 1
+    (call,) = json.loads(out.getvalue(), parse_constant=pytest.fail)["attempts"][0]["calls"]
+    assert (call["seq"], call["mean_logprob"]) == (stored["seq"], -1.7e308)
+    assert gateway.http.get("/ui/rollouts/edge").status_code == 200
+
+
 async def test_a_rewards_seq_is_the_events_whatever_its_data_says(gateway: Gateway) -> None:
     """A harness writes a reward's data, extra keys allowed: its `seq` replaced the event's in
     the export (and in the rollout's view)."""

@@ -151,4 +151,32 @@ async def test_filters_and_stats_survive_nul_characters(store: SqlStore) -> None
     assert (await store.query_rollouts(RolloutQuery(search="\x00")))[1] == 0
     page = await store.list_rollouts(run="a")
     assert [r.rollout_id for r in page.items] == ["plain"]
-    assert (await store.rollout_stats(["nul"]))["nul"].reward is None
+    assert (await store.rollout_stats(["nul"]))["nul"].reward is None  # "\x00": no number
+
+
+async def test_a_document_holding_nul_characters_is_filtered_and_counted(store: SqlStore) -> None:
+    """On PostgreSQL such a document was left out of run filters and stats (its JSON cannot be
+    read there), and so was text holding a backslash before "u0000", which is no NUL."""
+    nul, escaped = "x\x00\x00\x00y", "C:\\u0000dir"
+    await rollout(store, "nul", None, metadata={"run": "a", "note": nul})
+    reward = {"value": 0.75, "reason": nul}
+    await store.append_events("nul", 1, [EventIn(type="reward", data=reward)])
+    await rollout(store, "escaped", None, metadata={"run": "a", "path": escaped})
+    reward = {"value": 0.5, "reason": escaped}
+    await store.append_events("escaped", 1, [EventIn(type="reward", data=reward)])
+    await rollout(store, "other", 1.0, metadata={"run": "b\x00"})
+    items, total = await store.query_rollouts(RolloutQuery(run="a", sort="reward"))
+    assert [r.rollout_id for r in items] == ["nul", "escaped"] and total == 2
+    # A call stored whole (a token ID past int32 is not packed) with a NUL in its request.
+    whole = chat_call([{"role": "user", "content": nul}], "no", version=4, status=500)
+    whole["data"]["prompt_token_ids"] = [2**31, 7]
+    await store.append_events("nul", 1, [EventIn(**whole)])
+    stats = await store.rollout_stats(["nul", "escaped"])
+    assert (stats["nul"].reward, stats["escaped"].reward) == (0.75, 0.5)
+    assert stats["escaped"].calls == 1
+    assert (stats["nul"].calls, stats["nul"].failed_calls, stats["nul"].prompt_tokens) == (
+        2,
+        1,
+        len(chat_call([{"role": "user", "content": "nul"}], "ok")["data"]["prompt_token_ids"]) + 2,
+    )
+    assert (stats["nul"].min_version, stats["nul"].max_version) == (3, 4)

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from reins.client import GatewayClient, check_database
-from reins.monitor.rollout import LOW_P, decisions, probability
+from reins.monitor.rollout import LOW_P, decisions, mean_logprob, probability
 from reins.packed import unpack_events
 from reins.schemas import AGENT_LOG, MODEL_REQUEST, REWARD, Event, RolloutDetail, RolloutPage
 
@@ -45,10 +45,11 @@ def _call(event: Event, decision: dict[str, Any] | None, tokens: bool) -> dict[s
         and all(isinstance(v, int | float) for v in logprobs)
     ):
         out["min_logprob"] = min(logprobs)
-        out["mean_logprob"] = sum(logprobs) / len(logprobs)
+        out["mean_logprob"] = mean_logprob(logprobs)
         out["low_p_tokens"] = sum(1 for v in logprobs if probability(v) < LOW_P)
     out["sample"] = decision
-    out.update(data)
+    # The event's own seq and figures, whatever its data says (as for rewards and logs below).
+    out.update((key, value) for key, value in data.items() if key not in out)
     if tokens:
         out["prompt_token_ids"] = prompt_ids
         out["response_token_ids"] = response_ids

@@ -38,6 +38,13 @@ def probability(logprob: float) -> float:
     return math.exp(min(logprob, 0.0))
 
 
+def mean_logprob(logprobs: Sequence[float]) -> float:
+    """Their mean, finite for finite logprobs: each is divided before the sum (two of
+    -1.7e308 summed to -inf, which `reins export` then wrote as `-Infinity`, no JSON)."""
+    count = len(logprobs)
+    return sum(value / count for value in logprobs)
+
+
 @dataclass(frozen=True)
 class Token:
     text: str
@@ -363,7 +370,7 @@ def _stats(tokens: list[Token], record: ModelRequest) -> tuple[float | None, flo
     if not logprobs or len(logprobs) != len(record.response_token_ids):
         return None, None, 0
     low = sum(1 for lp in logprobs if probability(lp) < LOW_P)
-    return min(logprobs), sum(logprobs) / len(logprobs), low
+    return min(logprobs), mean_logprob(logprobs), low
 
 
 def _pretty(data: dict[str, Any], limit: int = 5000) -> str:

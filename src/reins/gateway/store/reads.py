@@ -2,7 +2,7 @@
 the database so that a page of the table costs a few queries whatever the number of events.
 
 Harness data is not trusted: a JSON field read as a number is NULL when it is not one, and on
-PostgreSQL a document holding "\\u0000" is left out of JSON operators (`unless_nul`).
+PostgreSQL a document holding "\\u0000" is read with it as U+FFFD (`nul_free`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,22 @@ from reins.schemas import (
     RolloutState,
 )
 
+_NUL_ESCAPE = r"((^|[^\\])(\\\\)*)\\u0000"
+"""A NUL's escape in JSON text (a PostgreSQL regular expression): "\\u0000" after an even number
+of backslashes ("\\\\u0000" is a backslash, then the text "u0000")."""
 
-def unless_nul(column: sa.Column[Any], expr: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
-    """`expr` on a PostgreSQL json column, NULL where the document holds "\\u0000": PostgreSQL
-    stores it but any JSON operator on that document fails ("unsupported Unicode escape
-    sequence"). Those rows are left out of run filters and per-rollout token counts."""
-    return sa.case((sa.func.strpos(sa.cast(column, sa.Text), "\\u0000") > 0, None), else_=expr)
+
+def nul_free(column: sa.Column[Any]) -> sa.ColumnElement[Any]:
+    """A PostgreSQL json column's document with its NUL characters read as U+FFFD: PostgreSQL
+    stores "\\u0000" but any JSON operator on a document holding one fails ("unsupported
+    Unicode escape sequence"), so its run, reward and counts read as missing. Only documents
+    with a NUL pay for the rewrite (two passes: a pass skips every second of several NULs in a
+    row, its match having taken the character before)."""
+    text = sa.cast(column, sa.Text)
+    once = sa.func.regexp_replace(text, _NUL_ESCAPE, r"\1\\ufffd", "g")
+    twice = sa.func.regexp_replace(once, _NUL_ESCAPE, r"\1\\ufffd", "g")
+    has_nul = sa.and_(sa.func.strpos(text, "\\u0000") > 0, text.op("~")(_NUL_ESCAPE))
+    return sa.type_coerce(sa.case((has_nul, sa.cast(twice, column.type)), else_=column), sa.JSON)
 
 
 def rollout_filters(
@@ -53,13 +63,13 @@ def rollout_filters(
     if run is not None:
         # A JSON string only: the databases read other values as text differently (`true` is
         # 1 on SQLite, 'true' on PostgreSQL), so `run=1` matched `"run": true` on SQLite alone.
-        value = rollouts.c.metadata["run"]
         if sqlite:
             where.append(sa.func.json_type(rollouts.c.metadata, "$.run") == "text")
-            where.append(value.as_string() == run)
+            where.append(rollouts.c.metadata["run"].as_string() == run)
         else:
-            where.append(unless_nul(rollouts.c.metadata, sa.func.json_typeof(value)) == "string")
-            where.append(unless_nul(rollouts.c.metadata, value.as_string()) == run)
+            value = nul_free(rollouts.c.metadata)["run"]
+            where.append(sa.func.json_typeof(value) == "string")
+            where.append(value.as_string() == run)
     if search:
         # The input's JSON text: rows written before the JSON rule escaped non-ASCII characters,
         # later ones keep them (pydantic-core's encoder): match both.
@@ -174,10 +184,10 @@ class DashboardReads:
             path = f'$."{key}"'
             kind = sa.func.json_type(column, path)
             return sa.case((kind.in_(["integer", "real"]), sa.func.json_extract(column, path)))
-        is_number = sa.func.json_typeof(column[key]) == "number"
+        value = nul_free(column)[key]
+        is_number = sa.func.json_typeof(value) == "number"
         # NUMERIC, not a double: a version past 2**53 stays exact (SQLite's are 64-bit ints).
-        exact = sa.cast(column[key].as_string(), sa.Numeric)
-        return unless_nul(column, sa.case((is_number, exact)))
+        return sa.case((is_number, sa.cast(value.as_string(), sa.Numeric)))
 
     def _json_length(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[Any]:
         """Length of the JSON array `column[key]`; 0 when it is not an array."""
@@ -185,9 +195,9 @@ class DashboardReads:
             path = f'$."{key}"'
             is_array = sa.func.json_type(column, path) == "array"
             return sa.case((is_array, sa.func.json_array_length(column, path)), else_=0)
-        is_array = sa.func.json_typeof(column[key]) == "array"
-        length = sa.case((is_array, sa.func.json_array_length(column[key])), else_=0)
-        return sa.func.coalesce(unless_nul(column, length), 0)
+        value = nul_free(column)[key]
+        is_array = sa.func.json_typeof(value) == "array"
+        return sa.case((is_array, sa.func.json_array_length(value)), else_=0)
 
     def _token_count(self, part: str) -> sa.ColumnElement[Any]:
         """A call's prompt or response tokens: the packed row's column, else its JSON array."""
