@@ -30,6 +30,7 @@ def test_the_static_filters_drop_what_each_one_is_built_for(shipped) -> None:  #
     assert stages == [
         ("loaded", 28, 0),
         ("problem statement", 24, 4),
+        ("a FAIL_TO_PASS test", 24, 0),
         ("problem branch", 21, 3),
         ("at most 200 tests", 19, 2),
     ]
@@ -41,6 +42,39 @@ def test_the_static_filters_drop_what_each_one_is_built_for(shipped) -> None:  #
     kept_repos = {i.repo for i in filtered.kept}
     assert kept_repos == {"reins-swe/reins__minilib.0b4eb3cb"}
     assert all(i.fail_to_pass and i.tests == 39 for i in filtered.kept)
+
+
+def test_an_instance_with_no_fail_to_pass_test_is_dropped(shipped) -> None:  # type: ignore[no-untyped-def]
+    """Its reward was 1 for doing nothing."""
+    instances, repos = shipped
+    idle = Instance.from_record({**instances[0].fields, "FAIL_TO_PASS": []}, "t")
+    filtered = static_filter([idle], repos)
+    assert filtered.kept == []
+    assert filtered.dropped == {idle.instance_id: "no FAIL_TO_PASS test"}
+
+
+@pytest.mark.parametrize(
+    ("paths", "says"),
+    [
+        ('"tests"', "test_paths is 'tests', not a list of paths"),
+        ("null", "test_paths is None, not a list of paths"),
+        ("[]", "test_paths is \\[\\], not a list of paths"),
+        ('["/tests"]', "test path '/tests' is not a path inside the repository"),
+        ('["../x"]', "test path '../x' is not a path inside the repository"),
+        ('[""]', "test path '' is not a path inside the repository"),
+        ("[3]", "test path 3 is not a path inside the repository"),
+    ],
+)
+def test_test_paths_that_are_no_paths_inside_the_repository_are_refused(
+    tmp_path: Path, paths: str, says: str
+) -> None:
+    """A string was read letter by letter, which left the tests editable (reward 1 for an
+    edited runner); an absolute path failed every rollout."""
+    (tmp_path / "repos.json").write_text(
+        f'{{"r": {{"source": "x", "test_command": "pytest", "test_paths": {paths}}}}}'
+    )
+    with pytest.raises(InstanceError, match=says):
+        load_repos(tmp_path / "repos.json")
 
 
 def test_an_instance_of_a_repository_not_listed_is_dropped_with_the_reason(shipped) -> None:  # type: ignore[no-untyped-def]

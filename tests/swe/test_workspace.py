@@ -84,6 +84,28 @@ def test_edits_to_the_tests_do_not_count_and_a_broken_test_scores_zero(
     assert broken.reason == "1 PASS_TO_PASS broken"
 
 
+def test_a_root_module_shadowing_the_runners_import_does_not_count(
+    shipped: tuple[list[Instance], dict[str, RepoSource]], tmp_path: Path
+) -> None:
+    """A new `traceback.py` beside `run_tests.py` (which imports traceback) rewrote every FAILED
+    line to PASSED: reward 1 without a fix."""
+    needs_sandbox()
+    instances, repos = shipped
+    instance = by_id(instances, "func_pm_remove_cond__b3cb911e")
+    workspace = Workspace(tmp_path, repos[instance.repo], instance.instance_id)
+    work = workspace.checkout()
+    (work / "traceback.py").write_text(
+        "import builtins, importlib, os, sys\n"
+        "print_ = builtins.print\n"
+        "builtins.print = lambda *a, **k: print_(*(str(x).replace('FAILED', 'PASSED') "
+        "for x in a), **k)\n"
+        "sys.path = [p for p in sys.path if p not in ('', os.path.dirname(__file__))]\n"
+        "del sys.modules['traceback']\n"
+        "globals().update(vars(importlib.import_module('traceback')))\n"
+    )
+    assert workspace.evaluate(instance).reward == 0.0
+
+
 def test_the_diff_holds_new_files_and_no_tests_or_bytecode(
     shipped: tuple[list[Instance], dict[str, RepoSource]], tmp_path: Path
 ) -> None:
@@ -95,10 +117,23 @@ def test_the_diff_holds_new_files_and_no_tests_or_bytecode(
     (work / "tests" / "test_mine.py").write_text("def test_x():\n    pass\n")
     (work / "minilib" / "__pycache__").mkdir()
     (work / "minilib" / "__pycache__" / "text.cpython-311.pyc").write_bytes(b"\0bytecode")
+    # What configures the test run, and root modules named as the standard library's: left
+    # out (a conftest hook reported every test passed; a root `traceback.py` rewrote the
+    # runner's lines). A module of the package named so is the package's own: kept.
+    configuring = [
+        *("conftest.py", "minilib/conftest.py", "pytest.ini", "setup.cfg", "tox.ini"),
+        *("pyproject.toml", "traceback.py", "json/__init__.py", "sitecustomize.py"),
+    ]
+    for name in configuring:
+        (work / name).parent.mkdir(exist_ok=True)
+        (work / name).write_text("HACK = 1\n")
+    (work / "minilib" / "types.py").write_text("KIND = 2\n")
     diff = workspace.diff()
     assert "b/minilib/extra.py" in diff and "+VALUE = 1" in diff
-    assert "test_mine" not in diff and "pycache" not in diff
+    assert "b/minilib/types.py" in diff
+    assert "test_mine" not in diff and "pycache" not in diff and "HACK" not in diff
     assert "b/tests/test_mine.py" in workspace.diff(with_tests=True)
+    assert all(f"b/{name}" in workspace.diff(with_tests=True) for name in configuring)
 
 
 def test_a_patch_that_does_not_apply_leaves_the_tested_tree_unpatched(
@@ -123,7 +158,15 @@ A1, A2 = "tests/a.py::t1", "tests/a.py::t2"
     [
         (f"PASSED {A1}\nFAILED {A2} - assert 1 == 2\n", {A1: "PASSED", A2: "FAILED"}),
         (f"{A1} PASSED [ 50%]\n{A2} ERROR [100%]\n", {A1: "PASSED", A2: "ERROR"}),
-        (f"{A1} FAILED\n  PASSED {A1}\n", {A1: "PASSED"}),
+        # Passed only if every report says so: the code under test can print a line too.
+        (f"{A1} FAILED\n  PASSED {A1}\n", {A1: "FAILED"}),
+        (f"PASSED {A1}\nPASSED {A1}\n", {A1: "PASSED"}),
+        # A parametrized id may hold spaces, in either form.
+        (
+            f"PASSED {A1}[a b]\nFAILED {A2}[x y] - boom [1]\n",
+            {f"{A1}[a b]": "PASSED", f"{A2}[x y]": "FAILED"},
+        ),
+        (f"{A1}[a b] PASSED [ 50%]\n", {f"{A1}[a b]": "PASSED"}),
         ("collected 2 items\nPASSED without an id\n== 2 passed ==\n", {}),
     ],
 )

@@ -24,7 +24,7 @@ import json
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 REQUIRED = ("instance_id", "repo", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS")
@@ -165,9 +165,23 @@ def load_repos(path: Path) -> dict[str, RepoSource]:
             repo=name,
             source=(path.parent / entry["source"]).resolve(),
             test_command=str(entry["test_command"]),
-            test_paths=tuple(entry.get("test_paths", ("tests",))),
+            test_paths=_test_paths(path, name, entry.get("test_paths", ["tests"])),
         )
     return repos
+
+
+def _test_paths(path: Path, name: str, paths: Any) -> tuple[str, ...]:
+    """`test_paths` checked: a string was read letter by letter (`"tests"` as t, e, s...,
+    leaving the tests editable), and an absolute path failed every rollout."""
+    if not isinstance(paths, list) or not paths:
+        raise InstanceError(f"{path}: {name}'s test_paths is {paths!r}, not a list of paths")
+    for entry in paths:
+        parts = PurePosixPath(entry).parts if isinstance(entry, str) else ()
+        if not parts or entry.startswith("/") or ".." in parts:
+            raise InstanceError(
+                f"{path}: {name}'s test path {entry!r} is not a path inside the repository"
+            )
+    return tuple(paths)
 
 
 @dataclass
@@ -209,6 +223,8 @@ def static_filter(
         "problem statement",
         lambda i: "" if i.problem_statement.strip() else "empty problem statement",
     )
+    # No test to make pass: doing nothing scored 1.
+    stage("a FAIL_TO_PASS test", lambda i: "" if i.fail_to_pass else "no FAIL_TO_PASS test")
     branches = {
         name: repo.branches() for name, repo in repos.items() if name in {i.repo for i in kept}
     }

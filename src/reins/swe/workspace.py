@@ -19,10 +19,11 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from reins.sandbox import Sandbox, SandboxLimits
@@ -38,8 +39,18 @@ TEST_LIMITS = SandboxLimits(
     wall_s=600, cpu_s=600, memory_mb=2048, processes=256, output_chars=4_000_000
 )
 """The test run's sandbox: a whole suite's time and a log long enough for every test's line."""
-_RESULT = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+::\S+)")
-_RESULT_AFTER = re.compile(r"^(\S+::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+_ID = r"\S+::[^\s\[]+(?:\[[^\]]*\])?"
+"""A pytest test id: a parametrized one's brackets may hold spaces (`test_shout[a b]`)."""
+_OUTCOME = r"PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS"
+_RESULT = re.compile(rf"^({_OUTCOME})\s+({_ID})(?:\s|$)")
+_RESULT_AFTER = re.compile(rf"^({_ID})\s+({_OUTCOME})\b")
+RUN_CONFIGURATION = (
+    "conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", ".pytest.ini",
+    "sitecustomize.py", "usercustomize.py", "*.pth",
+)  # fmt: skip
+"""Files (at any depth) that configure how the tests run rather than what they test: the
+agent's changes to them are left out of the tested tree (a root `conftest.py` hook can report
+every test passed, `pytest.ini` can load a plugin of the agent's)."""
 
 
 class WorkspaceError(RuntimeError):
@@ -59,16 +70,31 @@ def _git(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None)
 
 
 def parse_test_log(log: str) -> dict[str, str]:
-    """Test id -> outcome from a log in pytest's `-rA` (`PASSED id`) or `-v` (`id PASSED`) form;
-    a test reported twice keeps its last outcome."""
-    outcomes = {}
+    """Test id -> outcome from a log in pytest's `-rA` (`PASSED id`) or `-v` (`id PASSED`) form.
+    A test reported more than once has passed only when every report says so: a line printed by
+    the code under test ("PASSED tests/t.py::test_x") does not undo the runner's FAILED."""
+    outcomes: dict[str, str] = {}
     for line in log.splitlines():
         line = line.strip()
         if match := _RESULT.match(line):
-            outcomes[match.group(2)] = match.group(1)
+            test, outcome = match.group(2), match.group(1)
         elif match := _RESULT_AFTER.match(line):
-            outcomes[match.group(1)] = match.group(2)
+            test, outcome = match.group(1), match.group(2)
+        else:
+            continue
+        if outcomes.get(test, "PASSED") == "PASSED":
+            outcomes[test] = outcome
     return outcomes
+
+
+def _shadows_stdlib(path: str) -> bool:
+    """A module or package at the repository's root named as one of the standard library's
+    (`traceback.py`, `json/__init__.py`): the root is on `sys.path` first for a runner script
+    there and for `python -m pytest`. Deeper, `pkg/types.py` is `pkg.types`, no shadow."""
+    parts = PurePosixPath(path).parts
+    if len(parts) == 1 and parts[0].endswith(".py"):
+        return parts[0][: -len(".py")] in sys.stdlib_module_names
+    return len(parts) == 2 and parts[1] == "__init__.py" and parts[0] in sys.stdlib_module_names
 
 
 @dataclass
@@ -121,12 +147,20 @@ class Workspace:
                 "GIT_INDEX_FILE": str(self.root / "agent.index")}  # fmt: skip
 
     def diff(self, *, with_tests: bool = False) -> str:
-        """The agent's change to the work tree as a binary git diff (new files included); the
-        repository's test paths left out unless `with_tests`."""
+        """The agent's change to the work tree as a binary git diff (new files included); left
+        out unless `with_tests`: the repository's test paths, the files that configure the test
+        run (`RUN_CONFIGURATION`), and new files named as a standard library module (a new
+        `traceback.py` beside a runner script is what that script imports)."""
         env = self._tree_env()
         _git("read-tree", "HEAD", env=env)
         _git("add", "--all", env=env)
-        excluded = [] if with_tests else [f":(exclude){path}" for path in self.repo.test_paths]
+        excluded = []
+        if not with_tests:
+            excluded = [f":(exclude){path}" for path in self.repo.test_paths]
+            excluded += [f":(exclude,glob)**/{name}" for name in RUN_CONFIGURATION]
+            added = _git("diff", "--cached", "--name-only", "-z", "--diff-filter=A", "HEAD",
+                         env=env).decode(errors="surrogateescape").split("\0")  # fmt: skip
+            excluded += [f":(exclude,literal){path}" for path in added if _shadows_stdlib(path)]
         return _git("diff", "--cached", "--binary", "HEAD", "--", ".", *excluded, env=env).decode(
             errors="surrogateescape"
         )
