@@ -69,10 +69,11 @@ def test_the_difficulty_filter_keeps_mixed_drops_solved_and_samples_never_solved
     assert all("patch" not in t["input"]["instance"] for t in tasks)
     assert tasks[0]["input"]["repo_source"]["source"] == str(DATA / "minilib.bundle")
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert [s["kept"] for s in report["stages"]] == [28, 24, 21, 19]
-    assert said[:4] == [
+    assert [s["kept"] for s in report["stages"]] == [28, 24, 24, 21, 19]
+    assert said[:5] == [
         "                  loaded:       28",
         "       problem statement:       24 (-4)",
+        "     a FAIL_TO_PASS test:       24",
         "          problem branch:       21 (-3)",
         "       at most 200 tests:       19 (-2)",
     ]
