@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import string
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 from openai import OpenAI
 
 from examples.search import retrieval  # light: bm25s and numpy load at the first search
+from examples.search.answers import exact_match, normalize  # noqa: F401 (the tests')
 from reins.agent import report_reward, report_tool
 
 MODEL = "policy"  # the gateway routes every name to the model being trained
@@ -65,17 +65,6 @@ def parse(reply: str) -> tuple[str, str] | None:
     return (match.group(1), match.group(2).strip()) if match else None
 
 
-def normalize(text: str) -> str:
-    """Search-R1's (and SQuAD's) answer normalisation."""
-    text = "".join(ch for ch in text.lower() if ch not in string.punctuation)
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
-def exact_match(answer: str, golden: list[str]) -> float:
-    return 1.0 if normalize(answer) in {normalize(g) for g in golden} else 0.0
-
-
 def corpus_path(task: dict[str, Any]) -> Path | None:
     """The task's corpus, else env REINS_SEARCH_CORPUS, else None (the example's own)."""
     chosen = task.get("corpus") or os.environ.get("REINS_SEARCH_CORPUS")
@@ -84,6 +73,10 @@ def corpus_path(task: dict[str, Any]) -> Path | None:
 
 def run(task: dict[str, Any]) -> None:
     """The agent the controller runs; reports its own reward (so returns None)."""
+    golden = task["golden_answers"]
+    if not isinstance(golden, list) or not all(isinstance(g, str) for g in golden):
+        # A string was read letter by letter: "D" matched the golden "Dreipolm".
+        raise ValueError(f"the task's golden_answers is {golden!r}, not a list of strings")
     corpus = corpus_path(task) or retrieval.DEFAULT_CORPUS
     client = OpenAI(max_retries=5, timeout=600)
     messages: list[Any] = [
@@ -114,7 +107,6 @@ def run(task: dict[str, Any]) -> None:
         searches += 1
         report_tool("search", action[1], passages, seconds=seconds)
         messages.append({"role": "user", "content": f"<information>{passages}</information>"})
-    golden = list(task["golden_answers"])
     reward = exact_match(answer, golden) if answer is not None else 0.0
     reason = (
         f"answer {answer!r}, golden {golden}"

@@ -20,11 +20,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from examples.search.answers import normalize
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,199}")
+"""What the gateway takes as a rollout id, and `reins train` as a task id."""
 
 
 class FormatError(ValueError):
@@ -58,16 +64,29 @@ def _question(record: dict[str, Any]) -> str | None:
 
 def to_task(record: dict[str, Any], number: int, corpus: Path | None = None) -> dict[str, Any]:
     """One record as a reins task (`number` names it when the record has no id)."""
-    question = _question(record)
+    if not isinstance(record, dict):
+        raise FormatError(f"record {number} is {type(record).__name__}, not a JSON object")
+    question = (_question(record) or "").strip()
     answers = _answers(record)
     if not question or not answers:
         raise FormatError(
             f"record {number} has no question or no answers (keys: {sorted(record)}); expected "
             "question + golden_answers / answer / answers"
         )
-    identity = record.get("id", record.get("_id", record.get("qid", number)))
-    task: dict[str, Any] = {"question": question.strip(), "golden_answers": answers}
-    if record.get("hops") in (1, 2, 3, 4):
+    # Exact match compares normalised answers: one that normalises to nothing ("", "...", "The
+    # The") would be matched by an empty answer, so it is dropped, and a record left with none
+    # is refused.
+    answers = [answer for answer in answers if normalize(answer)]
+    if not answers:
+        raise FormatError(
+            f"record {number}: no answer is left after exact match's normalisation (lower case, "
+            "no punctuation or articles): an empty answer would match it"
+        )
+    identity = record.get("id", record.get("_id", record.get("qid")))
+    if identity is None:
+        identity = number
+    task: dict[str, Any] = {"question": question, "golden_answers": answers}
+    if type(record.get("hops")) is int and record["hops"] in (1, 2, 3, 4):
         task["hops"] = record["hops"]
     if corpus is not None:
         task["corpus"] = str(corpus.resolve())
@@ -76,8 +95,8 @@ def to_task(record: dict[str, Any], number: int, corpus: Path | None = None) -> 
 
 def read_records(path: Path) -> Iterator[dict[str, Any]]:
     """JSONL records; a JSON array file (HotpotQA's own distribution) works too."""
-    with path.open() as f:
-        first = f.read(1)
+    with path.open(encoding="utf-8") as f:
+        first = f.read(4096).lstrip()[:1]
         f.seek(0)
         if first == "[":
             yield from json.load(f)
@@ -91,10 +110,21 @@ def convert(
     records: Iterable[dict[str, Any]], corpus: Path | None = None, limit: int | None = None
 ) -> list[dict[str, Any]]:
     tasks = []
+    ids: dict[str, int] = {}
     for number, record in enumerate(records):
         if limit is not None and number >= limit:
             break
-        tasks.append(to_task(record, number, corpus))
+        task = to_task(record, number, corpus)
+        if not _ID.fullmatch(task["id"]):
+            raise FormatError(
+                f"record {number}'s id {task['id']!r} is not a task id (letters, digits, . _ : -)"
+            )
+        if task["id"] in ids:
+            raise FormatError(f"records {ids[task['id']]} and {number} have one id: {task['id']}")
+        ids[task["id"]] = number
+        tasks.append(task)
+    if not tasks:
+        raise FormatError("no record to convert")
     return tasks
 
 
@@ -122,12 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.corpus is not None and not args.corpus.is_file():
         print(f"--corpus {args.corpus} is not a file", file=sys.stderr)
         return 2
+    if args.limit is not None and args.limit < 1:
+        print(f"--limit {args.limit}: keep at least 1 record", file=sys.stderr)
+        return 2
     try:
         tasks = convert(read_records(args.input), args.corpus, args.limit)
-    except (FormatError, ValueError) as error:
+        args.output.write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    except (FormatError, ValueError) as error:  # JSON and UTF-8 errors are ValueErrors
         print(f"{args.input}: {error}", file=sys.stderr)
         return 1
-    args.output.write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    except OSError as error:  # a missing file, a folder, an output folder that is not there
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print(f"{args.output}: {len(tasks)} tasks")
     return 0
 

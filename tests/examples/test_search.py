@@ -198,8 +198,11 @@ def test_a_changed_corpus_gets_its_own_index(tmp_path: Path) -> None:
     ("record", "expected"),
     [
         (  # Search-R1's processed files (FlashRAG's layout)
-            {"id": "train_0", "question": "who sang x?", "golden_answers": ["A", "B"]},
-            {"id": "train_0", "input": {"question": "who sang x?", "golden_answers": ["A", "B"]}},
+            {"id": "train_0", "question": "who sang x?", "golden_answers": ["Abba", "B"]},
+            {
+                "id": "train_0",
+                "input": {"question": "who sang x?", "golden_answers": ["Abba", "B"]},
+            },
         ),
         (  # HotpotQA
             {"_id": "5a8b", "question": "Which band?", "answer": "Yes", "type": "comparison"},
@@ -228,9 +231,35 @@ def test_a_record_without_answers_is_refused_with_its_number() -> None:
         qa_data.to_task({"question": "Q?"}, 3)
 
 
+@pytest.mark.parametrize(
+    ("records", "says"),
+    [
+        ([{"question": "Q?", "answer": ["...", "The The"]}], "no answer is left after exact"),
+        ([{"question": "   ", "answer": "x"}], "record 0 has no question"),
+        ([3], "record 0 is int, not a JSON object"),
+        ([{"id": "a", "question": "Q?", "answer": "x"}] * 2, "records 0 and 1 have one id: a"),
+        ([{"id": "a b", "question": "Q?", "answer": "x"}], "id 'a b' is not a task id"),
+        ([], "no record to convert"),
+    ],
+)
+def test_records_no_training_could_use_are_refused(records: list[Any], says: str) -> None:
+    """Each was written (or a traceback): an answer that normalises to nothing was matched by an
+    empty answer; duplicate and malformed ids were refused later by `reins train`."""
+    with pytest.raises(qa_data.FormatError, match=says):
+        qa_data.convert(records)
+
+
+@pytest.mark.parametrize(
+    ("answer", "golden"), [("", [""]), ("the", ["A"]), ("", ["..."]), ("x", ["X."])]
+)
+def test_an_answer_that_normalises_to_nothing_never_matches(answer: str, golden: list[str]) -> None:
+    assert exact_match(answer, golden) == (1.0 if answer == "x" else 0.0)
+
+
 def test_the_converter_cli_writes_the_corpus_into_tasks(tmp_path: Path) -> None:
     source = tmp_path / "hotpot.json"
-    source.write_text(json.dumps([{"_id": "a", "question": "Q?", "answer": "x"}] * 3))
+    records = [{"_id": name, "question": "Q?", "answer": "x"} for name in ("a", "b", "c")]
+    source.write_text(" \n" + json.dumps(records))  # a JSON array, after a blank line
     corpus = tmp_path / "wiki.jsonl"
     corpus.write_text(json.dumps({"id": "0", "contents": '"X"\nX.'}) + "\n")
     out = tmp_path / "tasks.jsonl"
@@ -315,3 +344,12 @@ def test_two_training_steps_record_rewards_searches_and_one_sequence_per_rollout
     assert len(tools) == 12
     assert all(t["name"] == "search" and t["output"].startswith("Doc 1(Title: ") for t in tools)
     assert len([p for p in _cache.iterdir() if p.is_dir()]) == 1  # built once for all agents
+
+
+def test_golden_answers_that_are_no_list_of_strings_fail_the_rollout_at_once() -> None:
+    """A string was read letter by letter: the answer "D" matched the golden "Dreipolm"."""
+    from examples.search import agent
+
+    for golden in ("Dreipolm", ["Dreipolm", 1902]):
+        with pytest.raises(ValueError, match="golden_answers is .*, not a list of strings"):
+            agent.run({"question": "Q?", "golden_answers": golden})
