@@ -192,6 +192,8 @@ def execute(
     except Exception as error:  # a refused path, a missing file: the model should read why
         text = str(error).replace(str(sandbox.path), "/work")  # the host's path is not its own
         return ToolResult(f"error: {text}", False, seconds=time.monotonic() - started)
+    if name == "finish":  # here only without its answer
+        return ToolResult("error: finish needs the argument 'answer'", False)
     return ToolResult(f"error: no tool {name!r}; the tools are {', '.join(TOOL_NAMES)}", False)
 
 
@@ -202,10 +204,10 @@ def shown(text: str, limit: int = SHOWN_CHARS) -> str:
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
 
 
-def decode(arguments: str) -> Any:
+def decode(arguments: str | None) -> Any:
     try:
-        return json.loads(arguments)
-    except json.JSONDecodeError:
+        return json.loads(arguments)  # type: ignore[arg-type]
+    except (json.JSONDecodeError, TypeError):  # not JSON, or null: the episode went down
         return arguments  # `execute` says they are not an object
 
 

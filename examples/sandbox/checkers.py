@@ -8,7 +8,9 @@ Check specs (see make_tasks.py): `file` (path, content), `number` (value, tolera
 
 from __future__ import annotations
 
+import math
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +18,13 @@ from typing import Any
 
 MAX_FILE_CHARS = 200_000
 """A file longer than this is not the answer (and is not read whole)."""
-NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
-"""A number as people write it: 1234, -3.5, 12,345.67 (thousands separators allowed)."""
+NUMBER = re.compile(
+    r"(?:(?<![\w.])[-\u2212])?"  # a minus sign, not a hyphen after a word (1990-01-01)
+    r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+    r"(?:[eE][-+]?\d+)?"
+)
+"""A number as people write it: 1234, -3.5, .5, 12,345.67 (thousands separators allowed),
+3.38e5, with a minus sign (ASCII or U+2212) unless it follows a word or number."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,10 @@ def read_inside(folder: Path, relative: str) -> str | None:
 
 def last_number(text: str) -> float | None:
     found = NUMBER.findall(text)
-    return float(found[-1].replace(",", "")) if found else None
+    if not found:
+        return None
+    value = float(found[-1].replace(",", "").replace("\u2212", "-"))
+    return value if math.isfinite(value) else None
 
 
 def check_number(spec: Mapping[str, Any], answer: str | None) -> Verdict:
@@ -93,11 +103,17 @@ def check_number(spec: Mapping[str, Any], answer: str | None) -> Verdict:
 
 
 def normalize_text(text: str) -> str:
-    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+    """Case, punctuation (`_` too) and spacing do not count, nor Unicode's compatibility forms
+    (full-width letters)."""
+    text = unicodedata.normalize("NFKC", text).lower()
+    return " ".join(re.sub(r"[^\w\s]|_", " ", text).split())
 
 
 def check_text(spec: Mapping[str, Any], answer: str | None) -> Verdict:
     expected = str(spec["value"])
+    if not normalize_text(expected):
+        # An empty answer would match it.
+        raise ValueError(f"the text check's value {expected!r} is nothing but punctuation")
     if answer is None:
         return Verdict(0.0, f"no answer (expected {expected!r})")
     if normalize_text(answer) == normalize_text(expected):

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from examples.sandbox import make_tasks
-from examples.sandbox.agent import LIMITS, Episode, execute, metrics
+from examples.sandbox.agent import LIMITS, Episode, decode, execute, metrics
 from examples.sandbox.checkers import check
 from reins.agent import REWARD, TOOL
 from reins.client import GatewayClient
@@ -89,6 +89,16 @@ def test_a_number_check_reads_the_last_number_of_the_answer(tmp_path: Path) -> N
     assert check(big, "9753606942", tmp_path).reward == 0.0
     mean = {"check": {"kind": "number", "value": 41.27, "tolerance": 0.01}}
     assert [check(mean, a, tmp_path).reward for a in ("41.28", "41.265", "41.3")] == [1, 1, 0]
+    # ".5" was read as 5, "3.3835e5" as 5, U+2212's minus not at all, a date's hyphen as one.
+    five = {"check": {"kind": "number", "value": 5}}
+    half = {"check": {"kind": "number", "value": 0.5}}
+    assert [check(five, a, tmp_path).reward for a in (".5", "about 5", "5e0")] == [0, 1, 1]
+    assert check(half, "it is .5", tmp_path).reward == 1.0
+    assert check(big, "9.753606941e9", tmp_path).reward == 1.0
+    minus = {"check": {"kind": "number", "value": -5}}
+    assert [check(minus, a, tmp_path).reward for a in ("\u22125", "x -5", "4-5")] == [1, 1, 0]
+    days = {"check": {"kind": "number", "value": 1}}
+    assert check(days, "1990-01-01", tmp_path).reward == 1.0  # 01, not -1
 
 
 def test_a_text_check_ignores_case_and_punctuation(tmp_path: Path) -> None:
@@ -96,6 +106,11 @@ def test_a_text_check_ignores_case_and_punctuation(tmp_path: Path) -> None:
     assert check(task, "North.", tmp_path).reward == 1.0
     assert check(task, "south", tmp_path).reward == 0.0
     assert check(task, None, tmp_path).reward == 0.0
+    assert check(task, "north_", tmp_path).reward == 1.0
+    assert check(task, "\uff4e\uff4f\uff52\uff54\uff48", tmp_path).reward == 1.0  # full width
+    # A value of nothing but punctuation was matched by an empty answer: the task is refused.
+    with pytest.raises(ValueError, match="nothing but punctuation"):
+        check({"check": {"kind": "text", "value": "..."}}, "", tmp_path)
 
 
 # --- task files ----------------------------------------------------------------------------------
@@ -151,6 +166,18 @@ def test_the_file_tools_refuse_paths_outside_work_without_naming_the_host_folder
             assert str(tmp_path) not in result.output
         wrote = execute(sandbox, "write_file", {"path": "/work/a/b.txt", "content": "hi"}, LIMITS)
         assert wrote.ok and (tmp_path / "work" / "a" / "b.txt").read_text() == "hi"
+
+
+def test_malformed_tool_calls_are_answered_with_what_is_wrong(tmp_path: Path) -> None:
+    """`arguments: null` ended the episode with a TypeError; `finish` without its answer was
+    told there is no tool `finish`."""
+    with Sandbox(tmp_path / "work") as sandbox:
+        nothing = execute(sandbox, "run_shell", decode(None), LIMITS)
+        assert (nothing.ok, nothing.output) == (
+            False, "error: the arguments of run_shell must be a JSON object"
+        )  # fmt: skip
+        unfinished = execute(sandbox, "finish", decode("{}"), LIMITS)
+        assert unfinished.output == "error: finish needs the argument 'answer'"
 
 
 # --- episodes through the controller -------------------------------------------------------------
