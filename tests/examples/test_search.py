@@ -351,5 +351,5 @@ def test_golden_answers_that_are_no_list_of_strings_fail_the_rollout_at_once() -
     from examples.search import agent
 
     for golden in ("Dreipolm", ["Dreipolm", 1902]):
-        with pytest.raises(ValueError, match="golden_answers is .*, not a list of strings"):
+        with pytest.raises(ValueError, match=r"golden_answers is .*, not a list of strings"):
             agent.run({"question": "Q?", "golden_answers": golden})
