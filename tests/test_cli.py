@@ -395,3 +395,12 @@ def test_the_controller_stops_at_once_while_the_gateway_does_not_answer() -> Non
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_an_error_quoting_brackets_shows_them_as_they_are(tmp_path: Path) -> None:
+    """A `[/y]` in a quoted path was read as rich markup: a MarkupError traceback."""
+    folder = tmp_path / "run[" / "y]"
+    folder.mkdir(parents=True)
+    result = reins(["report", "--run", str(folder)])
+    assert result.returncode == 1, result.stderr
+    assert f"error: {folder} has no metrics.jsonl" in " ".join(result.stderr.split())

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from reins.cliout import error_line
 from reins.swe.cli import swe_app
 
 app = typer.Typer(
@@ -40,7 +41,7 @@ def model_prepare(
                 cache_dir, dtype=dtype, progress=lambda line: status.update(line)
             )
     except (ModelPreparationError, ValueError, OSError) as error:  # a cache "folder" that is a file
-        console.print(f"[red]error:[/red] {error}")
+        console.print(error_line(f"{error}"))
         raise typer.Exit(1) from error
     print(folder)
 
@@ -93,12 +94,14 @@ def engine(
         try:
             wanted = torch.device(device)
         except RuntimeError as error:
-            console.print(f"[red]error:[/red] --device {device!r}: {error}")
+            console.print(error_line(f"--device {device!r}: {error}"))
             raise typer.Exit(2) from None
         if wanted.type == "cuda" and (wanted.index or 0) >= torch.cuda.device_count():
             console.print(
-                f"[red]error:[/red] --device {device}: this machine has "
-                f"{torch.cuda.device_count()} CUDA device(s) torch can use"
+                error_line(
+                    f"--device {device}: this machine has "
+                    f"{torch.cuda.device_count()} CUDA device(s) torch can use"
+                )
             )
             raise typer.Exit(2)
     try:
@@ -113,7 +116,7 @@ def engine(
                 prefix_cache_gb=prefix_cache_gb,
             )
     except (ModelPreparationError, ValueError, OSError) as error:
-        console.print(f"[red]error:[/red] {error}")
+        console.print(error_line(f"{error}"))
         raise typer.Exit(1) from error
     device_name = next(loaded.model.parameters()).device
     console.print(f"serving [bold]{loaded.name}[/bold] on {device_name} at http://{host}:{port}/v1")
@@ -244,7 +247,7 @@ def controller(
     from reins.controller.loop import KeyRefused
 
     if runner not in ("local", "kubernetes"):
-        console.print(f"[red]error:[/red] --runner is `local` or `kubernetes`, not {runner!r}")
+        console.print(error_line(f"--runner is `local` or `kubernetes`, not {runner!r}"))
         raise typer.Exit(2)
     try:
         options = ControllerOptions(
@@ -269,10 +272,10 @@ def controller(
         )
         main(options)
     except (ValueError, KeyRefused) as error:
-        console.print(f"[red]error:[/red] {error}")
+        console.print(error_line(f"{error}"))
         raise typer.Exit(2) from error
     except OSError as error:  # a --log-dir that is a file, a folder it may not write
-        console.print(f"[red]error:[/red] {error}")
+        console.print(error_line(f"{error}"))
         raise typer.Exit(1) from error
 
 
@@ -304,7 +307,7 @@ def train(
     try:
         loaded = load_config(config, set_)
     except ConfigError as error:
-        console.print(f"[red]error:[/red] {error}")
+        console.print(error_line(f"{error}"))
         raise typer.Exit(2) from error
     _run_training(loaded, resume=resume)
 
@@ -375,7 +378,7 @@ def _run_training(config: object, *, resume: bool) -> None:
         )
         raise typer.Exit(128 + (signal.SIGTERM if terminated else signal.SIGINT)) from None
     except (FileExistsError, ValueError, FleetError) as error:  # FleetError: an engine_url
-        console.print(f"[red]error:[/red] {error}")
+        console.print(error_line(f"{error}"))
         _end_rank(config, 1)
         raise typer.Exit(1) from error
     except GatewayError as error:
@@ -388,7 +391,7 @@ def _run_training(config: object, *, resume: bool) -> None:
             what = f"could not be reached ({error.message}): check gateway_url"
         else:
             what = f"answered {error.status_code}: {error.message}"
-        console.print(f"[red]error:[/red] the gateway {where} {what}")
+        console.print(error_line(f"the gateway {where} {what}"))
         _end_rank(config, 1)
         raise typer.Exit(1) from error
     except Exception:
@@ -441,9 +444,10 @@ def demo(
     if config is None:
         found = sorted(p.parent.name for p in Path("examples").glob("*/config.yaml"))
         console.print(
-            f"[red]error:[/red] no example {example!r}: run `reins demo` from the reins "
-            f"repository's root (examples here: {', '.join(found) or 'none'}), or pass a config "
-            "file's path"
+            error_line(
+                f"no example {example!r}: run `reins demo` from the reins repository's root "
+                f"(examples here: {', '.join(found) or 'none'}), or pass a config file's path"
+            )
         )
         raise typer.Exit(2)
     default_name = config.parent.name if config.name == "config.yaml" else config.stem
@@ -451,7 +455,7 @@ def demo(
     try:
         loaded = load_config(config, [f"run_name={name}", *(set_ or [])])
     except ConfigError as error:
-        console.print(f"[red]error:[/red] {error}")
+        console.print(error_line(f"{error}"))
         raise typer.Exit(2) from error
     _run_training(loaded, resume=False)
 
@@ -497,12 +501,12 @@ def export(
     try:
         handle = sys.stdout if str(out) == "-" else out.open("w", encoding="utf-8")
     except OSError as error:  # a missing folder, a directory, no permission: not a traceback
-        console.print(f"[red]error:[/red] cannot write {out}: {error.strerror or error}")
+        console.print(error_line(f"cannot write {out}: {error.strerror or error}"))
         raise typer.Exit(2) from error
     try:
         GatewayClient.check(gateway_url, api_key)
     except ValueError as error:
-        console.print(f"[red]error:[/red] {error}")
+        console.print(error_line(f"{error}"))
         raise typer.Exit(2) from None
     try:
         count = export_to(
@@ -510,7 +514,7 @@ def export(
             tokens=tokens,
         )  # fmt: skip
     except (GatewayError, DatabaseChanged) as error:
-        console.print(f"[red]error:[/red] {error}")
+        console.print(error_line(f"{error}"))
         raise typer.Exit(1) from error
     except BrokenPipeError:
         # The reader went away (`reins export | head`): end as a shell tool killed by SIGPIPE
@@ -537,7 +541,7 @@ def report(
     try:
         written = write_report(run, out)
     except (ReportError, OSError) as error:  # no run; an --out that is a file
-        console.print(f"[red]error:[/red] {error}")
+        console.print(error_line(f"{error}"))
         raise typer.Exit(1) from error
     for path in written:
         print(path)
@@ -594,8 +598,10 @@ def doctor(
     command = list(command or [])
     if len(command) > 1 and command[0] in HARNESSES:
         console.print(
-            f"[red]error:[/red] options go before the harness's name: reins doctor "
-            f"{' '.join(command[1:])} {command[0]}"
+            error_line(
+                "options go before the harness's name: reins doctor "
+                f"{' '.join(command[1:])} {command[0]}"
+            )
         )
         raise typer.Exit(2)
     word = command[0] if len(command) == 1 else "/"
@@ -606,24 +612,26 @@ def doctor(
         try:
             command = harness_command(word, cli_dir)
         except DoctorError as error:
-            console.print(f"[red]error:[/red] {error}")
+            console.print(error_line(f"{error}"))
             raise typer.Exit(2) from error
     if mode not in ("train", "val"):
-        console.print(f"[red]error:[/red] --mode is train or val, not {mode!r}")
+        console.print(error_line(f"--mode is train or val, not {mode!r}"))
         raise typer.Exit(2)
     try:
         value = json.loads(input_json)
     except ValueError as error:
-        console.print(f"[red]error:[/red] --input is not JSON: {error}")
+        console.print(error_line(f"--input is not JSON: {error}"))
         raise typer.Exit(2) from error
     options = DoctorOptions(
         runs=runs, timeout_s=timeout, mode=mode, engine_url=engine_url, model=model,
         tokenizer=tokenizer, input=value, token_reuse=token_reuse,
     )  # fmt: skip
     try:
-        result = run_doctor(command, options, progress=lambda line: console.print(line))
+        result = run_doctor(
+            command, options, progress=lambda line: console.print(line, markup=False)
+        )
     except DoctorError as error:
-        console.print(f"[red]error:[/red] {error}")
+        console.print(error_line(f"{error}"))
         raise typer.Exit(2) from error
     shown = render_text(result, label)
     print(json.dumps(result.to_json(), indent=2) if json_out else shown)

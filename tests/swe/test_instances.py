@@ -139,3 +139,19 @@ def test_a_bad_repos_file_says_what_is_missing(tmp_path: Path) -> None:
         load_repos(tmp_path / "repos.json")
     with pytest.raises(InstanceError, match="cannot read the repositories file"):
         load_repos(tmp_path / "absent.json")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("bad.json", b'[{"instance_id": "a"', "bad.json: not JSON in UTF-8"),
+        ("bad.jsonl", b'{"instance_id": "caf\xe9"}\n', "bad.jsonl: not JSON in UTF-8"),
+    ],
+)
+def test_an_instance_file_that_is_not_json_in_utf8_is_named(
+    tmp_path: Path, name: str, content: bytes, says: str
+) -> None:
+    """Both were tracebacks (JSONDecodeError, UnicodeDecodeError)."""
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(InstanceError, match=says):
+        load_instances(tmp_path)

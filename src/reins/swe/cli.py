@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from reins.cliout import error_line
+
 swe_app = typer.Typer(help="Coding-agent tasks (SWE-smith format).", no_args_is_help=True)
 console = Console(stderr=True, soft_wrap=True, highlight=False)
 
@@ -32,7 +34,7 @@ def prepare_command(
     try:
         loaded = load_prepare_config(config, set_)
     except PrepareError as error:
-        console.print(f"[red]error:[/red] {error}")
+        console.print(error_line(f"{error}"))
         raise typer.Exit(2) from error
     columns = (
         TextColumn("difficulty rollouts"),
@@ -49,5 +51,5 @@ def prepare_command(
         try:
             prepare(loaded, say=console.print, progress=progress)
         except (PrepareError, InstanceError, OSError) as error:  # an `out` that is a file
-            console.print(f"[red]error:[/red] {error}")
+            console.print(error_line(f"{error}"))
             raise typer.Exit(2) from error

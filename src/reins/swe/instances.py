@@ -98,25 +98,33 @@ def load_instances(path: Path) -> list[Instance]:
     files = [f for f in files if f.name != "repos.json"]
     instances: list[Instance] = []
     for file in files:
-        if file.suffix == ".json":
-            records = json.loads(file.read_text())
-            if not isinstance(records, list):
-                raise InstanceError(f"{file}: a .json instance file holds a list of instances")
-            instances += [Instance.from_record(r, f"{file}[{i}]") for i, r in enumerate(records)]
-            continue
-        with file.open() as lines:
-            for number, line in enumerate(lines, 1):
-                if line.strip():
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as error:
-                        raise InstanceError(f"{file}:{number}: not JSON ({error})") from None
-                    instances.append(Instance.from_record(record, f"{file}:{number}"))
+        try:
+            instances += _read_file(file)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:  # a truncated .json
+            raise InstanceError(f"{file}: not JSON in UTF-8 ({error})") from None
     seen: set[str] = set()
     for instance in instances:
         if instance.instance_id in seen:
             raise InstanceError(f"instance {instance.instance_id} appears twice under {path}")
         seen.add(instance.instance_id)
+    return instances
+
+
+def _read_file(file: Path) -> list[Instance]:
+    instances: list[Instance] = []
+    if file.suffix == ".json":
+        records = json.loads(file.read_text(encoding="utf-8"))
+        if not isinstance(records, list):
+            raise InstanceError(f"{file}: a .json instance file holds a list of instances")
+        return [Instance.from_record(r, f"{file}[{i}]") for i, r in enumerate(records)]
+    with file.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise InstanceError(f"{file}:{number}: not JSON ({error})") from None
+                instances.append(Instance.from_record(record, f"{file}:{number}"))
     return instances
 
 
