@@ -30,7 +30,7 @@ HACK_EVENT = "hack_attempt"
 
 _COMMAND_START = r"(?:^|[;&|({`\n]|\$\(|\bxargs\s|\bexec\s|\bsudo\s|\benv\s|\bcommand\s)\s*"
 _PATH = r"(?:[^\s/;&|(){}`'\"]{0,64}/){0,16}"
-"""A program's folders (`/usr/bin/`, `./venv/bin/`), bounded: an unbounded `\S*/` was tried
+r"""A program's folders (`/usr/bin/`, `./venv/bin/`), bounded: an unbounded `\S*/` was tried
 from every `{` of a long word, quadratic (a 158 KB minified JSON heredoc took 2 s)."""
 _LOCAL = r"(?!\s+(?:-e\s+|--editable\s+)?\.(?:[\s\[]|$))"
 """Not `pip install -e .`: the work tree's own package, nothing downloaded."""
