@@ -43,3 +43,17 @@ def test_codex_commands_lose_their_shell_wrapper() -> None:
         done('echo "unbalanced', "", 1),  # not shell words: kept as shown
     ]
     assert _codex_commands(events) == [("ls -a", ".\n..\n", True), ('echo "unbalanced', "", False)]
+
+
+def test_events_of_other_shapes_are_passed_over() -> None:
+    """The session can write the events file (it is in the sandbox's home): one line such as
+    `{"message": {"content": ["x"]}}` made the rollout's scoring fail (AttributeError)."""
+    claude = [
+        {"message": {"content": ["x", 3, None]}},
+        {"message": {"content": [{"type": "tool_use", "id": "t1", "input": "ls"}]}},
+        {"message": {"content": [{"type": "tool_result", "tool_use_id": "t1",
+                                  "content": ["bare", {"text": "ok"}]}]}},
+    ]  # fmt: skip
+    assert _claude_commands(claude) == [("", "ok", True)]
+    codex = [{"type": "item.completed", "item": "x"}, {"type": "item.completed", "item": None}]
+    assert _codex_commands(codex) == []

@@ -20,7 +20,7 @@ import json
 import os
 import shlex
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -148,16 +148,18 @@ class CliHarness:
             for line in path.read_text(errors="replace").splitlines():
                 if line.startswith("{"):
                     try:
-                        events.append(json.loads(line))
+                        event = json.loads(line)
                     except ValueError:
                         continue
+                    if isinstance(event, dict):
+                        events.append(event)
         return _claude_commands(events) if self.name == "claude" else _codex_commands(events)
 
     def close(self) -> None:
         self.door.close()
 
 
-def _claude_commands(events: list[Mapping[str, Any]]) -> list[tuple[str, str, bool]]:
+def _claude_commands(events: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, bool]]:
     """Claude Code's stream-json: `tool_use` blocks in assistant messages, their `tool_result`s
     in the user messages that follow."""
     calls: dict[str, str] = {}
@@ -166,24 +168,34 @@ def _claude_commands(events: list[Mapping[str, Any]]) -> list[tuple[str, str, bo
         message = event.get("message")
         if not isinstance(message, dict) or not isinstance(message.get("content"), list):
             continue
+        # The session can write this file too (it is in the sandbox's home): anything not of
+        # the expected shape is passed over, rather than failing the rollout's scoring.
         for block in message["content"]:
+            if not isinstance(block, dict):
+                continue
             if block.get("type") == "tool_use":
-                calls[block.get("id", "")] = str((block.get("input") or {}).get("command", ""))
+                given = block.get("input")
+                command = given.get("command", "") if isinstance(given, dict) else ""
+                calls[str(block.get("id", ""))] = str(command)
             elif block.get("type") == "tool_result" and block.get("tool_use_id") in calls:
                 content = block.get("content")
                 if isinstance(content, list):
-                    content = "".join(part.get("text", "") for part in content)
+                    content = "".join(
+                        str(part.get("text", "")) for part in content if isinstance(part, dict)
+                    )
                 ran.append(
                     (calls.pop(block["tool_use_id"]), str(content), not block.get("is_error"))
                 )
     return ran + [(command, "", False) for command in calls.values()]
 
 
-def _codex_commands(events: list[Mapping[str, Any]]) -> list[tuple[str, str, bool]]:
+def _codex_commands(events: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, bool]]:
     """Codex's `--json`: each completed `command_execution` item."""
     ran = []
     for event in events:
-        item = event.get("item") or {}
+        item = event.get("item")
+        if not isinstance(item, dict):
+            continue
         if event.get("type") == "item.completed" and item.get("type") == "command_execution":
             command = str(item.get("command", ""))
             try:
