@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from examples.search import retrieval
 from examples.search.answers import normalize
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,199}")
@@ -142,16 +143,23 @@ def main(argv: list[str] | None = None) -> int:
     index.add_argument("corpus", type=Path)
     args = parser.parse_args(argv)
     if args.command == "index":
-        from examples.search.retrieval import ensure_index
-
         started = time.perf_counter()
-        folder, built = ensure_index(args.corpus)
+        try:
+            folder, built = retrieval.ensure_index(args.corpus)
+        except (retrieval.CorpusError, OSError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
         said = "built" if built else "already built"
         print(f"{folder}: {said} ({time.perf_counter() - started:.1f} s)")
         return 0
-    if args.corpus is not None and not args.corpus.is_file():
-        print(f"--corpus {args.corpus} is not a file", file=sys.stderr)
-        return 2
+    if args.corpus is not None:
+        # Its first passage read as the index will read them all: a corpus of another layout
+        # failed every rollout at its first search.
+        try:
+            retrieval.check_corpus(args.corpus)
+        except (retrieval.CorpusError, OSError) as error:
+            print(f"--corpus: {error}", file=sys.stderr)
+            return 2
     if args.limit is not None and args.limit < 1:
         print(f"--limit {args.limit}: keep at least 1 record", file=sys.stderr)
         return 2

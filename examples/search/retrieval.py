@@ -57,6 +57,34 @@ def _tokenize(texts: list[str]) -> list[list[str]]:
     return tokens  # type: ignore[return-value]
 
 
+class CorpusError(ValueError):
+    """A corpus file that is not one passage object a line with its text in `contents`."""
+
+
+def _contents(corpus: Path, number: int, line: bytes) -> str:
+    try:
+        passage = json.loads(line)
+    except ValueError as error:
+        raise CorpusError(f"{corpus}:{number}: not JSON in UTF-8 ({error})") from None
+    text = passage.get("contents") if isinstance(passage, dict) else None
+    if not isinstance(text, str):
+        raise CorpusError(
+            f"{corpus}:{number}: a passage is an object with its text in `contents` (Search-R1's "
+            f"corpus layout), not {line[:80]!r}"
+        )
+    return text
+
+
+def check_corpus(corpus: Path) -> None:
+    """A `CorpusError` (or OSError) unless `corpus` is a file whose first passage reads."""
+    with corpus.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                _contents(corpus, number, line)
+                return
+    raise CorpusError(f"{corpus} holds no passages")
+
+
 def _build(corpus: Path, folder: Path) -> None:
     import bm25s
     import numpy as np
@@ -65,13 +93,13 @@ def _build(corpus: Path, folder: Path) -> None:
     texts: list[str] = []
     with corpus.open("rb") as f:
         position = 0
-        for line in f:
+        for number, line in enumerate(f, 1):
             if line.strip():
                 offsets.append(position)
-                texts.append(json.loads(line)["contents"])
+                texts.append(_contents(corpus, number, line))
             position += len(line)
     if not texts:
-        raise ValueError(f"{corpus} holds no passages")
+        raise CorpusError(f"{corpus} holds no passages")
     retriever = bm25s.BM25()
     retriever.index(_tokenize(texts), show_progress=False)
     retriever.save(str(folder), show_progress=False)

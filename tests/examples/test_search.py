@@ -353,3 +353,26 @@ def test_golden_answers_that_are_no_list_of_strings_fail_the_rollout_at_once() -
     for golden in ("Dreipolm", ["Dreipolm", 1902]):
         with pytest.raises(ValueError, match=r"golden_answers is .*, not a list of strings"):
             agent.run({"question": "Q?", "golden_answers": golden})
+
+
+@pytest.mark.parametrize(
+    ("corpus", "says"),
+    [
+        ("", "holds no passages"),
+        ('{"title": "a", "text": "b"}\n', "a passage is an object with its text in `contents`"),
+        ('{"contents": null}\n', "a passage is an object with its text in `contents`"),
+        ("not json\n", ":1: not JSON in UTF-8"),
+    ],
+)
+def test_a_corpus_of_another_layout_is_refused_by_convert_and_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], corpus: str, says: str
+) -> None:
+    """`convert --corpus` took it (every rollout then failed at its first search) and `index`
+    was a traceback."""
+    (tmp_path / "corpus.jsonl").write_text(corpus)
+    (tmp_path / "q.jsonl").write_text('{"question": "Q?", "answer": "x"}\n')
+    args = [str(tmp_path / "q.jsonl"), str(tmp_path / "t.jsonl")]
+    assert qa_data.main(["convert", *args, "--corpus", str(tmp_path / "corpus.jsonl")]) == 2
+    assert qa_data.main(["index", str(tmp_path / "corpus.jsonl")]) == 1
+    said = capsys.readouterr().err
+    assert said.count(says) == 2 and not (tmp_path / "t.jsonl").exists()
