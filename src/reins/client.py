@@ -28,6 +28,7 @@ from reins.schemas import (
     Event,
     EventAck,
     EventIn,
+    Lease,
     Mode,
     Model,
     ModelEndpointIn,
@@ -434,6 +435,19 @@ class GatewayClient:
         params = {"model": model} if model is not None else {}
         answer = await self.request("DELETE", "/api/models", params=params)
         return int(answer["deleted"])
+
+    # -- leases ----------------------------------------------------------------------------
+
+    async def claim_lease(self, name: str, holder: str, ttl_s: float) -> Lease:
+        """Takes or renews lease `name` (`gateway.store.leases`); `granted` says whether this
+        holder has it. A `GatewayError` 404 from a gateway older than leases."""
+        body = {"holder": holder, "ttl_s": ttl_s}
+        answer = await self.request("POST", f"/api/leases/{name}", json=body)
+        return Lease.model_validate(answer, extra=_NEWER)
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        answer = await self.request("DELETE", f"/api/leases/{name}", params={"holder": holder})
+        return bool(answer["released"])
 
     async def healthz(self) -> bool:
         try:

@@ -313,3 +313,16 @@ class Model(_Wire):
     """Per endpoint, in the order of `endpoints`, its kind: a fleet may mix engines."""
     weight_version: int
     updated_at: datetime
+
+
+class Lease(_Wire):
+    """A named role's holder among the clients of one gateway (`POST /api/leases/{name}`): the
+    rollout controller holds `controller`."""
+
+    name: str
+    holder: str
+    """Who holds it now: the claimer when `granted`, else the other holder."""
+    since: float
+    """When this holder took it (Unix time)."""
+    expires_at: float
+    granted: bool

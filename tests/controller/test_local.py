@@ -870,6 +870,35 @@ async def test_an_attempt_that_ended_as_the_controller_stopped_keeps_its_outcome
     assert (rollout.status.state, rollout.attempt_count) == ("succeeded", 1)
 
 
+async def test_a_second_controller_on_one_gateway_waits_for_the_first(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    """Both launched every rollout (opening an attempt is idempotent): two agents per attempt,
+    two rewards. The second now waits for the gateway's controller lease, and takes it once the
+    first stops."""
+
+    def second_controller(name: str) -> Controller:
+        reconciler = LocalReconciler(f"{AGENTS}:succeed", 4, tmp_path / name, workdir=ROOT)
+        return Controller(client, reconciler, gateway_url=gateway_url, poll_interval_s=0.1)
+
+    first, second = second_controller("first"), second_controller("second")
+    ids = [f"r-two-{n}" for n in range(4)]
+    await client.create_rollouts([RolloutSpec(rollout_id=rid, input={}) for rid in ids[:2]])
+    async with running(first), running(second):
+        await wait_terminal(client, ids[:2])
+        assert second.stats.passes == 0  # waiting, not reconciling
+    # The first stopped (its lease released): the second goes on alone.
+    async with running(second):
+        await client.create_rollouts([RolloutSpec(rollout_id=rid, input={}) for rid in ids[2:]])
+        await wait_terminal(client, ids[2:])
+    for rid in ids:
+        assert len(await client.get_events(rid, types=[AGENT_LAUNCH])) == 1, rid
+        assert len(await client.get_events(rid, types=[REWARD])) == 1, rid
+    launched = {name: sorted(p.name for p in (tmp_path / name).glob("r-two-*")) for name in
+                ("first", "second")}  # fmt: skip
+    assert launched == {"first": ids[:2], "second": ids[2:]}
+
+
 def test_the_command_stops_when_the_gateway_refuses_its_key(gateway_url: str) -> None:
     """A wrong admin key is no outage: the controller says so and exits, instead of logging a
     401 and retrying forever."""

@@ -57,6 +57,7 @@ BODY_ROUTES = [
     ("POST", "/proxy/rollout/r/attempt/1/mode/train/openai/v1/completions"),
     ("POST", "/api/records"),
     ("POST", "/api/rollouts/stats"),
+    ("POST", "/api/leases/controller"),
 ]
 
 
@@ -109,5 +110,6 @@ def test_every_route_that_takes_a_body_is_in_this_file(gateway: Gateway) -> None
     }
     known = {(m, p.replace("/rollouts/r", "/rollouts/{rollout_id}")) for m, p in known}
     known = {(m, p.replace("/mode/train/", "/mode/{mode}/")) for m, p in known}
+    known = {(m, p.replace("/leases/controller", "/leases/{name}")) for m, p in known}
     missing = {(m, p) for m, p in with_body if "/proxy/" not in p} - known
     assert not missing, missing

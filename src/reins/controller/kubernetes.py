@@ -126,6 +126,7 @@ class KubernetesReconciler:
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be at least 1, not {max_parallel}")
         self.namespace = namespace
+        self.lease_holder = f"kubernetes {namespace}"
         self.gateway_url = gateway_url
         """The gateway as agent pods reach it: the NetworkPolicy lets them reach only this."""
         self.kubeconfig = str(kubeconfig) if kubeconfig else None

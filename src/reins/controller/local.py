@@ -111,6 +111,7 @@ class LocalReconciler:
         """`module:function` or a command line; a rollout's `config.agent` overrides it."""
         self.max_parallel = max_parallel
         self.log_dir = Path(log_dir).resolve()
+        self.lease_holder = f"local {socket.gethostname()}:{self.log_dir}"
         self.workdir = Path(workdir or Path.cwd()).resolve()
         self.env = dict(env or {})
         """Extra environment for every agent (the contract's variables win over these)."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from reins.client import GatewayClient, GatewayError
-from reins.schemas import AGENT_LAUNCH, AGENT_LOG, TERMINAL_STATES, Attempt, Rollout
+from reins.schemas import AGENT_LAUNCH, AGENT_LOG, TERMINAL_STATES, Attempt, Lease, Rollout
 
 log = logging.getLogger("reins.controller")
 
@@ -103,6 +103,19 @@ class KeyRefused(Exception):
     stops (a wrong or rotated admin key, or a gateway restarted with another one)."""
 
 
+CONTROLLER_LEASE = "controller"
+LEASE_TTL_S = 15.0
+"""How long a controller that stopped renewing (killed) keeps another one waiting."""
+
+
+class LeaseLost(RuntimeError):
+    """Another controller holds the gateway's `controller` lease now: this one stops."""
+
+
+def _when(unix: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(unix))
+
+
 class Reconciler(Protocol):
     """Runs agents somewhere (local processes, Kubernetes Jobs) for the controller.
 
@@ -112,6 +125,10 @@ class Reconciler(Protocol):
 
     runner: str
     """A short name for events and logs: `local`, `kubernetes`."""
+    lease_holder: str
+    """Who this reconciler is to the gateway's `controller` lease: the same after a restart
+    (the log folder, the namespace), so a controller killed and started again takes its lease
+    back at once, while another one waits."""
 
     async def start(self, on_change: Callable[[], None]) -> None:
         """Get ready (watch, adopt what a previous controller left running).
@@ -237,6 +254,7 @@ class Controller:
         max_attempts: int = 3,
         default_timeout_s: float | None = None,
         poll_interval_s: float = 0.25,
+        lease_ttl_s: float = LEASE_TTL_S,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, not {max_attempts}")
@@ -262,6 +280,9 @@ class Controller:
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
+        self.lease_ttl_s = lease_ttl_s
+        self._lease_renewed: float | None = None
+        """When the `controller` lease was last renewed (monotonic); None: not held."""
 
     # -- running ----------------------------------------------------------------------------
 
@@ -279,11 +300,14 @@ class Controller:
         stop = stop or asyncio.Event()
         waker = asyncio.create_task(self._wake_on(stop))
         try:
-            await self.start()
+            await self.start()  # first: a reconciler that cannot start says so at once
+            if not await self._take_lease(stop):
+                return
             failures = 0
             while not stop.is_set():
                 self._wake.clear()
                 try:
+                    await self._renew_lease()
                     await self.reconcile_once()
                     failures = 0
                 except GatewayError as error:
@@ -305,6 +329,77 @@ class Controller:
         finally:
             waker.cancel()
             await self.close()
+            await self._release_lease()
+
+    # -- the gateway's `controller` lease ---------------------------------------------------
+
+    async def _take_lease(self, stop: asyncio.Event) -> bool:
+        """Waits until this controller holds the gateway's `controller` lease (False: `stop`
+        came first). Two controllers following one gateway both launched every rollout."""
+        said = 0.0
+        while not stop.is_set():
+            try:
+                lease = await self._claim()
+            except GatewayError as error:
+                if error.status_code in (401, 403):
+                    raise KeyRefused(
+                        f"the gateway refuses this controller's key ({error.message}): give the "
+                        "controller the gateway's admin key (--api-key or REINS_API_KEY)"
+                    ) from error
+                log.warning("cannot take the controller lease (%s); retrying", error)
+                await self._pause(stop, 2.0)
+                continue
+            if lease is None or lease.granted:  # None: a gateway older than leases
+                if said:
+                    log.warning("this controller now holds the gateway's controller lease")
+                return True
+            if time.monotonic() - said > 60:
+                said = time.monotonic()
+                log.warning(
+                    "another controller follows this gateway (%s, since %s, its lease until "
+                    "%s): this one waits until that lease ends (one controller per gateway: two "
+                    "would launch every rollout twice)",
+                    lease.holder, _when(lease.since), _when(lease.expires_at),
+                )  # fmt: skip
+            await self._pause(stop, min(5.0, self.lease_ttl_s / 3))
+        return False
+
+    async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
+
+    async def _claim(self) -> Lease | None:
+        """The lease as claimed; None from a gateway older than leases (nothing to hold)."""
+        try:
+            lease = await self.client.claim_lease(
+                CONTROLLER_LEASE, self.reconciler.lease_holder, self.lease_ttl_s
+            )
+        except GatewayError as error:
+            if error.status_code in (404, 405):
+                self._lease_renewed = None
+                return None
+            raise
+        if lease.granted:
+            self._lease_renewed = time.monotonic()
+        return lease
+
+    async def _renew_lease(self) -> None:
+        renewed = self._lease_renewed
+        if renewed is None or time.monotonic() - renewed < self.lease_ttl_s / 3:
+            return
+        lease = await self._claim()
+        if lease is not None and not lease.granted:
+            raise LeaseLost(
+                f"another controller ({lease.holder}) took the gateway's controller lease: this "
+                f"one did not renew it within {self.lease_ttl_s:g} s; it stops (its agents too)"
+            )
+
+    async def _release_lease(self) -> None:
+        if self._lease_renewed is None:
+            return
+        self._lease_renewed = None
+        with contextlib.suppress(GatewayError):
+            await self.client.release_lease(CONTROLLER_LEASE, self.reconciler.lease_holder)
 
     async def close(self, drain_s: float = 10.0) -> None:
         """Lets in-flight actions finish (up to `drain_s`, so a launch is not left without its

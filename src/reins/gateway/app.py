@@ -21,7 +21,7 @@ from reins.gateway.admission import AdmissionGate
 from reins.gateway.auth import Authenticator
 from reins.gateway.proxy import LLMProxy
 from reins.gateway.replicas import Replicas, ReplicaTimings
-from reins.gateway.routes import admission, events, models, proxy, records, rollouts
+from reins.gateway.routes import admission, events, leases, models, proxy, records, rollouts
 from reins.gateway.settings import GatewaySettings
 from reins.gateway.store import Conflict, Invalid, NotFound, Store, StoreError
 from reins.gateway.store.sql import SqlStore
@@ -114,6 +114,7 @@ def create_app(settings: GatewaySettings | None = None, store: Store | None = No
     app.include_router(proxy.router)
     app.include_router(proxy.anthropic_router)
     app.include_router(admission.router)
+    app.include_router(leases.router)
     app.include_router(dashboard.router)
     app.include_router(dashboard.metrics_router)
     return app

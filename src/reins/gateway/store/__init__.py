@@ -28,6 +28,7 @@ from reins.schemas import (
 
 if TYPE_CHECKING:
     from reins.gateway.store.board import ReplicaBoard
+    from reins.gateway.store.leases import Leases
     from reins.recordbatch import RolloutParts
 
 
@@ -84,6 +85,8 @@ class Store(Protocol):
 
     board: ReplicaBoard
     """What the gateway processes sharing the database tell each other (`gateway.replicas`)."""
+    leases: Leases
+    """One holder at a time of a named role: the rollout controller (`store.leases`)."""
 
     async def init(self) -> None:
         """Create the tables if needed. Safe to call on every start."""

@@ -61,6 +61,7 @@ from reins.gateway.store.journal import (
     held_elsewhere,
     journal_path,
 )
+from reins.gateway.store.leases import Leases
 from reins.gateway.store.packing import (
     FetchedRows,
     Key,
@@ -312,6 +313,7 @@ class SqlStore(DashboardReads):
         self._flush_timer: asyncio.TimerHandle | None = None
         self._packer = Packer()  # PostgreSQL's (SQLite's is its writer's)
         self.board = ReplicaBoard(self.engine, self._insert, self._write)
+        self.leases = Leases(self.engine, self._insert, self._write)
         """What the gateway processes sharing this database tell each other."""
         self.database_id: str | None = None
         """A random id made with the database (read by `init`): pages of rollout changes carry

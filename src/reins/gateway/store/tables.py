@@ -122,6 +122,16 @@ gateway_replicas = sa.Table(
 )
 """Each gateway process sharing this database, as it last reported itself (`store.board`)."""
 
+leases = sa.Table(
+    "leases",
+    metadata,
+    sa.Column("name", sa.String(50), primary_key=True),
+    sa.Column("holder", sa.String(300), nullable=False),
+    sa.Column("since", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+)
+"""One holder at a time of a named role (`store.leases`: the rollout controller)."""
+
 meta = sa.Table(
     "meta",
     metadata,
