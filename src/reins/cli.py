@@ -244,7 +244,7 @@ def controller(
 ) -> None:
     """Run the Rollout Controller: launch an agent for each queued rollout, report how it ended."""
     from reins.controller.command import ControllerOptions, main, parse_values
-    from reins.controller.loop import KeyRefused
+    from reins.controller.loop import KeyRefused, LeaseLost
 
     if runner not in ("local", "kubernetes"):
         console.print(error_line(f"--runner is `local` or `kubernetes`, not {runner!r}"))
@@ -274,6 +274,9 @@ def controller(
     except (ValueError, KeyRefused) as error:
         console.print(error_line(f"{error}"))
         raise typer.Exit(2) from error
+    except LeaseLost as error:
+        console.print(error_line(f"{error}"))
+        raise typer.Exit(1) from error
     except OSError as error:  # a --log-dir that is a file, a folder it may not write
         console.print(error_line(f"{error}"))
         raise typer.Exit(1) from error

@@ -591,6 +591,27 @@ async def test_an_agent_ends_as_a_fresh_interpreter_does_after_its_threads_and_a
     assert marker.read_text() == "ran"
 
 
+async def test_a_forked_agent_does_not_run_its_zygotes_atexit_functions(
+    client: GatewayClient, gateway_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registered when the zygote imported the module: each of its children ran them too (a
+    module's cleanup of what it made, at every attempt's end)."""
+    record = tmp_path / "atexit"
+    monkeypatch.setenv("REINS_TEST_ATEXIT_RECORD", str(record))
+    ids = ["r-atexit-1", "r-atexit-2"]
+    await client.create_rollouts([RolloutSpec(rollout_id=rid, input={}) for rid in ids])
+    reconciler = LocalReconciler(
+        "tests.controller.atexit_agent:succeed", 2, tmp_path / "logs", workdir=ROOT
+    )
+    ctl = Controller(client, reconciler, gateway_url=gateway_url, poll_interval_s=0.1)
+    async with running(ctl):
+        rollouts = await wait_terminal(client, ids)
+    assert {rollouts[rid].status.state for rid in ids} == {"succeeded"}
+    agents = {int((tmp_path / "logs" / rid / "attempt-1" / "pid").read_text()) for rid in ids}
+    ran = {int(line) for line in record.read_text().split()} if record.exists() else set()
+    assert not ran & agents
+
+
 @pytest.mark.parametrize("preload", [True, False], ids=["forked", "fresh"])
 async def test_sys_exit_in_an_agent_is_its_exit_status(
     client: GatewayClient, gateway_url: str, tmp_path: Path, preload: bool

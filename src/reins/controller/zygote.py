@@ -133,6 +133,9 @@ def _child(
     """Runs in the forked child; never returns."""
     code = 1
     try:
+        # The zygote's `atexit` functions (its modules', registered when they were imported) are
+        # not this child's to run: a module's cleanup of what it made would run at every end.
+        atexit._clear()
         os.close(protocol)  # the zygote's answers are its own: a child holding them open would
         os.setsid()  # keep the controller from seeing a dead zygote's end of file
         if parent is not None:
@@ -173,7 +176,8 @@ def _child(
 def _finalize() -> None:
     """What a fresh interpreter does before it exits, in its order: wait for the threads that
     are not daemons (an agent reporting its reward from one lost it), run the `atexit`
-    functions, flush the output. `os._exit` then skips the zygote's own frames above the fork."""
+    functions the agent registered, flush the output. `os._exit` then skips the zygote's own
+    frames above the fork."""
     shutdown = getattr(threading, "_shutdown", None)  # what Py_FinalizeEx calls first
     for step in (shutdown, atexit._run_exitfuncs, sys.stdout.flush, sys.stderr.flush):
         if step is None:
