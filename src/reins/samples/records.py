@@ -22,10 +22,15 @@ LogprobArray = NDArray[np.float32]
 
 
 def as_tokens(ids: Sequence[int] | NDArray[np.integer]) -> TokenArray:
-    """A 1-D int32 array of token IDs (no copy when ``ids`` already is one); a ValueError for
-    IDs that are not integers from 0 to 2**31 - 1 (a cast would wrap 2**32 + 7 to 7 and cut 1.9
-    to 1, silently)."""
+    """A 1-D int32 array of token IDs (``ids`` itself when it already is one); for any other
+    input, a ValueError for IDs that are not integers from 0 to 2**31 - 1 (a cast would wrap
+    2**32 + 7 to 7 and cut 1.9 to 1, silently)."""
     source = ids if isinstance(ids, np.ndarray) else np.asarray(ids)
+    if source.dtype == np.int32 and source.ndim == 1:
+        # Taken as it is, unscanned: the trainer's binary read lays out millions of tokens as
+        # int32 views (checked when they were stored), and a min and max over each call's
+        # whole prompt cost a pass over every rollout's prompts again.
+        return source  # type: ignore[return-value]
     if source.ndim != 1:
         raise ValueError(f"token IDs must be 1-D, got shape {source.shape}")
     if not source.size:
