@@ -8,7 +8,9 @@ path is tested against vLLM (`tests/engine`).
 
 Controls, in the request body: `stub_status` (answer with this error status), `stub_delay_s`
 (sleep before answering), `stub_raw` (answer 200 with this text, not JSON), `stub_chunk_delay_s`
-(sleep between streamed chunks), `stub_reply` (the text to answer). `app.state.chunk_delay_s`
+(sleep between streamed chunks), `stub_reply` (the text to answer), `stub_hold` (a name: wait
+until the test calls `StubEngine.release(name)`, so a call stays in flight however slow the
+machine is). `app.state.chunk_delay_s`
 slows every stream that does not say otherwise (a wire API's request carries no stub controls);
 `app.state.usage = False` answers without `usage`, as some engines do; `app.state.error =
 (status, message)` answers every call with that error, `app.state.raw` with that JSON text.
@@ -62,12 +64,20 @@ def create_stub_app(weight_version: int | None = None) -> FastAPI:
     app.state.usage = True
     app.state.error = None
     app.state.raw = None
+    app.state.holds = {}
 
     async def _common(request: Request) -> tuple[dict[str, Any], Response | None]:
         body = await request.json()
         app.state.requests.append(body)
         if body.get("stub_delay_s"):
             await asyncio.sleep(float(body["stub_delay_s"]))
+        if body.get("stub_hold"):
+            released = app.state.holds.setdefault(str(body["stub_hold"]), threading.Event())
+            deadline = time.monotonic() + 60
+            while not released.is_set():
+                if time.monotonic() > deadline:
+                    return body, JSONResponse({"error": "stub hold never released"}, 500)
+                await asyncio.sleep(0.01)
         if body.get("stub_raw"):
             return body, Response(str(body["stub_raw"]), 200, media_type="text/plain")
         if body.get("stub_status"):
@@ -253,6 +263,10 @@ class StubEngine:
     def requests(self) -> list[dict[str, Any]]:
         """Every request body the stub received, in order."""
         return list(self.app.state.requests)
+
+    def release(self, hold: str) -> None:
+        """Lets the calls sent with `stub_hold: hold` answer (now or when they come)."""
+        self.app.state.holds.setdefault(hold, threading.Event()).set()
 
     def __enter__(self) -> StubEngine:
         self.thread.start()

@@ -172,12 +172,13 @@ def test_a_call_in_flight_when_the_rollout_succeeds_is_409_and_not_appended(
     gateway: Gateway, token: str, stub: StubEngine
 ) -> None:
     headers = {"Authorization": f"Bearer {token}"}
-    body = {"messages": MESSAGES, "stub_delay_s": 1.5}
+    body = {"messages": MESSAGES, "stub_hold": "close"}
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(httpx.post, url(gateway), json=body, headers=headers, timeout=30)
         wait_for_engine_request(stub)
         closed = gateway.http.patch("/api/rollouts/r", json={"status": {"state": "succeeded"}})
         assert closed.status_code == 200, closed.text
+        stub.release("close")
         response = answer.result()
     assert response.status_code == 409, response.text
     assert "rollout r is succeeded" in response.json()["error"]["message"]

@@ -117,11 +117,11 @@ def test_drain_returns_once_calls_in_flight_finish(gateway: Gateway, base_url: s
     gateway.http.post("/api/admission/resume")
 
 
-def test_drain_reports_a_timeout(gateway: Gateway, base_url: str) -> None:
-    thread, _ = in_thread(
+def test_drain_reports_a_timeout(gateway: Gateway, base_url: str, stub: StubEngine) -> None:
+    thread, out = in_thread(
         lambda: httpx.post(
             f"{base_url}/chat/completions",
-            json={"messages": MESSAGES, "stub_delay_s": 2.0},
+            json={"messages": MESSAGES, "stub_hold": "drain"},
             headers={"Authorization": f"Bearer {ADMIN_KEY}"},
             timeout=30,
         )
@@ -131,8 +131,10 @@ def test_drain_reports_a_timeout(gateway: Gateway, base_url: str) -> None:
     assert drained["drained"] is False
     assert drained["in_flight"] == 1
     assert stub_calls(gateway) == 0, "drain answered before the call in flight finished"
+    stub.release("drain")
     thread.join(timeout=30)
     assert not thread.is_alive()
+    assert out["value"].status_code == 200  # type: ignore[attr-defined]
 
 
 def test_a_stream_counts_as_in_flight_until_its_end(gateway: Gateway, base_url: str) -> None:

@@ -111,16 +111,19 @@ def test_a_drain_at_one_replica_waits_for_a_call_running_at_the_other(
 
 
 def test_a_drain_reports_a_timeout_while_the_other_replica_is_busy(
-    replicas: tuple[Replica, Replica],
+    replicas: tuple[Replica, Replica], stub: StubEngine
 ) -> None:
     a, b = replicas
-    thread, _ = in_thread(lambda: b.call(stub_delay_s=2.0))
+    # Held by the engine until released: a fixed delay ran out while a slow CI machine paused.
+    thread, out = in_thread(lambda: b.call(stub_hold="drain"))
     until(b.admission, lambda s: s["in_flight"] == 1, "the call at b did not start")
     a.http.post("/api/admission/pause")
     drained = a.http.post("/api/admission/drain", params={"timeout_s": 0.3}).json()
     assert drained["drained"] is False
     assert recorded(a) == []
+    stub.release("drain")
     thread.join(timeout=30)
+    assert out["value"].status_code == 200  # type: ignore[attr-defined]
     a.http.post("/api/admission/resume")
 
 
