@@ -159,7 +159,8 @@ class RolloutStats(_Wire):
     response_tokens: int = 0
     min_version: int | None = None
     max_version: int | None = None
-    """Weight versions that served the calls."""
+    """Weight versions that served the calls the trainer trains (status 200, not abandoned, with
+    prompt and response tokens); None when there is none."""
     reward: float | None = None
     """Value of the last `reward` event; None when there is none."""
     started_at: float | None = None

@@ -47,6 +47,24 @@ async def test_stats_count_the_latest_attempt_only(store: SqlStore) -> None:
     assert stats.started_at is not None and stats.ended_at is None
 
 
+async def test_stats_versions_are_those_of_the_calls_the_trainer_trains(store: SqlStore) -> None:
+    """A failed, abandoned or empty call's version does not count: an async trainer gives up a
+    group whose versions are too old, and these calls are not trained."""
+    await rollout(store, "r", None)  # one call served by version 3
+    abandoned = chat_call([{"role": "user", "content": "left"}], "x", version=1)
+    abandoned["data"]["abandoned"] = True
+    empty = chat_call([{"role": "user", "content": "cut"}], "x", version=2)
+    empty["data"]["response_token_ids"] = []
+    empty["data"]["response_logprobs"] = []
+    failed = chat_call([{"role": "user", "content": "down"}], "x", version=0, status=500)
+    later = chat_call([{"role": "user", "content": "next"}], "y", version=6)
+    events = [EventIn(**call) for call in (abandoned, empty, failed, later)]
+    await store.append_events("r", 1, events)
+    stats = (await store.rollout_stats(["r"]))["r"]
+    assert (stats.calls, stats.failed_calls) == (5, 1)
+    assert (stats.min_version, stats.max_version) == (3, 6)
+
+
 async def test_stats_survive_events_that_are_not_what_the_proxy_writes(store: SqlStore) -> None:
     await store.create_rollouts([RolloutSpec(rollout_id="odd")])
     await store.open_attempt("odd", AttemptCreate())
@@ -168,15 +186,17 @@ async def test_a_document_holding_nul_characters_is_filtered_and_counted(store: 
     items, total = await store.query_rollouts(RolloutQuery(run="a", sort="reward"))
     assert [r.rollout_id for r in items] == ["nul", "escaped"] and total == 2
     # A call stored whole (a token ID past int32 is not packed) with a NUL in its request.
-    whole = chat_call([{"role": "user", "content": nul}], "no", version=4, status=500)
+    failed = chat_call([{"role": "user", "content": nul}], "no", version=5, status=500)
+    failed["data"]["prompt_token_ids"] = [2**31, 7]
+    whole = chat_call([{"role": "user", "content": nul}], "no", version=4)
     whole["data"]["prompt_token_ids"] = [2**31, 7]
-    await store.append_events("nul", 1, [EventIn(**whole)])
+    await store.append_events("nul", 1, [EventIn(**failed), EventIn(**whole)])
     stats = await store.rollout_stats(["nul", "escaped"])
     assert (stats["nul"].reward, stats["escaped"].reward) == (0.75, 0.5)
     assert stats["escaped"].calls == 1
     assert (stats["nul"].calls, stats["nul"].failed_calls, stats["nul"].prompt_tokens) == (
-        2,
+        3,
         1,
-        len(chat_call([{"role": "user", "content": "nul"}], "ok")["data"]["prompt_token_ids"]) + 2,
+        len(chat_call([{"role": "user", "content": "nul"}], "ok")["data"]["prompt_token_ids"]) + 4,
     )
     assert (stats["nul"].min_version, stats["nul"].max_version) == (3, 4)

@@ -189,6 +189,15 @@ class DashboardReads:
         # NUMERIC, not a double: a version past 2**53 stays exact (SQLite's are 64-bit ints).
         return sa.case((is_number, sa.cast(value.as_string(), sa.Numeric)))
 
+    def _json_true(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[bool]:
+        """Whether `column[key]` is the JSON value `true` (false, not NULL, when it is missing)."""
+        if self.is_sqlite:
+            is_true = sa.func.json_type(column, f'$."{key}"') == "true"
+        else:
+            value = nul_free(column)[key]
+            is_true = sa.and_(sa.func.json_typeof(value) == "boolean", value.as_string() == "true")
+        return sa.case((is_true, sa.true()), else_=sa.false())
+
     def _json_length(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[Any]:
         """Length of the JSON array `column[key]`; 0 when it is not an array."""
         if self.is_sqlite:
@@ -216,8 +225,16 @@ class DashboardReads:
                 events.c.attempt_id == rollouts.c.attempt_count,
             ),
         )
-        version = self._json_number(events.c.data, "model_version")
         status = self._json_number(events.c.data, "status")
+        # The versions of the calls the trainer trains (`samples.records.call_of`): a failed or
+        # abandoned call's version must not make a group look too stale to train.
+        trained = sa.and_(
+            status == 200,
+            sa.not_(self._json_true(events.c.data, "abandoned")),
+            self._token_count("prompt") > 0,
+            self._token_count("response") > 0,
+        )
+        version = sa.case((trained, self._json_number(events.c.data, "model_version")))
         calls = (
             sa.select(
                 events.c.rollout_id,
