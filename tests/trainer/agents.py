@@ -39,3 +39,9 @@ def no_reward(task: dict[str, Any]) -> float | None:
     `rewarded: true`."""
     reward = two_calls(task)
     return reward if task.get("rewarded") else None
+
+
+def same_reward(task: dict[str, Any]) -> float:
+    """`two_calls` rewarded 0.5 whatever it said: every advantage is 0, no weight moves."""
+    two_calls(task)
+    return 0.5

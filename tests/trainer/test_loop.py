@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sqlite3
 import threading
 from pathlib import Path
@@ -93,6 +94,27 @@ def test_a_resumed_run_goes_on_from_its_checkpoint(tmp_path: Path, tiny_model_di
     assert [r["step"] for r in records] == [1]
     assert records[0]["weight_version"] == 2  # the version went on from the checkpoint
     assert [line["step"] for line in metrics(longer.run_dir)] == [0, 1]
+
+
+def test_an_async_run_resumed_in_sync_mode_trains_the_groups_it_left_first(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Async keeps groups declared ahead (`max_staleness` 1): its checkpoint names them, and a
+    sync incarnation trained fresh tasks and lost them."""
+    first = config(
+        tmp_path, tiny_model_dir, mode="async", steps=2, val_every=0, max_staleness=1,
+        checkpoint_every=1, keep_checkpoints=2,
+    )  # fmt: skip
+    asyncio.run(train(first))
+    after_first, last = checkpoint.saved(first.run_dir / "checkpoints")[-2:]
+    shutil.rmtree(last)  # as if the run had died before its last checkpoint
+    pending = checkpoint.read_state(after_first).pending
+    assert len(pending) == 2, "async declared step 1's groups during step 0"
+    resumed = config(tmp_path, tiny_model_dir, mode="sync", steps=2, val_every=0)
+    (record,) = asyncio.run(train(resumed, resume=True))
+    trained = sorted(int(group.split(".t")[1][:7]) for group in record["rollouts/groups"])
+    assert trained == pending
+    assert checkpoint.read_state(checkpoint.latest(resumed.run_dir) or tmp_path).pending == []
 
 
 def test_a_group_with_a_crashing_rollout_is_dropped_and_counted(
@@ -214,6 +236,23 @@ def test_async_run_drains_updates_and_resumes_the_gateway(
         else:
             assert g / t <= w <= (g + 2 * extra) / t
     assert all("time/wait" in r for r in records)
+
+
+def test_async_steps_that_move_no_weight_keep_the_version_and_age_no_rollout(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Every rollout rewarded the same: no advantage, no optimizer step, so the version stays
+    (it used to go up at every step: a rollout running across such a step counted as served
+    by an older policy, and was dropped as stale past `max_staleness`)."""
+    run = config(
+        tmp_path, tiny_model_dir, mode="async", steps=3, val_every=0, max_staleness=0,
+        agent="tests.trainer.agents:same_reward",
+    )  # fmt: skip
+    records = asyncio.run(train(run))
+    assert [r["weight_version"] for r in records] == [0, 0, 0]
+    assert [r["policy/optimizer_steps"] for r in records] == [0, 0, 0]
+    assert [r["rollouts/stale_groups"] for r in records] == [0, 0, 0]
+    assert [r["rollouts/cancelled_groups"] for r in records] == [0, 0, 0]
 
 
 def test_async_run_with_importance_correction_reports_gaps_by_version_lag(

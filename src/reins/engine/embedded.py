@@ -66,6 +66,13 @@ class Finished:
     """Prompt tokens whose KV came from the prefix cache (not prefilled)."""
 
 
+@dataclass
+class WeightUpdate:
+    changed: bool = True
+    """False: the block changed no weight (a training step with no optimizer step), so the
+    version stays: rollouts served before it are not a version older for it."""
+
+
 class EmbeddedEngine:
     """Generates with `model`; see the module docstring for weight updates."""
 
@@ -155,9 +162,10 @@ class EmbeddedEngine:
         return self._weight_generation
 
     @contextlib.contextmanager
-    def updating_weights(self, version: int | None = None) -> Iterator[None]:
+    def updating_weights(self, version: int | None = None) -> Iterator[WeightUpdate]:
         """Holds generation between two steps while the block changes the weights in place;
-        they are then served as `version` (default: the next number).
+        they are then served as `version` (default: the next number), unless the block says
+        it changed none (`WeightUpdate.changed`): the version then stays.
 
         The prefix cache is emptied before the block, not after: its KV (up to
         `prefix_cache_gb`) is stale once the weights change, and freeing it first keeps it out
@@ -179,18 +187,30 @@ class EmbeddedEngine:
             self._weight_generation += 1
             self.prefix_cache.invalidate(self._weight_generation)
             return_freed_memory()
-            yield
-            self._weight_version = target
-        log.info("engine %s now serves weight version %d", self.name, self._weight_version)
+            update = WeightUpdate()
+            yield update
+            if update.changed:
+                self._weight_version = target
+        if update.changed:
+            log.info("engine %s now serves weight version %d", self.name, self._weight_version)
 
-    def update_weights(self, apply: Callable[[], T], version: int | None = None) -> T:
+    def update_weights(
+        self,
+        apply: Callable[[], T],
+        version: int | None = None,
+        *,
+        changed: Callable[[T], bool] | None = None,
+    ) -> T:
         """Runs `apply`, which changes the weights in place (a training step), inside
         `updating_weights` on the engine's own thread, so that the update and generation reuse
-        each other's freed memory (`BatchScheduler.run_between_steps`); returns its result."""
+        each other's freed memory (`BatchScheduler.run_between_steps`); returns its result.
+        When `changed(result)` is False the weights are the same: the version stays."""
 
         def job() -> T:
-            with self.updating_weights(version):
-                return apply()
+            with self.updating_weights(version) as update:
+                result = apply()
+                update.changed = changed is None or changed(result)
+            return result
 
         return self.scheduler.run_between_steps(job)
 

@@ -67,6 +67,8 @@ class StepStats:
     response_tokens: int = 0
     trained_tokens: int = 0
     optimizer_steps: int = 0
+    """0: the weights did not change (every advantage 0, or every gradient non-finite): the
+    trainer then publishes no new version, and the rollouts in flight do not age."""
     nonfinite_steps: int = 0
     """Optimizer steps not taken: the gradient held an inf or a NaN (one step would have made
     every weight NaN)."""

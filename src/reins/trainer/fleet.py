@@ -35,6 +35,11 @@ class FleetEngine(Protocol):
     kind: str
     """What the gateway registers it as: `reins` or `vllm`."""
 
+    @property
+    def drops_weights(self) -> bool:
+        """Whether `before_update` lets the weights go (they must be loaded again after it)."""
+        ...
+
     def before_update(self) -> None:
         """Called before the optimizer step (no call is in flight then)."""
         ...
@@ -46,6 +51,8 @@ class FleetEngine(Protocol):
 
 class ReinsEngine:
     kind = "reins"
+
+    drops_weights = False
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -81,6 +88,10 @@ class VllmEngine:
                 "VLLM_SERVER_DEV_MODE=1 in its environment (it opens /collective_rpc)"
             )
         _check(url, "/reset_prefix_cache", probe)
+
+    @property
+    def drops_weights(self) -> bool:
+        return self.sleep  # level 2 discards them
 
     def before_update(self) -> None:
         if self.sleep:

@@ -54,6 +54,11 @@ log = logging.getLogger(__name__)
 TERMINAL: tuple[RolloutState, ...] = ("succeeded", "failed")
 
 
+def _moved_weights(stats: StepStats) -> bool:
+    """A step with no optimizer step changed no weight: no new version (`StepStats`)."""
+    return stats.optimizer_steps > 0
+
+
 class Reporter(Protocol):
     """What the console (or a test) is told as the run goes."""
 
@@ -257,7 +262,12 @@ class Trainer:
             val = await self._maybe_validate(step)
             started = time.monotonic()
             self.reporter.phase(step, "rollouts")
-            groups = await self._declare(self.train_tasks.take(self.config.tasks_per_step))
+            # Tasks an async incarnation declared and never trained come first (a run may be
+            # resumed in the other mode); the checkpoint keeps those not declared yet.
+            count = self.config.tasks_per_step
+            left, self.pending = self.pending[:count], self.pending[count:]
+            tasks = self.train_tasks.at(left) + self.train_tasks.take(count - len(left))
+            groups = await self._declare(tasks)
             finished = await self._wait_groups(groups, need=len(groups))
             rollout_s = time.monotonic() - started
             record = await self._update(step, finished, val, timings={"time/rollout": rollout_s})
@@ -271,6 +281,7 @@ class Trainer:
         running = self._running = (
             await self._declare(self.train_tasks.at(self.pending)) if self.pending else []
         )
+        self.pending = []
         for step in range(start_step, self.config.steps):
             val = await self._maybe_validate(step)
             started = time.monotonic()
@@ -416,7 +427,7 @@ class Trainer:
             weight_version=self.publisher.version,
             rng=checkpoint.capture_rng(),
             lineage=list(self.lineage),
-            pending=sorted(g.position for g in self._running),
+            pending=sorted([*self.pending, *(g.position for g in self._running)]),
             record=record,
             stream=self.train_tasks.identity(),
         )
@@ -624,13 +635,15 @@ class Trainer:
                 self.versions.served(self.publisher.version + 1)
             lags = version_lags(self.lineage)
             stats, publish_s = await asyncio.to_thread(
-                self.publisher.update, lambda: self.backend.train_step(batch, lags)
+                self.publisher.update,
+                lambda: self.backend.train_step(batch, lags),
+                _moved_weights,
             )
             if self.versions is not None:
                 self.versions.served(self.publisher.version)
-            if self.on_publish is not None:
-                await self.on_publish(self.publisher.version)
             if self.publisher.version != self.lineage[-1]:
+                if self.on_publish is not None:
+                    await self.on_publish(self.publisher.version)
                 self.lineage.append(self.publisher.version)
         update_s = time.monotonic() - updated_at - publish_s
         # Rollouts the update used: none without a sequence to train, less those the

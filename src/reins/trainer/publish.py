@@ -30,8 +30,12 @@ class WeightPublisher(Protocol):
     @property
     def version(self) -> int: ...
 
-    def update(self, apply: Callable[[], T]) -> tuple[T, float]:
-        """Runs `apply` (the optimizer step), publishes the weights: (result, publish seconds)."""
+    def update(
+        self, apply: Callable[[], T], changed: Callable[[T], bool] | None = None
+    ) -> tuple[T, float]:
+        """Runs `apply` (the optimizer step), publishes the weights: (result, publish seconds).
+        When `changed(result)` is False the weights are as before: the version stays (a step
+        with no optimizer step must not age the rollouts in flight, nor reload a fleet)."""
         ...
 
 
@@ -43,7 +47,9 @@ class InProcessPublisher:
     def version(self) -> int:
         return self.engine.weight_version
 
-    def update(self, apply: Callable[[], T]) -> tuple[T, float]:
+    def update(
+        self, apply: Callable[[], T], changed: Callable[[T], bool] | None = None
+    ) -> tuple[T, float]:
         applied: list[float] = []
 
         def timed() -> T:
@@ -51,7 +57,7 @@ class InProcessPublisher:
             applied.append(time.perf_counter())
             return result
 
-        result = self.engine.update_weights(timed)
+        result = self.engine.update_weights(timed, changed=changed)
         return result, time.perf_counter() - applied[0]
 
 
@@ -83,12 +89,17 @@ class ReloadPublisher:
     def version(self) -> int:
         return self._version
 
-    def update(self, apply: Callable[[], T]) -> tuple[T, float]:
+    def update(
+        self, apply: Callable[[], T], changed: Callable[[T], bool] | None = None
+    ) -> tuple[T, float]:
         for engine in self.engines:
             engine.before_update()
         result = apply()
         started = time.perf_counter()
-        self.publish(self._version + 1)
+        if changed is None or changed(result):
+            self.publish(self._version + 1)
+        elif any(engine.drops_weights for engine in self.engines):
+            self.publish(self._version)  # a sleeping vLLM let its weights go: the same again
         return result, time.perf_counter() - started
 
     def publish(self, version: int) -> None:

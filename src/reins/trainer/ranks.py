@@ -157,9 +157,13 @@ class GatheringPublisher:
     def version(self) -> int:
         return self.engine.weight_version
 
-    def update(self, apply: Callable[[], T]) -> tuple[T, float]:
+    def update(
+        self, apply: Callable[[], T], changed: Callable[[T], bool] | None = None
+    ) -> tuple[T, float]:
         result = apply()
         started = time.perf_counter()
+        if changed is not None and not changed(result):
+            return result, 0.0
         state = self.backend.full_state_dict()
         with self.engine.updating_weights():
             load_into(self.engine.model, state)
