@@ -12,9 +12,12 @@ from openai import OpenAI
 
 def two_calls(task: dict[str, Any]) -> float:
     """Two chat calls (the second extends the first's conversation); between them it waits until
-    the file `wait_for` exists, if set (at most 300 s); `crash: true` makes the agent fail."""
+    the file `wait_for` exists, if set (at most 300 s); `crash: true` makes the agent fail;
+    `silent: true` makes no call."""
     if task.get("crash"):
         raise RuntimeError("this task always crashes")
+    if task.get("silent"):
+        return 0.25  # rewarded without a call: nothing to train
     client = OpenAI(max_retries=5, timeout=300)
     messages: list[Any] = [{"role": "user", "content": f"Say {task['word']}."}]
     first = client.chat.completions.create(model="policy", messages=messages, max_tokens=4)

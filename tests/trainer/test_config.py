@@ -57,6 +57,7 @@ def test_an_override_that_is_not_yaml_and_a_file_not_utf8_are_config_errors(
         ("betas=[.nan, 0.9]", r"betas\.0: Input should be a finite number"),
         ("lora.dropout=.nan", r"lora\.dropout: Input should be a finite number"),
         ("group_size=1", "group_size: Input should be greater than or equal to 2"),
+        ("tis_cap=0.5", "tis_cap: Input should be greater than or equal to 1"),
     ],
 )
 def test_values_that_would_train_nothing_or_nan_weights_are_refused(

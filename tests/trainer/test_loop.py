@@ -134,6 +134,20 @@ def test_a_group_with_a_crashing_rollout_is_dropped_and_counted(
     assert record["rollouts/trained"] == 2
 
 
+def test_rollouts_that_made_no_call_are_not_counted_as_trained(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    tasks = tmp_path / "silent.jsonl"
+    lines = [{"id": "ant", "input": {"word": "ant", "silent": True}}]
+    lines.append({"id": "bee", "input": {"word": "bee"}})
+    tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = config(tmp_path, tiny_model_dir, tasks=tasks, steps=1, val_every=0)
+    (record,) = asyncio.run(train(run))
+    assert record["rollouts/trained"] == 2
+    assert record["rollouts/generated_per_trained"] == 2.0
+    assert record["samples/empty_rollouts"] == 2
+
+
 @pytest.mark.parametrize("val_every", [0, 1], ids=["in-training", "in-validation"])
 def test_an_agent_that_cannot_run_stops_the_run_at_its_first_rollouts(
     tmp_path: Path, tiny_model_dir: Path, val_every: int

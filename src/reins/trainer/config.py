@@ -144,10 +144,11 @@ class TrainConfig(BaseModel):
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
     """The PPO ratio's denominator: recomputed by the trainer before the update, or the
     engine's logprobs from the rollout. Their gap is logged either way (`policy/logprob_gap`)."""
-    tis_cap: float | None = Field(default=None, gt=0)
+    tis_cap: float | None = Field(default=None, ge=1)
     """Token-level truncated importance sampling: each token's loss weighed by
     min(trainer / engine probability, tis_cap), the engine's being the weights that sampled it
-    (`reins.trainer.correction`). None: off. Needs `old_logprobs: recompute`."""
+    (`reins.trainer.correction`). None: off. Needs `old_logprobs: recompute`. At least 1: a cap
+    below would weigh down every on-policy token (ratio 1) rather than truncate."""
     rollout_mask_ratio: float | None = Field(default=None, gt=1)
     """Rollout-level masking: a rollout whose geometric-mean trainer/engine ratio is beyond this
     bound (either way) is left out of the update whole. None: off. Needs `old_logprobs:

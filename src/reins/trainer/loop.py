@@ -646,9 +646,9 @@ class Trainer:
                     await self.on_publish(self.publisher.version)
                 self.lineage.append(self.publisher.version)
         update_s = time.monotonic() - updated_at - publish_s
-        # Rollouts the update used: none without a sequence to train, less those the
-        # correction left out whole.
-        used = len(records) if batch is not None and batch.sequences else 0
+        # Rollouts the update used: those with a sequence to train (a rollout whose every call
+        # failed has none), less those the correction left out whole.
+        used = len({s.rollout_id for s in batch.sequences}) if batch is not None else 0
         if stats.correction is not None:
             used -= stats.correction.masked_rollouts
         if self.on_update is not None:
@@ -695,6 +695,7 @@ class Trainer:
             record["samples/per_rollout"] = sample_metrics.samples_per_rollout
             record["samples/split_reasons"] = dict(sample_metrics.split_reasons)
             record["samples/sequences"] = sample_metrics.sequences
+            record["samples/empty_rollouts"] = sample_metrics.empty_rollouts
             record["samples/response_tokens"] = sample_metrics.response_tokens
             record["samples/merge_token_saving"] = sample_metrics.merge_token_saving
             record["samples/mixed_version_sequences"] = sample_metrics.mixed_version_sequences
