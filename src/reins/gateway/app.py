@@ -216,6 +216,16 @@ def _install_error_handlers(app: FastAPI) -> None:
         # the database refused a new connection (it is restarting, or down).
         return _unavailable(request, repr(exc))
 
+    @app.exception_handler(Exception)
+    async def on_defect(request: Request, exc: Exception) -> Response:
+        # A defect of the gateway: answered in the harness's API's shape (or the gateway's),
+        # not as a bare text 500; Starlette then logs it with its traceback.
+        message = (
+            f"the gateway failed on this request ({type(exc).__name__}: {str(exc)[:300]}); its "
+            "log has the traceback"
+        )
+        return proxy.error_for_path(request.url.path, 500, message) or _error(500, message)
+
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
         message = _routing_message(request, exc)

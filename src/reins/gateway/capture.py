@@ -452,7 +452,10 @@ class StreamRecorder:
             self.prompt_token_ids = list(chunk["prompt_token_ids"])
         if chunk.get("usage"):
             self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            if not isinstance(choice, dict):
+                continue
             state = self.choices.setdefault(int(choice.get("index", 0)), _ChoiceState())
             state.token_ids.extend(choice.get("token_ids") or ())
             state.logprobs.extend(_logprobs_of(choice, self.facts.kind))
@@ -465,21 +468,26 @@ class StreamRecorder:
             if choice.get("stop_reason") is not None:
                 state.stop_reason = choice["stop_reason"]
             if self.facts.kind == "completions":
-                state.text += choice.get("text") or ""
+                state.text += _text(choice.get("text"))
                 continue
-            delta = choice.get("delta") or {}
-            state.text += delta.get("content") or ""
-            state.reasoning += delta.get("reasoning_content") or delta.get("reasoning") or ""
-            for call in delta.get("tool_calls") or ():
+            delta = choice.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
+            state.text += _text(delta.get("content"))
+            state.reasoning += _text(delta.get("reasoning_content") or delta.get("reasoning"))
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else ():
+                if not isinstance(call, dict):
+                    continue
                 state.last_call = tool_call_index(call, state.last_call)
                 slot = state.tool_calls.setdefault(
                     state.last_call,
                     {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
                 )
                 slot["id"] = call.get("id") or slot["id"]
-                function = call.get("function") or {}
-                slot["function"]["name"] += function.get("name") or ""
-                slot["function"]["arguments"] += function.get("arguments") or ""
+                function = call.get("function")
+                function = function if isinstance(function, dict) else {}
+                slot["function"]["name"] += _text(function.get("name"))
+                slot["function"]["arguments"] += _text(function.get("arguments"))
 
     def _keep_shown_logprobs(self, state: _ChoiceState, logprobs: Any) -> None:
         """Adds a chunk's logprobs (as the harness is sent them) to its choice's."""
@@ -536,3 +544,8 @@ class StreamRecorder:
             )
             for index, state in sorted(self.choices.items())
         ]
+
+
+def _text(value: Any) -> str:
+    """A streamed piece of text; an engine's non-string piece counts as none."""
+    return value if isinstance(value, str) else ""

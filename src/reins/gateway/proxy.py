@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 import zlib
@@ -51,6 +52,8 @@ from reins.gateway.wire import Translation, WireApi, WireError
 from reins.gateway.wire.overflow import Overflow, openai_body, read_overflow
 from reins.httpjson import JSONResponse
 from reins.schemas import MODEL_REQUEST, EventIn, Model, ModelRequest
+
+log = logging.getLogger(__name__)
 
 WEIGHT_VERSION_HEADER = "x-reins-weight-version"
 _PATHS: dict[Kind, str] = {"chat": "/chat/completions", "completions": "/completions"}
@@ -273,7 +276,12 @@ class LLMProxy:
             payload = await self._json_answer(upstream, facts, started, rollout_id, attempt_id)
             if isinstance(payload, _Failed):
                 return openai_error(payload.status, payload.message, payload.kind)
-            shown, records = answer_and_records(facts, payload)
+            try:
+                shown, records = answer_and_records(facts, payload)
+            except Exception as error:
+                failure = _unreadable(facts, error)
+                await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
+                return openai_error(502, failure, "bad_upstream_answer")
             await self._record(rollout_id, attempt_id, records)
             return Response(orjson.dumps(shown), media_type="application/json")
         finally:
@@ -288,7 +296,7 @@ class LLMProxy:
         completions and back (`reins.gateway.wire`), recorded like a chat call, with the request
         and the answer as the harness saw them and `kind` naming the API."""
 
-        def failure(
+        def failure_response(
             status: int,
             message: str,
             kind: str | None = None,
@@ -317,9 +325,9 @@ class LLMProxy:
             await self._record(
                 rollout_id, attempt_id, [error_record(facts, error.status, error.message)]
             )
-            return failure(error.status, error.message, error.kind, error.param)
+            return failure_response(error.status, error.message, error.kind, error.param)
         facts.notes = translation.notes  # the same list: notes made while answering count too
-        opened = await self._open(body.get("model"), rollout_id, failure)
+        opened = await self._open(body.get("model"), rollout_id, failure_response)
         if isinstance(opened, Response):
             return opened
         target = opened
@@ -346,7 +354,7 @@ class LLMProxy:
             if isinstance(upstream, _Failed):
                 if upstream.overflow is not None:
                     return JSONResponse(api.overflow_body(upstream.overflow), 400)
-                return failure(upstream.status, upstream.message)
+                return failure_response(upstream.status, upstream.message)
             if translation.stream:
                 streaming = True
                 return _ReleasingStream(
@@ -356,11 +364,16 @@ class LLMProxy:
                 )
             payload = await self._json_answer(upstream, facts, started, rollout_id, attempt_id)
             if isinstance(payload, _Failed):
-                return failure(payload.status, payload.message)
+                return failure_response(payload.status, payload.message)
             # Answered before the token IDs the harness did not ask for are stripped: usage the
             # engine did not send is counted from them, as a stream's is.
-            answer = translation.answer(payload)
-            _, records = answer_and_records(facts, payload)
+            try:
+                answer = translation.answer(payload)
+                _, records = answer_and_records(facts, payload)
+            except Exception as error:
+                failure = _unreadable(facts, error)
+                await self._record(rollout_id, attempt_id, [error_record(facts, 502, failure)])
+                return failure_response(502, failure)
             for record in records:
                 record.response = answer
             await self._record(rollout_id, attempt_id, records)
@@ -642,6 +655,9 @@ class LLMProxy:
         call = _StreamedCall(upstream, StreamRecorder(facts))
         call.chunks = self._relay_chunks(call, facts, started, rollout_id, attempt_id)
         call.abandon = lambda: self._abandon(call, facts, started, rollout_id, attempt_id)
+        call.fail = lambda failure: self._fail(
+            call, facts, started, rollout_id, attempt_id, failure
+        )
         return call
 
     async def _relay_chunks(
@@ -676,14 +692,19 @@ class LLMProxy:
                     )
                     return
                 if isinstance(chunk, dict):
-                    call.recorder.feed(chunk)  # copies what it keeps, so stripping after is safe
-                    if call.recorder.error is not None:  # the engine's error chunk
+                    try:
+                        call.recorder.feed(chunk)  # copies what it keeps: stripping is safe
+                        engine_error = call.recorder.error
+                        if engine_error is None:
+                            chunk = strip_for_harness(chunk, facts.request, facts.kind)
+                    except Exception as error:
+                        engine_error = _unreadable(facts, error)
+                    if engine_error is not None:  # its error chunk, or one that could not be read
                         # Recorded before the harness hears of it: it stops reading there.
                         yield await self._stream_failure(
-                            call, facts, started, rollout_id, attempt_id, call.recorder.error
+                            call, facts, started, rollout_id, attempt_id, engine_error
                         )
                         return
-                    chunk = strip_for_harness(chunk, facts.request, facts.kind)
                 yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
         except (aiohttp.ClientError, TimeoutError) as error:
             failure = f"the engine's stream broke off: {error!r}"
@@ -729,11 +750,7 @@ class LLMProxy:
         failure: str,
     ) -> bytes:
         """Records a chat stream that failed midway (502) and returns the error event."""
-        facts.latency_s = time.perf_counter() - started
-        call.recorded = True
-        call.recorder.fail(failure)
-        with contextlib.suppress(Conflict):  # the attempt closed meanwhile: nothing to add
-            await self._record(rollout_id, attempt_id, call.recorder.records())
+        await self._fail(call, facts, started, rollout_id, attempt_id, failure)
         error = {"message": failure, "type": "bad_upstream_answer", "code": 502}
         return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
 
@@ -754,6 +771,9 @@ class LLMProxy:
             call, translation, facts, started, rollout_id, attempt_id
         )
         call.abandon = lambda: self._abandon(call, facts, started, rollout_id, attempt_id)
+        call.fail = lambda failure: self._fail(
+            call, facts, started, rollout_id, attempt_id, failure
+        )
         return call
 
     async def _relay_wire_chunks(
@@ -780,10 +800,16 @@ class LLMProxy:
                 elif not isinstance(chunk, dict):
                     problem = f"the engine sent a stream line that is not JSON: {data[:200]}"
                     chunk = {"error": {"message": problem}}
-                call.recorder.feed(chunk)
+                try:
+                    call.recorder.feed(chunk)
+                    events = (
+                        [] if call.recorder.error is not None else translation.stream_events(chunk)
+                    )
+                except Exception as error:
+                    call.recorder.fail(_unreadable(facts, error))
                 if call.recorder.error is not None:
-                    break  # the engine's error chunk: told below, once recorded
-                for event in translation.stream_events(chunk):
+                    break  # the engine's error chunk, or one it could not read: told below
+                for event in events:
                     yield event
         except (aiohttp.ClientError, TimeoutError) as error:
             call.recorder.fail(f"the engine's stream broke off: {error!r}")
@@ -840,6 +866,30 @@ class LLMProxy:
         (a wire API's partial answer is not assembled: its `response` stays empty)."""
         facts.latency_s = time.perf_counter() - started
         records = abandoned_records(facts, call.recorder.records())
+        if facts.api is not None:
+            for record in records:
+                record.response = {}
+        with contextlib.suppress(Conflict):  # the attempt closed meanwhile: nothing to add
+            await self._record(rollout_id, attempt_id, records)
+
+    async def _fail(
+        self,
+        call: _StreamedCall,
+        facts: CallFacts,
+        started: float,
+        rollout_id: str,
+        attempt_id: int,
+        failure: str,
+    ) -> None:
+        """Records a stream whose relay failed (`_StreamedCall.failure`): a 502 with what the
+        engine had sent, or the failure alone if that cannot be read either."""
+        facts.latency_s = time.perf_counter() - started
+        call.recorded = True
+        try:
+            call.recorder.fail(failure)
+            records = call.recorder.records()
+        except Exception:
+            records = [error_record(facts, 502, failure)]
         if facts.api is not None:
             for record in records:
                 record.response = {}
@@ -952,6 +1002,16 @@ class LLMProxy:
                 self.on_record(record)
 
 
+def _unreadable(facts: CallFacts, error: Exception) -> str:
+    """Why a call failed that the gateway could not read or translate (a defect of the gateway,
+    or an engine answering out of its API): logged with the traceback, recorded as a 502."""
+    log.exception("the answer from %s could not be read", facts.endpoint)
+    return (
+        f"the gateway could not read the engine's answer ({type(error).__name__}: "
+        f"{str(error)[:300]}); the gateway's log has the traceback"
+    )
+
+
 def _failed_record(record: ModelRequest, message: str) -> ModelRequest:
     """`record` as a failed call's (`capture.error_record`): the request, no answer."""
     update: dict[str, Any] = {
@@ -1021,15 +1081,30 @@ class _StreamedCall:
         self.recorder = recorder
         self.chunks: AsyncGenerator[bytes, None] | None = None
         self.abandon: Callable[[], Awaitable[None]] | None = None
+        self.fail: Callable[[str], Awaitable[None]] | None = None
         self.recorded = False
-        """Set when the relay records the call (answered or failed); else it was abandoned."""
+        """Set when the relay records the call (answered or failed); else it was abandoned,
+        or the relay itself failed (`failure`)."""
+        self.failure: str | None = None
 
     def __aiter__(self) -> _StreamedCall:
         return self
 
     async def __anext__(self) -> bytes:
         assert self.chunks is not None
-        return await self.chunks.__anext__()
+        try:
+            return await self.chunks.__anext__()
+        except StopAsyncIteration:
+            raise
+        except Exception as error:
+            # The stream is cut (its events may be half sent); the call is recorded as failed,
+            # not as a harness that left (`settle`).
+            log.exception("relaying a stream failed")
+            self.failure = (
+                f"the gateway failed while relaying the engine's stream ({type(error).__name__}: "
+                f"{str(error)[:300]}); the gateway's log has the traceback"
+            )
+            raise
 
     def end_upstream(self) -> None:
         """The engine's response is done with: released when the stream ended, else closed, so
@@ -1047,8 +1122,12 @@ class _StreamedCall:
             if self.chunks is not None:
                 await self.chunks.aclose()
             self.end_upstream()
-            if not self.recorded and self.abandon is not None:
-                self.recorded = True
+            if self.recorded:
+                return
+            self.recorded = True
+            if self.failure is not None and self.fail is not None:
+                await self.fail(self.failure)
+            elif self.abandon is not None:
                 await self.abandon()
 
 

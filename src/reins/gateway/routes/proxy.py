@@ -47,9 +47,12 @@ _WIRE: dict[str, WireApi] = {"responses": responses, "messages": messages}
 
 
 def error_shape(kind: ProxyKind) -> Callable[[int, str], Response]:
-    """Errors in the API of the call: OpenAI's error object, or Anthropic's."""
+    """Errors in the API of the call: OpenAI's error object (the Responses API's, whose `code`
+    is a string or null), or Anthropic's."""
     if kind in ("messages", "count_tokens"):
         return lambda status, message: JSONResponse(messages.error_body(status, message), status)
+    if kind == "responses":
+        return lambda status, message: JSONResponse(responses.error_body(status, message), status)
     return lambda status, message: openai_error(status, message, "invalid_request_error")
 
 
@@ -58,7 +61,11 @@ def error_for_path(path: str, status: int, message: str) -> Response | None:
     shape of the API the path names, so the harness's SDK shows its message; None elsewhere."""
     if not path.startswith("/proxy/"):
         return None
-    kind: ProxyKind = "messages" if "/anthropic" in path else "chat"
+    kind: ProxyKind = "chat"
+    if "/anthropic" in path:
+        kind = "messages"
+    elif path.rstrip("/").endswith("/openai/v1/responses"):
+        kind = "responses"
     # Both APIs answer an invalid request with 400 (their SDKs' BadRequestError); neither has
     # the gateway's own 422.
     return error_shape(kind)(400 if status == 422 else status, message)

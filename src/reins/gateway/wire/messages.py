@@ -667,18 +667,27 @@ class Translation:
             self._error = str(message or "the engine failed")
             self._done = True
             return [sse("error", error_body(500, self._error))]
-        if self._input_tokens is None and chunk.get("prompt_token_ids"):
-            self._input_tokens = len(chunk["prompt_token_ids"])
+        # The engine's fields are read by their types: an odd one is not counted, not a crash.
+        prompt_ids = chunk.get("prompt_token_ids")
+        if self._input_tokens is None and isinstance(prompt_ids, list) and prompt_ids:
+            self._input_tokens = len(prompt_ids)
         events = self._start()
         usage = chunk.get("usage")
         if isinstance(usage, dict):
-            self._input_tokens = int(usage.get("prompt_tokens") or self._input_tokens or 0)
-            self._output_tokens = int(usage.get("completion_tokens") or self._token_count)
-        for choice in chunk.get("choices") or ():
+            prompt, output = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if _count(prompt):
+                self._input_tokens = prompt
+            if _count(output):
+                self._output_tokens = output
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            self._token_count += len(choice.get("token_ids") or ())
-            delta = choice.get("delta") or {}
+            token_ids = choice.get("token_ids")
+            self._token_count += len(token_ids) if isinstance(token_ids, list) else 0
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                delta = {}
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             if reasoning:
                 if self._thinking:
@@ -687,7 +696,8 @@ class Translation:
                     self._drop_reasoning()
             if delta.get("content"):
                 events += self._delta("text", str(delta["content"]))
-            for call in delta.get("tool_calls") or ():
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else ():
                 self._hold(call)
             if choice.get("finish_reason"):
                 self._finish = choice["finish_reason"]
@@ -761,9 +771,7 @@ class Translation:
             # Fewer tokens than the limit: the context's end stopped it. Anthropic's newer models
             # say so, and Claude Code then reports the context's limit, not an answer longer
             # than `max_tokens` (it asks for 32k-64k, whatever the model's context).
-            short = self._output_tokens is not None and (
-                self._limit is not None and self._output_tokens < self._limit
-            )
+            short = self._limit is not None and self._output_count() < self._limit
             return "model_context_window_exceeded" if short else "max_tokens"
         if any(block["type"] == "tool_use" for block in self._blocks):
             return "tool_use"
@@ -827,7 +835,8 @@ class Translation:
         index = self._last_call = tool_call_index(call, self._last_call)
         held = self._calls.setdefault(index, {"id": None, "name": "", "pieces": []})
         held["id"] = call.get("id") or held["id"]
-        function = call.get("function") or {}
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
         held["name"] += str(function.get("name") or "")
         arguments = function.get("arguments")
         if isinstance(arguments, dict):
@@ -870,3 +879,8 @@ def _json_object(arguments: str) -> dict[str, Any] | None:
     except jsonrule.JsonRuleError:
         return None
     return parsed if isinstance(parsed, dict) else None
+
+
+def _count(value: Any) -> bool:
+    """Whether an engine's usage figure is a token count (not a bool, a float, a list...)."""
+    return type(value) is int and value >= 0

@@ -484,7 +484,7 @@ def _call(item: dict[str, Any], path: str) -> dict[str, Any]:
     if item.get("type") == "function_call":
         arguments = _need(item, "arguments", path)
     else:
-        arguments = json.dumps({"input": _need(item, "input", path)})
+        arguments = json.dumps({"input": _need(item, "input", path)}, ensure_ascii=False)
     chat_name = name if namespace is None else f"{namespace}{SEPARATOR}{name}"
     return {
         "id": call_id,
