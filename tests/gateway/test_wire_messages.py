@@ -207,7 +207,7 @@ def test_count_tokens_request_has_every_field_that_shapes_the_calls_prompt(
     """The count is of the prompt the same request would get: the tool choice (the embedded
     engine renders no tools for `none`) and the thinking switch (a Qwen3-style template renders
     it) are sent to `/tokenize` as they are to the chat call; the sampling fields are not."""
-    sent = body(user(), **fields, temperature=0.5, stop_sequences=["x"])
+    sent = body(user(), **fields, top_p=0.97, stop_sequences=["x"])
     called = translate(sent).chat_request()
     counted = count_tokens_request({k: v for k, v in sent.items() if k != "max_tokens"})
     prompt_fields = ("messages", "tools", "tool_choice", "chat_template_kwargs")
@@ -499,6 +499,37 @@ BAD_REQUESTS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
         lambda b: b.update(thinking={"type": "enabled", "budget_tokens": 2000}, max_tokens=2000),
         "max_tokens",
         "greater than thinking.budget_tokens (2000)",
+    ),
+    "thinking with a forced tool": (
+        lambda b: b.update(
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            max_tokens=4000,
+            tools=[BASH],
+            tool_choice={"type": "any"},
+        ),
+        "tool_choice",
+        "forces tool use",
+    ),
+    "thinking with a temperature": (
+        lambda b: b.update(
+            thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=4000, temperature=0.2
+        ),
+        "temperature",
+        "only be set to 1",
+    ),
+    "thinking with top_k": (
+        lambda b: b.update(
+            thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=4000, top_k=5
+        ),
+        "top_k",
+        "may not be set",
+    ),
+    "thinking with a low top_p": (
+        lambda b: b.update(
+            thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=4000, top_p=0.9
+        ),
+        "top_p",
+        "0.95 to 1",
     ),
     "empty user content": (
         lambda b: b["messages"].insert(0, user("")),

@@ -34,8 +34,9 @@ Request, block by block:
 - What Anthropic's API refuses with a 400 is refused here too, so a harness meets the same
   errors in training as when deployed: `temperature` or `top_p` outside 0-1, a negative `top_k`,
   a stop sequence without non-whitespace, a thinking `budget_tokens` below 1,024 or not below
-  `max_tokens`, a message with empty content (the optional final assistant one aside), an empty
-  text block.
+  `max_tokens`, enabled thinking with a forced tool choice, a temperature other than 1, a
+  `top_k` or a `top_p` below 0.95, a message with empty content (the optional final assistant
+  one aside), an empty text block.
 
 Answer: an answer the engine ended for its length with fewer tokens than the limit it got
 (`sent_to_engine`: the harness's `max_tokens` or a mode's lower one) met the context's end:
@@ -202,6 +203,8 @@ def translate(body: dict[str, Any]) -> Translation:
         if not _is_int(top_k) or top_k < 0:
             raise _fail("must be an integer of 0 or more", "top_k")
         chat["top_k"] = top_k
+    if budget is not None:
+        _check_enabled_thinking(body)
     stops = body.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
@@ -293,6 +296,22 @@ def _thinking_budget(value: Any) -> int | None:
     if not _is_int(budget) or budget < 1024:
         raise _fail("required: an integer of 1024 or more", "thinking.budget_tokens")
     return budget
+
+
+def _check_enabled_thinking(body: dict[str, Any]) -> None:
+    """What Anthropic's API refuses beside enabled thinking: a forced tool choice, a changed
+    temperature or top_k, a top_p below 0.95."""
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
+        raise _fail("Thinking may not be enabled when tool_choice forces tool use.", "tool_choice")
+    temperature = body.get("temperature")
+    if temperature is not None and temperature != 1:
+        raise _fail("may only be set to 1 when thinking is enabled", "temperature")
+    if body.get("top_k") is not None:
+        raise _fail("may not be set when thinking is enabled", "top_k")
+    top_p = body.get("top_p")
+    if top_p is not None and top_p < 0.95:
+        raise _fail("must be from 0.95 to 1 when thinking is enabled", "top_p")
 
 
 def _output_format(config: Any) -> dict[str, Any] | None:
