@@ -121,8 +121,8 @@ def test_a_database_that_cannot_be_opened_is_one_line_not_a_traceback(
 @pytest.mark.parametrize(
     ("flags", "environment", "words"),
     [
-        (["--api-key", ""], {}, "api_key (REINS_API_KEY): Value error, the admin key is empty"),
-        ([], {"REINS_API_KEY": "  "}, "api_key (REINS_API_KEY): Value error, the admin key is"),
+        (["--api-key", ""], {}, "api_key (REINS_API_KEY): the admin key is empty"),
+        ([], {"REINS_API_KEY": "  "}, "api_key (REINS_API_KEY): the admin key is"),
         (["--api-key", "key "], {}, "the admin key starts or ends with white space"),
         (["--api-key", "ключ"], {}, "the admin key must be printable ASCII"),
         ([], {"REINS_MAX_PAGE_SIZE": "0"}, "max_page_size (REINS_MAX_PAGE_SIZE): Input should be"),
@@ -172,11 +172,30 @@ def test_a_file_that_is_not_a_database_and_an_unknown_url_are_one_line(tmp_path:
     for database, words in (
         (str(text), f"{text} is not a SQLite database (file is not a database)"),
         ("mysql://u@127.0.0.1/x", "is neither a SQLite file nor a PostgreSQL URL"),
+        # A device or a folder passed the check, then the gateway's start was a traceback.
+        ("/dev/null", "/dev/null is not a file (a folder or a device)"),
+        (str(tmp_path), f"{tmp_path} is not a file (a folder or a device)"),
+        (  # an option of libpq's that asyncpg does not take was a TypeError traceback
+            "postgresql://u@127.0.0.1:1/db?connect_timeout=3",
+            "has an option the PostgreSQL driver (asyncpg) does not take",
+        ),
     ):
         result = refused_gateway(database)
         assert result.returncode == 1, result.stderr
         assert words in " ".join(result.stderr.split()), result.stderr
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "database", ["postgresql://u@127.0.0.1:notaport/db", "postgresql://u@[::1/db"]
+)
+def test_a_database_url_that_does_not_parse_is_one_line(database: str) -> None:
+    """Both were tracebacks from the URL parser."""
+    result = refused_gateway(database)
+    assert result.returncode == 2, result.stderr
+    words = "database_url (REINS_DATABASE_URL): not a database URL (invalid literal for int()"
+    assert words in " ".join(result.stderr.split()), result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def reins(arguments: list[str]) -> subprocess.CompletedProcess[str]:
@@ -404,3 +423,13 @@ def test_an_error_quoting_brackets_shows_them_as_they_are(tmp_path: Path) -> Non
     result = reins(["report", "--run", str(folder)])
     assert result.returncode == 1, result.stderr
     assert f"error: {folder} has no metrics.jsonl" in " ".join(result.stderr.split())
+
+
+def test_libpqs_sslmode_is_asyncpgs_ssl() -> None:
+    """`?sslmode=require`, as every PostgreSQL guide writes it, was a TypeError traceback."""
+    from reins.gateway.settings import database_url
+
+    assert database_url("postgresql://u:p@db.internal:5433/reins?sslmode=require") == (
+        "postgresql+asyncpg://u:p@db.internal:5433/reins?ssl=require"
+    )
+    assert database_url("postgresql://u@h/db") == "postgresql+asyncpg://u@h/db"

@@ -17,9 +17,14 @@ app = typer.Typer(
     help="reins: train an LLM with RL through the agent harness it is deployed in.",
     no_args_is_help=True,
     add_completion=False,
+    # Help text is plain: rich markup would take "[env: ...; default: ...]" for a style tag
+    # and drop it.
+    rich_markup_mode=None,
 )
 console = Console(stderr=True, soft_wrap=True, highlight=False)
-model_app = typer.Typer(help="The default model's local copy.", no_args_is_help=True)
+model_app = typer.Typer(
+    help="The default model's local copy.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(model_app, name="model")
 app.add_typer(swe_app, name="swe")
 

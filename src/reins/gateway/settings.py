@@ -7,6 +7,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Literal
 
+import sqlalchemy as sa
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
@@ -17,13 +18,25 @@ DEFAULT_DB_PATH = Path(".reins") / "gateway.db"
 
 def database_url(value: str) -> str:
     """Accept a SQLAlchemy URL, a plain `postgresql://` URL or a SQLite file path."""
-    if value.startswith(("postgresql://", "postgres://")):
-        return "postgresql+asyncpg://" + value.split("://", 1)[1]
     if value.startswith("sqlite:///"):
         return "sqlite+aiosqlite:///" + value.removeprefix("sqlite:///")
-    if "://" in value:
-        return value
-    return f"sqlite+aiosqlite:///{Path(value).expanduser()}"
+    if "://" not in value:
+        return f"sqlite+aiosqlite:///{Path(value).expanduser()}"
+    if value.startswith(("postgresql://", "postgres://")):
+        value = "postgresql+asyncpg://" + value.split("://", 1)[1]
+    try:
+        url = sa.make_url(value)
+    except (ValueError, sa.exc.ArgumentError) as error:  # a port that is no number, a bad host
+        raise ValueError(
+            f"not a database URL ({error}): give a SQLite file path or "
+            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+        ) from None
+    if url.drivername == "postgresql+asyncpg" and "sslmode" in url.query:
+        # libpq's name for it; asyncpg takes the same values as `ssl`.
+        query = {key: value for key, value in url.query.items() if key != "sslmode"}
+        url = url.set(query={**query, "ssl": url.query["sslmode"]})
+        value = url.render_as_string(hide_password=False)
+    return value
 
 
 class GatewaySettings(BaseSettings):
@@ -121,7 +134,8 @@ def load_settings(**fields: Any) -> GatewaySettings:
         return GatewaySettings(**fields)
     except ValidationError as error:
         problems = [
-            f"{_setting(*(str(part) for part in problem['loc']))}: {problem['msg']}"
+            f"{_setting(*(str(part) for part in problem['loc']))}: "
+            + problem["msg"].removeprefix("Value error, ")
             for problem in error.errors()
         ]
         raise SettingsRefused("; ".join(problems)) from None

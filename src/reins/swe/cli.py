@@ -11,7 +11,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from reins.cliout import error_line
 
-swe_app = typer.Typer(help="Coding-agent tasks (SWE-smith format).", no_args_is_help=True)
+swe_app = typer.Typer(
+    help="Coding-agent tasks (SWE-smith format).", no_args_is_help=True, rich_markup_mode=None
+)
 console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 

@@ -29,6 +29,11 @@ async def check_reachable(url: str) -> None:
             path = sqlite_file(url)
         except ValueError as error:
             raise DatabaseUnreachable(str(error)) from None
+        if Path(path).exists() and not Path(path).is_file():
+            raise DatabaseUnreachable(
+                f"{path} is not a file (a folder or a device): name a SQLite file (--db or "
+                "REINS_DATABASE_URL)"
+            )
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             with contextlib.closing(sqlite3.connect(path)) as conn:
@@ -59,6 +64,11 @@ async def check_reachable(url: str) -> None:
         raise DatabaseUnreachable(
             f"cannot reach the database {shown}: {reason}; is the server running and "
             "listening at that host and port?"
+        ) from error
+    except TypeError as error:  # a URL option asyncpg does not take (connect_timeout=...)
+        raise DatabaseUnreachable(
+            f"the database URL {shown} has an option the PostgreSQL driver (asyncpg) does not "
+            f"take ({error}); its options: ssl=, timeout=, command_timeout=..."
         ) from error
     except sa.exc.DBAPIError as error:  # the server answered: no such database, login refused
         raise DatabaseUnreachable(
