@@ -630,7 +630,8 @@ class LLMProxy:
                 waited = self.read_timeout_s
                 failure = (
                     f"the engine at {endpoint} did not answer within {waited:g} s (the gateway's "
-                    "REINS_PROXY_READ_TIMEOUT_S); not retried, as it may still be generating the call"
+                    "REINS_PROXY_READ_TIMEOUT_S); not retried, as it may still be generating the "
+                    "call"
                 )
                 return None, endpoint, failure
             except aiohttp.ClientConnectionError as error:

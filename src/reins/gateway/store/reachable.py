@@ -5,6 +5,7 @@ server as a traceback of its own lifespan machinery, the cause at the bottom."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from pathlib import Path
 
@@ -25,31 +26,7 @@ async def check_reachable(url: str) -> None:
     file, as the gateway would); raises `DatabaseUnreachable` saying why it cannot."""
     shown = sa.make_url(url).render_as_string(hide_password=True)
     if url.startswith("sqlite"):
-        try:
-            path = sqlite_file(url)
-        except ValueError as error:
-            raise DatabaseUnreachable(str(error)) from None
-        if Path(path).exists() and not Path(path).is_file():
-            raise DatabaseUnreachable(
-                f"{path} is not a file (a folder or a device): name a SQLite file (--db or "
-                "REINS_DATABASE_URL)"
-            )
-        try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.closing(sqlite3.connect(path)) as conn:
-                # Reads the header: a file that is not a database fails here, not at startup.
-                conn.execute("PRAGMA schema_version").fetchone()
-        except sqlite3.DatabaseError as error:
-            raise DatabaseUnreachable(
-                f"{path} is not a SQLite database ({error}); name a new file or the gateway's "
-                "own database (--db or REINS_DATABASE_URL)"
-            ) from error
-        except (OSError, sqlite3.Error) as error:
-            raise DatabaseUnreachable(
-                f"cannot open the SQLite database {path}: {error}; name a file in a folder "
-                "this user may write (--db or REINS_DATABASE_URL)"
-            ) from error
-        return
+        _check_sqlite(url)
     if not url.startswith("postgresql"):
         raise DatabaseUnreachable(
             f"{shown} is neither a SQLite file nor a PostgreSQL URL: --db takes a file path, "
@@ -76,3 +53,31 @@ async def check_reachable(url: str) -> None:
         ) from error
     finally:
         await engine.dispose()
+
+
+def _check_sqlite(url: str) -> None:
+    """The SQLite half of `check_reachable` (blocking: it runs before the gateway serves)."""
+    try:
+        path = sqlite_file(url)
+    except ValueError as error:
+        raise DatabaseUnreachable(str(error)) from None
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise DatabaseUnreachable(
+            f"{path} is not a file (a folder or a device): name a SQLite file (--db or "
+            "REINS_DATABASE_URL)"
+        )
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            # Reads the header: a file that is not a database fails here, not at startup.
+            conn.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.DatabaseError as error:
+        raise DatabaseUnreachable(
+            f"{path} is not a SQLite database ({error}); name a new file or the gateway's "
+            "own database (--db or REINS_DATABASE_URL)"
+        ) from error
+    except (OSError, sqlite3.Error) as error:
+        raise DatabaseUnreachable(
+            f"cannot open the SQLite database {path}: {error}; name a file in a folder "
+            "this user may write (--db or REINS_DATABASE_URL)"
+        ) from error
