@@ -27,6 +27,7 @@ async def check_reachable(url: str) -> None:
     shown = sa.make_url(url).render_as_string(hide_password=True)
     if url.startswith("sqlite"):
         _check_sqlite(url)
+        return
     if not url.startswith("postgresql"):
         raise DatabaseUnreachable(
             f"{shown} is neither a SQLite file nor a PostgreSQL URL: --db takes a file path, "
