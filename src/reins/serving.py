@@ -1,4 +1,5 @@
-"""Serve an ASGI app from a background thread on loopback (the engine and gateway in-process)."""
+"""Serve an ASGI app from a background thread on loopback (the engine and gateway in-process);
+an inference server's root URL however it was written."""
 
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+
+
+def engine_root(url: str) -> str:
+    """An inference server's root URL, whether it was written with its API's `/v1` or not:
+    `reins engine` prints `http://HOST:PORT/v1`, vLLM's docs `http://HOST:PORT`, and users
+    copy either (`engine_url`, `reins doctor --engine`)."""
+    root = url.rstrip("/")
+    return root.removesuffix("/v1") if root.endswith("/v1") else root
 
 
 def freeze_startup_objects() -> None:

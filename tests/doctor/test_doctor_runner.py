@@ -59,6 +59,11 @@ def test_a_run_that_exits_keeps_its_status_and_output(tmp_path: Path) -> None:
             DoctorOptions(engine_url="http://127.0.0.1:9/v1", model=Path("/tmp")),
             "--model is the embedded",
         ),
+        (  # the gateway refused it later, in its raw JSON
+            ["true"],
+            DoctorOptions(engine_url="127.0.0.1:8000"),
+            r"--engine '127.0.0.1:8000': give http://HOST:PORT \(or .../v1\)",
+        ),
     ],
 )
 def test_a_doctor_without_a_command_or_runs_refuses(

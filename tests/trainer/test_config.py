@@ -67,3 +67,15 @@ def test_values_that_would_train_nothing_or_nan_weights_are_refused(
     checkpointed and served); a group of one has no baseline, so every advantage was 0."""
     with pytest.raises(ConfigError, match=f"^invalid training config: {says}"):
         load_config(write_config(tmp_path), [override])
+
+
+def test_an_engine_url_is_taken_with_or_without_its_apis_v1(tmp_path: Path) -> None:
+    """`reins engine` prints its URL with `/v1`, and a run given it failed with a 404 at
+    `/v1/v1/models`; `reins doctor --engine` wanted the `/v1`."""
+    urls = "[http://127.0.0.1:8000/v1, 'http://127.0.0.1:8001/', http://10.0.0.2:8000/v1/]"
+    loaded = load_config(write_config(tmp_path), [f"engine_url={urls}"])
+    assert loaded.engine_urls == [
+        "http://127.0.0.1:8000",
+        "http://127.0.0.1:8001",
+        "http://10.0.0.2:8000",
+    ]

@@ -36,6 +36,7 @@ from reins.doctor.render import plural
 from reins.doctor.report import Detokenizer, DoctorReport, HarnessRun, build_report
 from reins.packed import unpack_events
 from reins.schemas import Attempt, PackedEvent, Rollout
+from reins.serving import engine_root
 
 MODEL_NAME = "policy"
 """The name the engine is registered under; the proxy serves any name a harness asks for."""
@@ -136,7 +137,7 @@ def _stack(options: DoctorOptions) -> Iterator[_Stack]:
         if options.engine_url is None:
             endpoint, detok, idle = stack.enter_context(_embedded(options.model))
         else:
-            endpoint = options.engine_url.rstrip("/")
+            endpoint = engine_root(options.engine_url) + "/v1"
             detok = _tokenizer(options.tokenizer) if options.tokenizer else None
             idle = _always
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="reins-doctor-")))
@@ -259,6 +260,10 @@ def run_doctor(
         raise DoctorError("--tokenizer goes with --engine (the embedded engine has its own)")
     if options.engine_url is not None and options.model is not None:
         raise DoctorError("--model is the embedded engine's; with --engine, pass --tokenizer")
+    if options.engine_url is not None and not options.engine_url.startswith(
+        ("http://", "https://")
+    ):
+        raise DoctorError(f"--engine {options.engine_url!r}: give http://HOST:PORT (or .../v1)")
     runs: list[HarnessRun] = []
     base = {k: v for k, v in os.environ.items() if k != "REINS_API_KEY"}
     base.setdefault("PYTHONUNBUFFERED", "1")

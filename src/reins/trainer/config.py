@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from reins.samples.advantage import AdvantageEstimator, AdvantageLevel
 from reins.samples.loss import LossAggregation
 from reins.schemas import REWARD_LIMIT
+from reins.serving import engine_root
 
 
 class ConfigError(ValueError):
@@ -183,7 +184,8 @@ class TrainConfig(BaseModel):
     api_key: str | None = None
     """The gateway's admin key (env REINS_API_KEY when None)."""
     engine_url: str | list[str] | None = None
-    """An external engine (`reins engine`) to publish to by save + reload, or a list of them: a
+    """An external engine (`reins engine`, vLLM: `http://HOST:PORT`, with or without `/v1`) to
+    publish to by save + reload, or a list of them: a
     fleet registered under one model name (each rollout sticks to one; every update is loaded
     by all, as the same version). None: the embedded engine in this process, sharing the
     trainer's weights."""
@@ -248,7 +250,7 @@ class TrainConfig(BaseModel):
         if self.engine_url is None:
             return []
         urls = [self.engine_url] if isinstance(self.engine_url, str) else self.engine_url
-        return [url.rstrip("/") for url in urls]
+        return [engine_root(url) for url in urls]
 
 
 def load_config(path: Path | None, overrides: list[str] | None = None) -> TrainConfig:
