@@ -223,9 +223,17 @@ KUBERNETES = [
             [*KUBERNETES, "--job-template", "/nonexistent"],
             "--job-template /nonexistent: cannot read it ([Errno 2]",
         ),
-        (
+        (  # it said "Invalid kube-config file ...; pass --kubeconfig"
             [*KUBERNETES, "--kubeconfig", "/nonexistent", "--set", "image=x"],
-            "no usable Kubernetes configuration (/nonexistent): Invalid kube-config file",
+            "--kubeconfig /nonexistent: no such file",
+        ),
+        (
+            ["export", "--api-key", "k", "--mode", "bogus"],
+            "--mode 'bogus': give one of train, val",
+        ),
+        (
+            ["export", "--api-key", "k", "--status", "done"],
+            "--status 'done': give one of queuing, running, succeeded, failed",
         ),
         (["engine", "--max-batch", "0"], "Invalid value for '--max-batch'"),
         (["engine", "--device", "foo"], "--device 'foo': Expected one of cpu"),
@@ -253,6 +261,8 @@ KUBERNETES = [
     ids=[
         "job-template",
         "kubeconfig",
+        "export-mode",
+        "export-status",
         "max-batch",
         "device",
         "port",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import typing
 from pathlib import Path
 from typing import Annotated
 
@@ -502,10 +503,20 @@ def export(
 
     from reins.client import DatabaseChanged, GatewayClient, GatewayError
     from reins.monitor.export import export_to
+    from reins.schemas import Mode, RolloutState
 
     if not api_key:
         console.print("[red]error:[/red] give the gateway's admin key: --api-key or REINS_API_KEY")
         raise typer.Exit(2)
+    # Checked here, before the output file is made: the gateway's 422 said it in its own terms.
+    modes, states = typing.get_args(Mode), typing.get_args(RolloutState)
+    if mode is not None and mode not in modes:
+        console.print(error_line(f"--mode {mode!r}: give one of {', '.join(modes)}"))
+        raise typer.Exit(2)
+    for state in status or ():
+        if state not in states:
+            console.print(error_line(f"--status {state!r}: give one of {', '.join(states)}"))
+            raise typer.Exit(2)
     try:
         handle = sys.stdout if str(out) == "-" else out.open("w", encoding="utf-8")
     except OSError as error:  # a missing folder, a directory, no permission: not a traceback

@@ -447,9 +447,12 @@ class KubernetesReconciler:
             except k8s_config.ConfigException:
                 return from_file()  # ~/.kube/config or $KUBECONFIG
         except (k8s_config.ConfigException, OSError, yaml.YAMLError) as error:
+            if self.kubeconfig and not Path(self.kubeconfig).exists():
+                raise ValueError(f"--kubeconfig {self.kubeconfig}: no such file") from None
             where = self.kubeconfig or "$KUBECONFIG or ~/.kube/config, and not in a cluster"
+            hint = "" if self.kubeconfig else "; pass --kubeconfig"
             raise ValueError(
-                f"no usable Kubernetes configuration ({where}): {error}; pass --kubeconfig"
+                f"no usable Kubernetes configuration ({where}): {error}{hint}"
             ) from None
 
     def _apply_network_policy(self) -> None:
