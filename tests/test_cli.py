@@ -443,3 +443,22 @@ def test_libpqs_sslmode_is_asyncpgs_ssl() -> None:
         "postgresql+asyncpg://u:p@db.internal:5433/reins?ssl=require"
     )
     assert database_url("postgresql://u@h/db") == "postgresql+asyncpg://u@h/db"
+
+
+@pytest.mark.parametrize("command", ["gateway", "engine"])
+def test_a_port_in_use_is_one_line_before_any_start_up_work(command: str, tmp_path: Path) -> None:
+    """uvicorn said it in its log, after the app had started or the model had loaded, exit 3."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        extra = (
+            ["--db", str(tmp_path / "g.db"), "--api-key", "k" * 12] if command == "gateway" else []
+        )
+        result = reins([command, "--port", str(port), *extra])
+    assert result.returncode == 1, result.stderr
+    said = " ".join(result.stderr.split())
+    assert f"reins {command}: cannot listen on 127.0.0.1:{port}: Address already in use" in said
+    assert "loading the model" not in said and not (tmp_path / "g.db").exists()

@@ -52,6 +52,22 @@ def model_prepare(
     print(folder)
 
 
+def _exit_unless_port_free(command: str, host: str, port: int) -> None:
+    """Ends the command at once, in one line, when its port is taken: uvicorn says so only
+    after the model is loaded or the app started, in its log, and exits 3."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            reason = error.strerror or str(error)
+            console.print(error_line(f"reins {command}: cannot listen on {host}:{port}: {reason}"))
+            raise typer.Exit(1) from None
+
+
 @app.command()
 def engine(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
@@ -110,6 +126,7 @@ def engine(
                 )
             )
             raise typer.Exit(2)
+    _exit_unless_port_free("engine", host, port)
     try:
         with console.status("loading the model..."):
             loaded = EmbeddedEngine.load(
@@ -179,6 +196,7 @@ def gateway(
         console.print(
             f"[bold]admin key[/bold] (set REINS_API_KEY to choose one): {settings.api_key}"
         )
+    _exit_unless_port_free("gateway", host, port)
     shown = make_url(settings.database_url).render_as_string(hide_password=True)
     console.print(f"store: {shown}")
     try:
