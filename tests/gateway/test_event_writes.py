@@ -351,6 +351,32 @@ def test_a_real_gateways_writer_takes_a_large_commit_and_ends_with_the_gateway(
         _until(lambda: not any(alive(pid) for pid in children), "a writer outlived its gateway")
 
 
+@pytest.mark.slow
+def test_a_sigterm_to_the_gateways_process_group_stops_it_quietly(tmp_path: Path) -> None:
+    """A service manager stops the whole group (systemd, a container's init): the writer used
+    to end at once and the gateway's shutdown logged "the event writer process N ended". Now
+    the gateway stops first, and its writer and fork server end with it."""
+    import httpx
+
+    with running_gateway(f"sqlite:///{tmp_path / 'gateway.db'}", "term-key") as gateway:
+        headers = {"Authorization": "Bearer term-key"}
+        with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as http:
+            http.post("/api/rollouts", json=[{"rollout_id": "r"}]).raise_for_status()
+            http.post("/api/rollouts/r/attempts").raise_for_status()
+            logs = [{"type": "log", "data": {"i": i}} for i in range(20)]
+            http.post("/api/rollouts/r/attempt/1/events", json=logs).raise_for_status()
+        assert gateway.process is not None and gateway.log_path is not None
+        children = descendants(gateway.process.pid)
+        assert len(children) == 2  # the fork server and its writer
+        os.killpg(gateway.process.pid, signal.SIGTERM)  # its own session: the group's id
+        # uvicorn stops gracefully, then raises the signal again to end as it would have.
+        assert gateway.process.wait(timeout=30) == -signal.SIGTERM
+        said = gateway.log_path.read_text()
+        _until(lambda: not any(alive(pid) for pid in children), "a writer outlived its gateway")
+    assert "event writer process" not in said, said
+    assert "Traceback" not in said, said
+
+
 async def test_a_lone_post_commits_on_the_event_loop_thread(
     store: SqlStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -342,7 +342,7 @@ _FORK_SERVER = _ForkServer()
 
 def fork_server(control_fd: int) -> None:
     """The fork server's loop: a writer forked per request, until the gateway goes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # see `_serve`
+    _outlive_the_gateways_signals()  # see `_serve`
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the writers
     control = socket.socket(fileno=control_fd)
     while True:
@@ -374,11 +374,19 @@ def fork_server(control_fd: int) -> None:
             return  # the gateway died while it asked (its writer reads the end and goes)
 
 
+def _outlive_the_gateways_signals() -> None:
+    """Ctrl-C, and the SIGTERM of a service manager stopping the whole process group (systemd,
+    a container's init), reach the writer and its fork server too: they outlive them, the
+    gateway stops first and its last commits still go through the writer, which ends when the
+    gateway closes its stream (or dies: the stream ends). Ended at once, the writer made the
+    gateway's shutdown log its end as a failure and start another for those commits."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _serve(channel: socket.socket, path: str, synchronous: str) -> None:
     """The writer process's loop: one commit at a time, until the stream closes."""
-    # Ctrl-C reaches the whole process group: the gateway stops first, and its last commits
-    # still go through this process. A SIGTERM ends it (a commit in it rolls back).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _outlive_the_gateways_signals()
     engine = sqlite_engine(path, synchronous, for_events=True)
     packer = Packer()
     try:
