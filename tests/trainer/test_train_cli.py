@@ -55,3 +55,23 @@ def test_a_gateway_that_refuses_the_key_is_an_error_line(
         f"error: the gateway {gateway.url} refused the trainer's key (the bearer token is not "
         "the gateway's admin key): set api_key, or REINS_API_KEY"
     )
+
+
+def test_a_gateway_that_does_not_answer_is_an_error_line_before_the_model_loads(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was found after the model loaded, then two minutes of silent retries."""
+    from reins.trainer import runtime
+
+    def no_model(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the gateway was checked")
+
+    monkeypatch.setattr(runtime, "load_policy", no_model)
+    monkeypatch.setattr(runtime, "GATEWAY_CHECK_S", 1.0)
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    config = run_config(tmp_path, tiny_model_dir, gateway_url=url, api_key="k" * 12)
+    result = CliRunner().invoke(app, ["train", str(config)], env=dict(os.environ))
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())
+    assert f"error: the gateway {url} could not be reached" in said, said
+    assert "check gateway_url" in said

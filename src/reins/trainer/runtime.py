@@ -340,6 +340,17 @@ def configure_allocator(config: TrainConfig) -> None:
         allocator.map_large_blocks(config.malloc_mmap_threshold_mb)
 
 
+GATEWAY_CHECK_S = 10.0
+
+
+async def _reach_gateway(url: str, api_key: str) -> None:
+    """An external gateway answers and takes the key before the model loads (minutes, for a
+    large one): a wrong `gateway_url` was found only after it, and two minutes of silent
+    retries. A `GatewayError` when not (`reins train` says which setting to fix)."""
+    async with GatewayClient(url, api_key, retry_for_s=GATEWAY_CHECK_S) as client:
+        await client.request("GET", "/api/admission")
+
+
 def _backend_config(config: TrainConfig) -> BackendConfig:
     return BackendConfig.model_validate(
         {**config.model_dump(), "temperature": config.train_temperature}
@@ -471,6 +482,11 @@ async def _train_locked(
     if shortfall is not None:
         _tell(reporter, shortfall)
     torch.manual_seed(config.seed)
+    api_key = (
+        config.api_key or os.environ.get("REINS_API_KEY") or "rk-admin-" + secrets.token_urlsafe(18)
+    )
+    if config.gateway_url is not None:
+        await _reach_gateway(config.gateway_url, api_key)
 
     backend: Backend
     leading = None
@@ -517,9 +533,6 @@ async def _train_locked(
     else:
         versions.served(0)
 
-    api_key = (
-        config.api_key or os.environ.get("REINS_API_KEY") or "rk-admin-" + secrets.token_urlsafe(18)
-    )
     engine = None
     engine_server = None
     async with _gateway(config, api_key, folder) as gateway_url:
