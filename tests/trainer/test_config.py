@@ -79,3 +79,26 @@ def test_an_engine_url_is_taken_with_or_without_its_apis_v1(tmp_path: Path) -> N
         "http://127.0.0.1:8001",
         "http://10.0.0.2:8000",
     ]
+
+
+def test_help_config_lists_every_field_its_values_and_a_groups_fields() -> None:
+    """`weight_decay`, `betas`, `estimator` and `advantage_level` had no text, the names a
+    field takes were not said, `lora`'s fields were missing, `runs_dir` read `PosixPath(...)`."""
+    from reins.trainer.config import TrainConfig, describe_fields
+
+    text = describe_fields()
+    heads = [line for line in text.splitlines() if not line.startswith(" ")]
+    named = [line.split(":", 1)[0] for line in heads]
+    assert [n for n in named if "." not in n] == list(TrainConfig.model_fields)
+    assert [n for n in named if n.startswith("lora.")] == [
+        "lora.r", "lora.alpha", "lora.dropout", "lora.target_modules",
+    ]  # fmt: skip
+    assert "runs_dir: .reins/runs" in heads
+    assert "estimator: grpo  (one of: grpo, rloo)" in heads
+    assert "advantage_level: rollout  (one of: rollout, sample)" in heads
+    lines = text.splitlines()
+    undocumented = [
+        line for line, after in zip(lines, [*lines[1:], ""], strict=True)
+        if not line.startswith(" ") and not after.startswith("    ")
+    ]  # fmt: skip
+    assert undocumented == []

@@ -6,6 +6,8 @@ documentation (`reins train --help-config` prints them).
 
 from __future__ import annotations
 
+import textwrap
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -135,7 +137,9 @@ class TrainConfig(BaseModel):
     lr: float = Field(default=1e-5, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW's decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's moment decay rates."""
     grad_clip: float = Field(default=1.0, gt=0)
     """Global gradient-norm clip."""
     clip_low: float = Field(default=0.2, ge=0)
@@ -172,9 +176,13 @@ class TrainConfig(BaseModel):
     num_minibatches: int = Field(default=1, ge=1)
     """Optimizer steps per batch of rollouts."""
     estimator: AdvantageEstimator = "grpo"
+    """The advantage: `grpo` (reward minus the group's mean) or `rloo` (minus the mean of the
+    group's other rollouts)."""
     normalize_std: bool = True
     """GRPO: divide by the group's std."""
     advantage_level: AdvantageLevel = "rollout"
+    """Whose group statistics: `rollout` (each rollout's reward once, its samples share its
+    advantage) or `sample` (each training sample counts, paper 3.3)."""
     loss_aggregation: LossAggregation = "rollout-mean"
     """Paper eq. 16 (default), `token-mean` (eq. 14) or `seq-mean-token-mean` (eq. 15)."""
 
@@ -185,10 +193,9 @@ class TrainConfig(BaseModel):
     """The gateway's admin key (env REINS_API_KEY when None)."""
     engine_url: str | list[str] | None = None
     """An external engine (`reins engine`, vLLM: `http://HOST:PORT`, with or without `/v1`) to
-    publish to by save + reload, or a list of them: a
-    fleet registered under one model name (each rollout sticks to one; every update is loaded
-    by all, as the same version). None: the embedded engine in this process, sharing the
-    trainer's weights."""
+    publish to by save + reload, or a list of them: a fleet registered under one model name
+    (each rollout sticks to one; every update is loaded by all, as the same version). None: the
+    embedded engine in this process, sharing the trainer's weights."""
     engine_sleep: bool = False
     """vLLM engines of `engine_url` sleep during each update (level 2), giving their GPU memory
     to the optimizer step, then wake with the new weights: for vLLM collocated on the trainer's
@@ -318,13 +325,53 @@ def validation_problems(error: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
 
 
-def describe_fields() -> str:
-    """Every field with its default and documentation, for `--help-config`."""
+def describe_fields(model: type[BaseModel] = TrainConfig, prefix: str = "") -> str:
+    """Every field with its default (as YAML writes it), the values it takes when they are a
+    few names, and its documentation, for `--help-config`; a group's fields (`lora.r`) too."""
     lines = []
-    for name, info in TrainConfig.model_fields.items():
-        default = (
-            "required" if info.is_required() else repr(info.get_default(call_default_factory=True))
-        )
+    for name, info in model.model_fields.items():
+        if info.is_required():
+            default = "required"
+        else:
+            value = info.get_default(call_default_factory=True)
+            default = yaml.safe_dump(_plain(value), default_flow_style=True, width=1000).strip()
+            default = default.removesuffix("\n...").removesuffix("...").strip()
+        names = _choices(info.annotation)
+        head = f"{prefix}{name}: {default}"
+        if names:
+            head += f"  (one of: {', '.join(names)})"
         doc = (info.description or "").strip()
-        lines.append(f"{name} = {default}\n    {doc}" if doc else f"{name} = {default}")
+        lines.append(head + ("\n" + textwrap.indent(doc, "    ") if doc else ""))
+        group = _group(info.annotation)
+        if group is not None:
+            lines.append(describe_fields(group, f"{prefix}{name}."))
     return "\n".join(lines)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return value
+
+
+def _choices(annotation: Any) -> list[str]:
+    """The names a `Literal` field (or an optional one) takes."""
+    if typing.get_origin(annotation) is Literal:
+        return [str(arg) for arg in typing.get_args(annotation)]
+    names: list[str] = []
+    for arg in typing.get_args(annotation):
+        if typing.get_origin(arg) is Literal:
+            names += [str(item) for item in typing.get_args(arg)]
+    return names
+
+
+def _group(annotation: Any) -> type[BaseModel] | None:
+    """The model of a field that is a group of fields (`lora: LoraConfig | None`)."""
+    for arg in (annotation, *typing.get_args(annotation)):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
