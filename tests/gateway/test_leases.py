@@ -50,6 +50,19 @@ def test_a_claim_that_names_no_holder_time_or_lease_is_422(
     assert gateway.http.post(path, json=body).status_code == 422
 
 
+def test_a_holder_with_a_nul_is_refused_on_both_stores(gateway: Gateway) -> None:
+    """PostgreSQL answered 500 (its text cannot hold a NUL) and dropped the connection; SQLite
+    stored it: the two stores disagreed."""
+    claimed = gateway.http.post("/api/leases/controller", json={"holder": "a\x00b", "ttl_s": 5})
+    assert claimed.status_code == 422, claimed.text
+    assert "holder" in claimed.text and "NUL" in claimed.text
+    released = gateway.http.delete("/api/leases/controller", params={"holder": "a\x00b"})
+    assert released.status_code == 200 and released.json() == {"released": False}
+    assert gateway.http.post("/api/leases/controller", json={"holder": "a", "ttl_s": 5}).json()[
+        "granted"
+    ]
+
+
 def test_leases_are_the_admins(gateway: Gateway) -> None:
     claim = {"holder": "a", "ttl_s": 5}
     assert httpx.post(f"{gateway.url}/api/leases/controller", json=claim).status_code == 401

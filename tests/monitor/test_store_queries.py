@@ -58,11 +58,24 @@ async def test_stats_versions_are_those_of_the_calls_the_trainer_trains(store: S
     empty["data"]["response_logprobs"] = []
     failed = chat_call([{"role": "user", "content": "down"}], "x", version=0, status=500)
     later = chat_call([{"role": "user", "content": "next"}], "y", version=6)
-    events = [EventIn(**call) for call in (abandoned, empty, failed, later)]
-    await store.append_events("r", 1, events)
+    # As ModelRequest reads them: `abandoned: 1` or "yes" is abandoned, token IDs that are not
+    # int32 are no tokens (both stored whole), a missing status is 200.
+    one = chat_call([{"role": "user", "content": "one"}], "x", version=1)
+    one["data"]["abandoned"] = 1
+    yes = chat_call([{"role": "user", "content": "yes"}], "x", version=1)
+    yes["data"]["abandoned"] = "Yes"
+    wide = chat_call([{"role": "user", "content": "wide"}], "x", version=2)
+    wide["data"]["prompt_token_ids"] = [2**31, 2]
+    floats = chat_call([{"role": "user", "content": "floats"}], "x", version=2)
+    floats["data"]["response_token_ids"] = [4.0]
+    floats["data"]["response_logprobs"] = [-0.5]
+    unsaid = chat_call([{"role": "user", "content": "unsaid"}], "z", version=7)
+    del unsaid["data"]["status"]
+    calls = (abandoned, empty, failed, later, one, yes, wide, floats, unsaid)
+    await store.append_events("r", 1, [EventIn(**call) for call in calls])
     stats = (await store.rollout_stats(["r"]))["r"]
-    assert (stats.calls, stats.failed_calls) == (5, 1)
-    assert (stats.min_version, stats.max_version) == (3, 6)
+    assert (stats.calls, stats.failed_calls) == (10, 1)
+    assert (stats.min_version, stats.max_version) == (3, 7)
 
 
 async def test_stats_survive_events_that_are_not_what_the_proxy_writes(store: SqlStore) -> None:
@@ -188,8 +201,10 @@ async def test_a_document_holding_nul_characters_is_filtered_and_counted(store: 
     # A call stored whole (a token ID past int32 is not packed) with a NUL in its request.
     failed = chat_call([{"role": "user", "content": nul}], "no", version=5, status=500)
     failed["data"]["prompt_token_ids"] = [2**31, 7]
+    # Stored whole too (integer logprobs are not packed), and trained: its version counts.
     whole = chat_call([{"role": "user", "content": nul}], "no", version=4)
-    whole["data"]["prompt_token_ids"] = [2**31, 7]
+    whole["data"]["prompt_token_ids"] = [9, 7]
+    whole["data"]["response_logprobs"] = [0, 0]
     await store.append_events("nul", 1, [EventIn(**failed), EventIn(**whole)])
     stats = await store.rollout_stats(["nul", "escaped"])
     assert (stats["nul"].reward, stats["escaped"].reward) == (0.75, 0.5)
@@ -197,6 +212,7 @@ async def test_a_document_holding_nul_characters_is_filtered_and_counted(store: 
     assert (stats["nul"].calls, stats["nul"].failed_calls, stats["nul"].prompt_tokens) == (
         3,
         1,
-        len(chat_call([{"role": "user", "content": "nul"}], "ok")["data"]["prompt_token_ids"]) + 4,
+        # The failed call's token IDs past int32 count none: they are no tokens.
+        len(chat_call([{"role": "user", "content": "nul"}], "ok")["data"]["prompt_token_ids"]) + 2,
     )
     assert (stats["nul"].min_version, stats["nul"].max_version) == (3, 4)

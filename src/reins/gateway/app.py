@@ -220,10 +220,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def on_defect(request: Request, exc: Exception) -> Response:
         # A defect of the gateway: answered in the harness's API's shape (or the gateway's),
         # not as a bare text 500; Starlette then logs it with its traceback.
-        message = (
-            f"the gateway failed on this request ({type(exc).__name__}: {str(exc)[:300]}); its "
-            "log has the traceback"
-        )
+        # The exception's type only: its text may hold a statement, a path, a value.
+        message = f"the gateway failed on this request ({type(exc).__name__}); its log says why"
         return proxy.error_for_path(request.url.path, 500, message) or _error(500, message)
 
     @app.exception_handler(StarletteHTTPException)

@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from reins.gateway.store.tables import leases
+from reins.gateway.store.tables import leases, names_no_row, text_value
 from reins.schemas import Lease
 
 
@@ -34,6 +34,7 @@ class Leases:
     async def claim(self, name: str, holder: str, ttl_s: float) -> Lease:
         """Takes or renews lease `name` for `ttl_s` unless another holder's has not expired;
         the lease as it now stands."""
+        text_value(holder, ("body", "holder"), f"lease {name}")  # no NUL: both stores alike
         now = time.time()
         statement = self._insert(leases).values(
             name=name, holder=holder, since=now, expires_at=now + ttl_s
@@ -58,6 +59,8 @@ class Leases:
 
     async def release(self, name: str, holder: str) -> bool:
         """Gives lease `name` up if `holder` holds it; whether it did."""
+        if names_no_row(holder):
+            return False
         async with self._write() as conn:
             done = await conn.execute(
                 sa.delete(leases).where(leases.c.name == name, leases.c.holder == holder)

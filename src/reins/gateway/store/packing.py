@@ -159,6 +159,12 @@ class CommitPacking:
                         params["packed"] = result.blob
                     params["prompt_tokens"] = result.prompt_tokens
                     params["response_tokens"] = result.response_tokens
+                else:  # stored whole: its valid token IDs, as the trainer counts them
+                    data = row["data"].value
+                    if isinstance(data, dict):
+                        for part in ("prompt", "response"):
+                            ids = token_ids(data.get(f"{part}_token_ids", []))
+                            params[f"{part}_tokens"] = 0 if ids is None else int(ids.size)
             out.append(params)
         return out
 

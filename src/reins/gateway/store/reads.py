@@ -29,6 +29,10 @@ _NUL_ESCAPE = r"((^|[^\\])(\\\\)*)\\u0000"
 of backslashes ("\\\\u0000" is a backslash, then the text "u0000")."""
 
 
+_TRUE_TEXTS = ("1", "true", "yes", "on", "t", "y")
+"""The texts pydantic reads as true (lower case)."""
+
+
 def nul_free(column: sa.Column[Any]) -> sa.ColumnElement[Any]:
     """A PostgreSQL json column's document with its NUL characters read as U+FFFD: PostgreSQL
     stores "\\u0000" but any JSON operator on a document holding one fails ("unsupported
@@ -189,14 +193,29 @@ class DashboardReads:
         # NUMERIC, not a double: a version past 2**53 stays exact (SQLite's are 64-bit ints).
         return sa.case((is_number, sa.cast(value.as_string(), sa.Numeric)))
 
-    def _json_true(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[bool]:
-        """Whether `column[key]` is the JSON value `true` (false, not NULL, when it is missing)."""
+    def _json_missing(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[bool]:
         if self.is_sqlite:
-            is_true = sa.func.json_type(column, f'$."{key}"') == "true"
+            return sa.func.json_type(column, f'$."{key}"').is_(None)
+        return nul_free(column)[key].is_(None)
+
+    def _json_true(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[bool]:
+        """Whether `column[key]` reads as true as pydantic reads a bool (`true`, 1, "yes"...;
+        false, not NULL, when it is missing), as `ModelRequest` reads `abandoned`."""
+        if self.is_sqlite:
+            path = f'$."{key}"'
+            kind, value = sa.func.json_type(column, path), sa.func.json_extract(column, path)
         else:
-            value = nul_free(column)[key]
-            is_true = sa.and_(sa.func.json_typeof(value) == "boolean", value.as_string() == "true")
-        return sa.case((is_true, sa.true()), else_=sa.false())
+            element = nul_free(column)[key]
+            kind, value = sa.func.json_typeof(element), element.as_string()
+        # A CASE, not OR: SQL does not promise to skip the cast of a value that is no number.
+        is_true = sa.case(
+            (kind == "true", sa.true()),
+            (kind == "boolean", value == "true"),
+            (kind.in_(["integer", "real", "number"]), sa.cast(value, sa.Float) == 1),
+            (kind.in_(["text", "string"]), sa.func.lower(value).in_(_TRUE_TEXTS)),
+            else_=sa.false(),
+        )
+        return sa.func.coalesce(is_true, sa.false())
 
     def _json_length(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[Any]:
         """Length of the JSON array `column[key]`; 0 when it is not an array."""
@@ -227,9 +246,12 @@ class DashboardReads:
         )
         status = self._json_number(events.c.data, "status")
         # The versions of the calls the trainer trains (`samples.records.call_of`): a failed or
-        # abandoned call's version must not make a group look too stale to train.
+        # abandoned call's version must not make a group look too stale to train. A status not
+        # given is `ModelRequest`'s 200; one given as text ("200") is not read here. Token
+        # counts are those of valid token IDs (`store.packing`; rows before 2026-12-07 that
+        # were stored whole count their lists' lengths).
         trained = sa.and_(
-            status == 200,
+            sa.or_(status == 200, self._json_missing(events.c.data, "status")),
             sa.not_(self._json_true(events.c.data, "abandoned")),
             self._token_count("prompt") > 0,
             self._token_count("response") > 0,

@@ -240,6 +240,9 @@ def _log_unstored(done: asyncio.Future[list[Event]]) -> None:
         logger.error("a call answered from the journal was not stored: %s", done.exception())
 
 
+_INIT_LOCK = 0x7265696E73  # "reins": the advisory lock that orders replicas' `init`
+
+
 class SqlStore(DashboardReads):
     """The `Store` on SQLite or PostgreSQL, chosen by the URL."""
 
@@ -329,6 +332,11 @@ class SqlStore(DashboardReads):
 
     async def init(self) -> None:
         async with self._write() as conn:
+            if not self.is_sqlite:
+                # Replicas started together (two pods of one deployment) would create the
+                # tables at once and race in PostgreSQL's catalog (a unique violation on
+                # `pg_type` ended one at its start): one at a time, until its commit.
+                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_INIT_LOCK)))
             await conn.run_sync(metadata.create_all)
             await conn.run_sync(_add_packing_columns)
             if not self.is_sqlite:
