@@ -189,3 +189,32 @@ def test_a_retried_call_gets_the_same_prefix_again() -> None:
         5,
     ]  # the retry replaced the first try
     assert memory.tokens == 2 + 4
+
+
+def test_a_call_to_another_model_gets_no_reuse() -> None:
+    """A judge or summarizer model in the same attempt was sent the first model's token IDs
+    (its engine refused them: a 400 naming a field the harness never sent)."""
+    memory = ReuseMemory()
+    remembered(memory, chat(user("Hi"), model="policy"), [1], [2])
+    follow = [user("Hi"), assistant("x"), user("Summarize")]
+    assert memory.prefix_for(KEY, chat(*follow, model="judge"))[0] is None
+    assert _ids(memory.prefix_for(KEY, chat(*follow, model="policy"))[0]) == [1, 2]
+
+
+def test_two_threads_asking_the_same_each_extend_their_own_answer() -> None:
+    """The second answer replaced the first as "an earlier try": the first thread's next call
+    was sent the other thread's tokens (the engine fell back; no reuse for that thread)."""
+    memory = ReuseMemory()
+    for response, answer in (([2], "Apple"), ([3], "Pear")):
+        prefix, ticket = memory.prefix_for(KEY, chat(user("Name a fruit")))
+        assert prefix is None and ticket is not None
+        memory.remember(ticket, [1], response, answer)
+    for answer, tokens in (("Apple", [1, 2]), ("Pear", [1, 3]), ("Plum", [1, 3])):
+        follow = chat(user("Name a fruit"), assistant(answer), user("Another"))
+        assert _ids(memory.prefix_for(KEY, follow)[0]) == tokens  # unknown: the latest used
+    # A retry whose answer is not known replaces the try before it, as before.
+    _, ticket = memory.prefix_for(KEY, chat(user("Name a fruit")))
+    assert ticket is not None
+    memory.remember(ticket, [1], [4])
+    follow = chat(user("Name a fruit"), assistant("Apple"), user("Another"))
+    assert _ids(memory.prefix_for(KEY, follow)[0]) == [1, 4]

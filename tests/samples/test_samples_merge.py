@@ -30,6 +30,19 @@ def test_dedup_keeps_the_choice_the_harness_went_on_with() -> None:
     assert [c.seq for c in dedup_calls([choice_0, choice_1, call([9], [9], seq=3)])] == [2, 3]
 
 
+def test_dedup_keeps_each_answer_of_a_fan_out_that_was_gone_on_with() -> None:
+    """Two threads of a harness ask the same thing and each goes on with its own answer: one
+    was dropped as a retry, an answer the harness used never trained."""
+    first_a = call([1, 2], [10, 11], seq=1)
+    first_b = call([1, 2], [20, 21], seq=2)
+    then_a = continuing(first_a, [7], [12], seq=3)
+    then_b = continuing(first_b, [7], [22], seq=4)
+    assert [c.seq for c in dedup_calls([first_a, first_b, then_a, then_b])] == [1, 2, 3, 4]
+    # Two tries with the same answer, both gone on with: that answer once (the last).
+    again = call([1, 2], [10, 11], seq=2)
+    assert [c.seq for c in dedup_calls([first_a, again, then_a])] == [2, 3]
+
+
 def test_dedup_keeps_prompts_that_differ_only_in_a_token() -> None:
     calls = [call([1, 2], [3], seq=1), call([1, 5], [3], seq=2)]
     assert [c.seq for c in dedup_calls(calls)] == [1, 2]

@@ -66,16 +66,21 @@ def digest(message: Any) -> bytes:
 
 def request_view(chat: dict[str, Any]) -> tuple[list[bytes], bytes] | None:
     """(message digests, digest of the rest that shapes the prompt) of a chat request; None when
-    it has no list of messages."""
+    it has no list of messages. The model is part of the rest: another model's token IDs mean
+    nothing to it (a harness's judge or summarizer model in the same attempt)."""
     messages = chat.get("messages")
     if not isinstance(messages, list) or not messages:
         return None
-    shape = digest([chat.get("tools"), chat.get("tool_choice")])
+    shape = digest([chat.get("model"), chat.get("tools"), chat.get("tool_choice")])
     return [digest(message) for message in messages], shape
 
 
 def _role(message: Any) -> Any:
     return message.get("role") if isinstance(message, dict) else None
+
+
+def _content(message: Any) -> Any:
+    return message.get("content") if isinstance(message, dict) else None
 
 
 @dataclass
@@ -84,6 +89,10 @@ class _Remembered:
     shape: bytes
     tokens: array[int]
     """The call's prompt + response token IDs."""
+    answer: str | None = None
+    """The answer's text as the harness was shown it (None: not known): of two calls with the
+    same messages (two threads of a harness asking the same thing), the one whose answer the
+    next call sends back is the one it extends."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,7 @@ class ReuseMemory:
             return None, None
         messages, shape = view
         chosen: int | None = None
+        best = (-1, False)  # the longest history, then the answer sent back
         for index, call in enumerate(self._calls.get(key, ())):
             size = len(call.messages)
             if (
@@ -131,9 +141,12 @@ class ReuseMemory:
                 and len(messages) > size + 1
                 and messages[:size] == call.messages
                 and _role(chat["messages"][size]) == "assistant"
-                and (chosen is None or size >= len(self._calls[key][chosen].messages))
             ):
-                chosen = index
+                sent_back = call.answer is not None and call.answer == _content(
+                    chat["messages"][size]
+                )
+                if (size, sent_back) >= best:  # on a tie, the most recently used
+                    chosen, best = index, (size, sent_back)
         if chosen is None:
             return None, Ticket(key, messages, shape)
         self._calls.move_to_end(key)
@@ -141,18 +154,31 @@ class ReuseMemory:
         calls.append(calls.pop(chosen))  # the most recently used last
         return np.frombuffer(calls[-1].tokens, dtype=np.int32).copy(), Ticket(key, messages, shape)
 
-    def remember(self, ticket: Ticket, prompt: Sequence[int], response: Sequence[int]) -> None:
+    def remember(
+        self,
+        ticket: Ticket,
+        prompt: Sequence[int],
+        response: Sequence[int],
+        answer: str | None = None,
+    ) -> None:
         """A successful call of `ticket` joins its attempt's remembered calls (the least recently
         used one out past `per_attempt`). The call it extended stays: a retry of this call
         extends it again, gets the same prompt, and is deduplicated (`reins.samples`). An
-        earlier try of this same call is replaced."""
+        earlier try of this same call is replaced, unless both answers are known and differ
+        (two threads asking the same thing: each goes on with its own)."""
         if not prompt or not response:
             return
-        entry = _Remembered(ticket.messages, ticket.shape, _int32s(prompt))
+        entry = _Remembered(ticket.messages, ticket.shape, _int32s(prompt), answer)
         entry.tokens.extend(_int32s(response))
         calls = self._calls.setdefault(ticket.key, [])
         self._calls.move_to_end(ticket.key)
-        for call in [c for c in calls if (c.messages, c.shape) == (entry.messages, entry.shape)]:
+        replaced = [
+            c
+            for c in calls
+            if (c.messages, c.shape) == (entry.messages, entry.shape)
+            and (c.answer is None or answer is None or c.answer == answer)
+        ]
+        for call in replaced:
             calls.remove(call)
             self._tokens -= len(call.tokens)
         calls.append(entry)
@@ -246,4 +272,18 @@ class TokenReuse:
             record.token_reuse = pending.outcome
         if len(records) == 1 and records[0].status == 200:
             record = records[0]
-            self.memory.remember(pending.ticket, record.prompt_token_ids, record.response_token_ids)
+            self.memory.remember(
+                pending.ticket,
+                record.prompt_token_ids,
+                record.response_token_ids,
+                _shown_text(record.response),
+            )
+
+
+def _shown_text(answer: Any) -> str | None:
+    """A chat answer's text as the harness got it (None for another API's answer, or none)."""
+    try:
+        text = answer["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return text if isinstance(text, str) else None

@@ -63,14 +63,17 @@ class MergedSequence:
 
 
 def dedup_calls(calls: Sequence[Call]) -> list[Call]:
-    """Drop retried calls: of calls with identical prompts, keep one (paper 3.2): the last one
-    whose prompt + response a later call's prompt continues, else the last.
+    """Drop retried calls (paper 3.2): of calls with identical prompts, keep those whose prompt
+    + response a later call's prompt continues (of those with the same response, the last),
+    else the last.
 
     A retry's harness goes on with the last answer, which this keeps. The choices of one call
     with `n > 1` (one record each, the same prompt) are kept as the one the harness went on
     with, whichever it took: keeping the last alone trained a choice nobody used and cut the
-    rollout where the harness's next prompt continued another. The kept calls stay in their
-    order. Prompts are bucketed by length first, so only prompts of equal length are compared.
+    rollout where the harness's next prompt continued another. Two threads of a harness that
+    asked the same thing (a fan-out) each went on with their own answer: both are kept (one
+    used answer was never trained). The kept calls stay in their order. Prompts are bucketed
+    by length first, so only prompts of equal length are compared.
     """
     by_len: dict[int, list[int]] = {}
     for i, call in enumerate(calls):
@@ -85,20 +88,20 @@ def dedup_calls(calls: Sequence[Call]) -> list[Call]:
         for group in same.values():
             if len(group) > 1:
                 kept = _continued(calls, group)
-                dropped.update(i for i in group if i != kept)
+                dropped.update(i for i in group if i not in kept)
     if not dropped:
         return list(calls)
     return [c for i, c in enumerate(calls) if i not in dropped]
 
 
-def _continued(calls: Sequence[Call], group: list[int]) -> int:
-    """Of calls `group` (indices, in order, one prompt), the last that a call after them
-    continues; the last of them when none is continued."""
-    later = calls[group[-1] + 1 :]
-    for i in reversed(group):
-        if any(_continues(calls[i], call.prompt) for call in later):
-            return i
-    return group[-1]
+def _continued(calls: Sequence[Call], group: list[int]) -> set[int]:
+    """Of calls `group` (indices, in order, one prompt), those a later call continues, one per
+    response (the last); the last of them when none is continued."""
+    kept: dict[bytes, int] = {}
+    for i in group:
+        if any(_continues(calls[i], call.prompt) for call in calls[i + 1 :]):
+            kept[calls[i].response.tobytes()] = i
+    return set(kept.values()) or {group[-1]}
 
 
 def _continues(prev: Call, prompt: TokenArray) -> bool:
