@@ -237,6 +237,7 @@ KUBERNETES = [
         ),
         (["engine", "--max-batch", "0"], "Invalid value for '--max-batch'"),
         (["engine", "--device", "foo"], "--device 'foo': Expected one of cpu"),
+        (["engine", "--dtype", "fp16"], "--dtype 'fp16': give one of auto, bfloat16, float16"),
         (["gateway", "--port", "99999"], "Invalid value for '--port'"),
         (["export", "--gateway", "notaurl", "--api-key", "k"], "'notaurl' is not a gateway URL"),
         (
@@ -265,6 +266,7 @@ KUBERNETES = [
         "export-status",
         "max-batch",
         "device",
+        "dtype",
         "port",
         "not-a-url",
         "port-range",

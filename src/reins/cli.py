@@ -126,6 +126,10 @@ def engine(
                 )
             )
             raise typer.Exit(2)
+    dtypes = ("auto", "bfloat16", "float16", "float32")
+    if dtype not in dtypes:  # a usage mistake, told before the model loads, as --device's
+        console.print(error_line(f"--dtype {dtype!r}: give one of {', '.join(dtypes)}"))
+        raise typer.Exit(2)
     _exit_unless_port_free("engine", host, port)
     try:
         with console.status("loading the model..."):

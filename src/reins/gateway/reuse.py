@@ -13,7 +13,8 @@ What this module decides (pure but for its bounded memory; no I/O, no model-spec
   messages start with that call's messages (compared by digest, message by message), the next
   message is an assistant turn (that call's answer, as the harness sends it back), at least one
   message follows, and the model, tools and tool choice are the same. Of several, the one with
-  the most messages wins, then the one whose answer text is the one sent back. The answer is the token IDs to send as `reins_prefix_token_ids` (None: no reuse).
+  the most messages wins, then the one whose answer text is the one sent back. The answer is
+  the token IDs to send as `reins_prefix_token_ids` (None: no reuse).
 - The engine (`reins.engine.chat.extend_prompt`) makes the final check with its own template:
   the new messages' rendering must start with the text of those IDs. Where the harness changed
   its history (an edited or dropped turn, an answer re-serialized, a template that strips
