@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from tests.conftest import Gateway
@@ -97,3 +98,24 @@ def test_tokens_survive_a_gateway_restart(gateway_settings: object, database_url
             headers={"Authorization": f"Bearer {token}"},
         )
         assert response.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/rollouts/r/attempt/0/events",
+        "/api/rollouts/r/attempt/abc/events",
+        "/proxy/rollout/r/attempt/0/mode/train/openai/v1/chat/completions",
+        "/proxy/rollout/r/attempt/1/mode/foo/openai/v1/chat/completions",
+    ],
+)
+def test_a_caller_without_a_key_hears_of_the_key_before_the_path(
+    gateway: Gateway, path: str
+) -> None:
+    """The fast endpoints checked the path first: no key, and a 422 (or 400) about the path."""
+    answer = httpx.post(f"{gateway.url}{path}", json={"type": "t"})
+    assert answer.status_code == 401, answer.text
+    assert answer.headers.get("www-authenticate") == "Bearer"
+    # Another attempt's scoped token: refused as the twins refuse it (403), not told the path.
+    scoped = {"Authorization": "Bearer rk-at-another-attempts-token"}
+    assert httpx.post(f"{gateway.url}{path}", json={"type": "t"}, headers=scoped).status_code == 403

@@ -50,8 +50,10 @@ def _path_ids(request: Request) -> tuple[str, int]:
 
 
 async def append_events(request: Request) -> Response:
+    # The caller first, as the twins (`guards.attempt_caller`): a path checked first told a
+    # caller with no key about the path (422) rather than the key (401).
+    caller = await guards.attempt_caller(request)
     rollout_id, attempt_id = _path_ids(request)
-    caller = request.app.state.auth.attempt(request, rollout_id, attempt_id)
     if request.scope["query_string"]:
         # As its twin refuses it (`GuardedRoute`): an `?idempotency_key=` read as absent would
         # let a retry store the event twice.
@@ -89,11 +91,11 @@ async def append_events(request: Request) -> Response:
 
 def _proxy_endpoint(kind: proxy.ProxyKind) -> Any:
     async def endpoint(request: Request) -> Response:
+        caller = await guards.attempt_caller(request)  # first, as in `append_events`
         rollout_id, attempt_id = _path_ids(request)
         mode = request.path_params["mode"]
         if mode not in _MODES:
             raise _invalid(("path", "mode"), "Input should be 'train' or 'val'", "literal_error")
-        caller = request.app.state.auth.attempt(request, rollout_id, attempt_id)
         if request.method == "HEAD":
             return Response(status_code=200)
         store = request.app.state.store

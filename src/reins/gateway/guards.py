@@ -93,7 +93,7 @@ def _authenticator_of(dependant: Dependant) -> Callable[[Request], Awaitable[Any
     if require_admin in calls:
         return require_admin
     if require_attempt in calls:
-        return _attempt_caller
+        return attempt_caller
     return None
 
 
@@ -108,7 +108,7 @@ def _query_names(dependant: Dependant) -> frozenset[str]:
     return frozenset(names)
 
 
-async def _attempt_caller(request: Request) -> Principal:
+async def attempt_caller(request: Request) -> Principal:
     """`require_attempt` before FastAPI has validated the path: an attempt id that is not one can
     belong to no token, so only the admin key may go on (to FastAPI's 422)."""
     auth: Authenticator = request.app.state.auth
