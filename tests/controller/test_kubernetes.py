@@ -488,6 +488,25 @@ spec:
     await asyncio.sleep(0)
 
 
+async def test_a_namespace_that_does_not_exist_is_a_clear_error(
+    cluster: KubeCluster, client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    """The API's 404 (403 for RBAC alike) came out of `start` as a traceback, and at each
+    launch as a retried error with the HTTP headers in it, the attempt running for ever."""
+    rec = reconciler(cluster, "no-such-namespace", gateway_url, tmp_path)
+    with pytest.raises(ValueError, match=r"the Kubernetes API has no such \(404 "):
+        await rec.start(lambda: None)  # its NetworkPolicy cannot be made there
+    await rec.close()
+    await client.create_rollouts([RolloutSpec(rollout_id="r-nowhere", input={"plan": ["succeed"]})])
+    rec = reconciler(
+        cluster, "no-such-namespace", gateway_url, tmp_path, network_policy_template=None
+    )
+    async with running(controller(client, rec, gateway_url)):
+        rollouts = await wait_terminal(client, ["r-nowhere"], timeout_s=60)
+    status = rollouts["r-nowhere"].status
+    assert status.state == "failed" and "the Kubernetes API has no such (404" in str(status.reason)
+
+
 async def test_a_job_left_by_an_older_rollout_with_the_same_id_is_replaced(
     cluster: KubeCluster,
     kube: tuple[Any, Any],

@@ -217,3 +217,72 @@ def test_a_jobs_deadline_counts_from_its_start_and_never_before_it_was_seen() ->
     # An apiserver clock 60 s behind this machine's: from when this controller saw it.
     assert _deadline_of(job_started(started), created + 60) == (30, created + 60 + 30)
     assert _deadline_of(job_started(started, deadline_s=None), created) == (None, None)
+
+
+def test_a_value_shared_by_every_job_is_copied_into_each() -> None:
+    """`--set containers=[...]`: every render got the one list, and writing a rollout's env into
+    it gave the Jobs rendered before it was sent that rollout's environment and token."""
+    containers = [{"name": "agent", "image": "img:1", "command": ["python", "-m", "agent"]}]
+    rec = reconciler(
+        job_template=(
+            "apiVersion: batch/v1\nkind: Job\nspec:\n  template:\n    spec:\n"
+            '      containers: "{{containers}}"\n'
+        ),
+        values={"containers": containers},
+    )
+    first = rec.render_job(Launch("r-1", 1, None, {"REINS_ROLLOUT_ID": "r-1"}, 5, "t"))
+    rec.render_job(Launch("r-2", 1, None, {"REINS_ROLLOUT_ID": "r-2"}, 5, "t"))
+    (container,) = first["spec"]["template"]["spec"]["containers"]
+    assert container["env"] == [{"name": "REINS_ROLLOUT_ID", "value": "r-1"}]
+    assert "env" not in containers[0]  # the value itself is left as it was given
+
+
+@pytest.mark.parametrize(
+    ("timeout_s", "deadline"), [(float("inf"), None), (1e19, 2**63 - 1), (0.2, 1), (None, None)]
+)
+def test_a_timeout_becomes_a_deadline_the_api_takes(
+    timeout_s: float | None, deadline: int | None
+) -> None:
+    """1e19 s was refused by the apiserver as the template's fault; `--timeout inf` raised an
+    OverflowError, retried for ever (the attempt stayed running)."""
+    job = reconciler().render_job(launch(timeout_s=timeout_s))
+    assert job["spec"].get("activeDeadlineSeconds") == deadline
+
+
+@pytest.mark.parametrize(
+    "containers",
+    [
+        '{name: agent, image: "{{image}}"}',
+        '[{name: agent, image: "{{image}}", env: {FOO: bar}}]',
+        '["agent"]',
+    ],
+)
+def test_a_template_whose_containers_or_env_are_no_lists_of_objects_fails_the_launch(
+    containers: str,
+) -> None:
+    """Each was an AttributeError, retried for ever, the attempt running and no Job made."""
+    template = (
+        "apiVersion: batch/v1\nkind: Job\nspec:\n  template:\n    spec:\n"
+        f"      containers: {containers}\n"
+    )
+    with pytest.raises(LaunchError, match="must be a list of objects"):
+        reconciler(job_template=template).render_job(launch())
+
+
+def test_network_policy_names_are_valid_and_apart_for_every_controller_name() -> None:
+    """`Team` and `team` shared one policy, whose selector missed `Team`'s pods (unconfined);
+    `x_` made a name the apiserver refused."""
+    names = [
+        reconciler(controller_name=name).render_network_policy()["metadata"]["name"]
+        for name in ("team", "Team", "x_", "a" * 80, "a" * 79 + "b")
+    ]
+    assert names[0] == "reins-agents-team" and len(set(names)) == 5
+    for name in names:
+        assert re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", name), name
+
+
+def test_two_controllers_in_one_namespace_are_two_lease_holders() -> None:
+    """They were one holder: both took the gateway's lease and launched every rollout."""
+    assert (
+        reconciler(controller_name="a").lease_holder != reconciler(controller_name="b").lease_holder
+    )

@@ -126,7 +126,9 @@ class KubernetesReconciler:
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be at least 1, not {max_parallel}")
         self.namespace = namespace
-        self.lease_holder = f"kubernetes {namespace}"
+        # The controller's name too: two controllers in one namespace (each sees only its own
+        # Jobs) were one holder, both launched every rollout and took each other's for lost.
+        self.lease_holder = f"kubernetes {namespace} {controller_name}"
         self.gateway_url = gateway_url
         """The gateway as agent pods reach it: the NetworkPolicy lets them reach only this."""
         self.kubeconfig = str(kubeconfig) if kubeconfig else None
@@ -179,9 +181,14 @@ class KubernetesReconciler:
         self._api = await asyncio.to_thread(self._new_api_client)
         self._batch = k8s.BatchV1Api(self._api)
         self._core = k8s.CoreV1Api(self._api)
-        if self.network_policy_template is not None:
-            await asyncio.to_thread(self._apply_network_policy)
-        resource_version = await asyncio.to_thread(self._list)
+        try:
+            if self.network_policy_template is not None:
+                await asyncio.to_thread(self._apply_network_policy)
+            resource_version = await asyncio.to_thread(self._list)
+        except ApiException as error:
+            if error.status in _SETTINGS_REFUSED:  # not an outage: no retry will help
+                raise ValueError(self._refused(error)) from None
+            raise
         self._stop.clear()
         self._watch_thread = threading.Thread(
             target=self._watch_forever,
@@ -260,10 +267,22 @@ class KubernetesReconciler:
                     f"the apiserver rejected Job {name}: {_api_message(error)}; check the Job "
                     "template"
                 ) from error
+            elif error.status in _SETTINGS_REFUSED:
+                # Retried, the attempt stayed `running` for ever, its log full of HTTP headers.
+                raise LaunchError(self._refused(error)) from error
             else:
                 raise
         self._observe_job(created, time.monotonic())
         return f"job {self.namespace}/{name}"
+
+    def _refused(self, error: ApiException) -> str:
+        what = {401: "refuses the controller's credentials", 403: "forbids it", 404: "has no such"}
+        return (
+            f"the Kubernetes API {what.get(error.status or 0, 'refused it')} "
+            f"({_api_message(error)}): check the namespace ({self.namespace}) exists and the "
+            "controller's account may list, watch, create and delete Jobs and apply "
+            "NetworkPolicies there (RBAC)"
+        )
 
     async def _replace(self, key: Key, name: str) -> None:
         """A Job of an older rollout with this id holds the name: delete it, launch later."""
@@ -335,7 +354,7 @@ class KubernetesReconciler:
             "rollout_id": key[0],
             "attempt_id": key[1],
             "mode": launch.env.get("REINS_MODE", ""),
-            "timeout_s": math.ceil(launch.timeout_s) if launch.timeout_s else None,
+            "timeout_s": _deadline_s(launch.timeout_s),
             "controller": self.controller_name,
         }
         if agent:
@@ -358,19 +377,21 @@ class KubernetesReconciler:
         spec = _child(job, "spec")
         spec["backoffLimit"] = 0
         spec["ttlSecondsAfterFinished"] = self.ttl_after_finished_s
-        if launch.timeout_s:
-            spec["activeDeadlineSeconds"] = max(1, math.ceil(launch.timeout_s))
+        deadline = _deadline_s(launch.timeout_s)
+        if deadline is not None:
+            spec["activeDeadlineSeconds"] = deadline
         pod = _child(spec, "template")
         pod_meta = _child(pod, "metadata")
         _child(pod_meta, "labels").update(labels)
         _child(pod_meta, "annotations").update(annotations)
         pod_spec = _child(pod, "spec")
         pod_spec["restartPolicy"] = "Never"
-        containers = pod_spec.get("containers") or []
+        containers = _objects(pod_spec, "containers")
         if not containers:
             raise LaunchError("the Job template has no container")
-        for container in [*containers, *(pod_spec.get("initContainers") or [])]:
-            env = [e for e in container.get("env") or [] if e.get("name") not in launch.env]
+        for container in [*containers, *_objects(pod_spec, "initContainers")]:
+            kept = _objects(container, "env")
+            env = [e for e in kept if e.get("name") not in launch.env]
             container["env"] = env + [{"name": k, "value": v} for k, v in launch.env.items()]
         return job
 
@@ -402,7 +423,7 @@ class KubernetesReconciler:
             bits = 32 if address.version == 4 else 128
             peers = [{"ipBlock": {"cidr": f"{address}/{bits}"}}]
         return {
-            "name": f"reins-agents-{_NAME_UNSAFE.sub('-', self.controller_name.lower())}"[:63],
+            "name": _object_name("reins-agents-", self.controller_name),
             "namespace": self.namespace,
             "controller": self.controller_name,
             "agent_labels": {
@@ -783,6 +804,41 @@ def _key_of(job: Any) -> Key | None:
     if not rollout_id or not attempt or not str(attempt).isdigit():
         return None
     return (str(rollout_id), int(attempt))
+
+
+_SETTINGS_REFUSED = (401, 403, 404)
+"""The API's answers that say the settings are wrong (credentials, RBAC, the namespace)."""
+
+
+def _deadline_s(timeout_s: float | None) -> int | None:
+    """A Job's `activeDeadlineSeconds` for a timeout: whole seconds, at least 1, within int64
+    (a timeout of 1e19 s was refused by the apiserver as the template's fault); none for no
+    timeout or an infinite one (`--timeout inf` was retried for ever: no int is infinite)."""
+    if not timeout_s or not math.isfinite(timeout_s):
+        return None
+    return min(max(1, math.ceil(timeout_s)), 2**63 - 1)
+
+
+def _objects(parent: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """`parent[key]`, a list of objects, or a `LaunchError` saying what the template has there
+    (an AttributeError, retried for ever, otherwise)."""
+    items = parent.get(key)
+    if items is None:
+        return []
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise LaunchError(f"the Job template's `{key}` must be a list of objects, not {items!r}")
+    return items
+
+
+def _object_name(prefix: str, text: str) -> str:
+    """`prefix` + `text` as a Kubernetes object name (63 lower-case [a-z0-9-]), with a digest of
+    `text` when it had to change: `Team` and `team`, or two long names alike, stay apart."""
+    clean = _NAME_UNSAFE.sub("-", text.lower()).strip("-")
+    name = f"{prefix}{clean}"
+    if clean != text or len(name) > 63:
+        digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+        name = f"{name[: 63 - 9].rstrip('-')}-{digest}"
+    return name
 
 
 def _label_value(text: str) -> str:

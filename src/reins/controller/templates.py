@@ -10,6 +10,7 @@ is `values["input"]["instance"]["image_name"]`.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -92,7 +93,10 @@ def _fill(node: Any, values: Mapping[str, Any]) -> Any:
         return node
     whole = _PLACEHOLDER.fullmatch(node.strip())
     if whole is not None:
-        return _value(whole.group(1), values)
+        # A copy: the rendered tree is changed afterwards (each container's env), and a value
+        # shared by every render (`--set containers=[...]`) gave one rollout's environment,
+        # token included, to the Jobs of others rendered before it was sent.
+        return copy.deepcopy(_value(whole.group(1), values))
     return _PLACEHOLDER.sub(lambda m: str(_value(m.group(1), values)), node)
 
 
