@@ -106,7 +106,7 @@ def engine(
     logging.getLogger("reins.engine").setLevel(logging.INFO)
 
     from reins.engine.api import create_engine_app
-    from reins.engine.embedded import EmbeddedEngine
+    from reins.engine.embedded import DTYPES, EmbeddedEngine
     from reins.engine.prepare import ModelPreparationError
     from reins.serving import freeze_startup_objects
 
@@ -126,7 +126,7 @@ def engine(
                 )
             )
             raise typer.Exit(2)
-    dtypes = ("auto", "bfloat16", "float16", "float32")
+    dtypes = ("auto", *DTYPES)
     if dtype not in dtypes:  # a usage mistake, told before the model loads, as --device's
         console.print(error_line(f"--dtype {dtype!r}: give one of {', '.join(dtypes)}"))
         raise typer.Exit(2)
