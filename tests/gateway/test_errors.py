@@ -176,6 +176,53 @@ def test_a_query_parameter_the_route_does_not_take_is_422_not_ignored(gateway: G
     assert gateway.http.get("/api/rollouts/r/events").json() == []
 
 
+def test_a_single_valued_query_parameter_given_twice_is_422(gateway: Gateway) -> None:
+    """FastAPI kept the last value: `?attempt_id=1&attempt_id=2` read attempt 2 alone."""
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    twice = gateway.http.get(
+        "/api/rollouts/r/events", params=[("attempt_id", 1), ("attempt_id", 2)]
+    )
+    assert twice.status_code == 422, twice.text
+    assert twice.json()["detail"] == [
+        {"loc": ["query", "attempt_id"], "msg": "given more than once", "type": "repeated"}
+    ]
+    # A parameter that takes a list takes it repeated.
+    listed = gateway.http.get("/api/rollouts/r/events", params=[("type", "a"), ("type", "b")])
+    assert listed.status_code == 200, listed.text
+
+
+PROXY_GETS = [
+    "/proxy/rollout/r/attempt/{attempt}/mode/train/openai/v1/models",
+    "/proxy/rollout/r/attempt/{attempt}/mode/train/anthropic/v1/models",
+    "/proxy/rollout/r/attempt/{attempt}/mode/train/anthropic/v1/models/m",
+]
+
+
+@pytest.mark.parametrize("path", PROXY_GETS)
+def test_the_proxys_get_routes_check_the_caller_before_the_path(
+    gateway: Gateway, path: str
+) -> None:
+    """They validated the path first: no key and attempt 0 was a 400 about the path (its
+    message twice: the route and its auth dependency both declare `attempt_id`)."""
+    with gateway.client() as anonymous:
+        assert anonymous.get(path.format(attempt=0)).status_code == 401
+        assert anonymous.get(path.format(attempt="x")).status_code == 401
+    refused = gateway.http.get(path.format(attempt=0))
+    assert refused.status_code == 400
+    assert refused.text.count("greater than or equal to 1") == 1, refused.text
+
+
+@pytest.mark.parametrize("attempt", ["1_0", "+10", "%2010"])
+def test_an_attempt_id_is_read_in_decimal_digits_only(gateway: Gateway, attempt: str) -> None:
+    """Pydantic read `1_0` as attempt 10 (and `+10`, ` 10`): another attempt than written."""
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    for _ in range(10):
+        gateway.http.post("/api/rollouts/r/attempts")
+    path = f"/proxy/rollout/r/attempt/{attempt}/mode/train/openai/v1/models"
+    assert gateway.http.get(path).status_code == 400
+    assert gateway.http.get(path.replace(attempt, "10")).status_code == 200
+
+
 def test_an_unsafe_rollout_id_is_422(gateway: Gateway) -> None:
     response = gateway.http.post("/api/rollouts", json=[{"rollout_id": "a/b"}])
     assert response.status_code == 422

@@ -163,7 +163,10 @@ def _sent_branch(errors: list[Any]) -> list[Any]:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError) -> Response:
-        found = _sent_branch(list(exc.errors()))
+        # Once each: a path parameter a route and its auth dependency both declare fails twice.
+        found = list(
+            {_describe(error): error for error in _sent_branch(list(exc.errors()))}.values()
+        )
         errors = [
             {key: value for key, value in error.items() if key in ("loc", "msg", "type")}
             for error in found

@@ -8,13 +8,26 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+from pydantic import BeforeValidator
 
 from reins.gateway.auth import Authenticator, Principal
 from reins.gateway.settings import GatewaySettings
 from reins.gateway.store import Store
 
 RolloutIdPath = Annotated[str, Path(min_length=1, max_length=200, description="Rollout id")]
-AttemptIdPath = Annotated[int, Path(ge=1, le=1_000_000, description="Attempt id (1-based)")]
+
+
+def _decimal(value: object) -> object:
+    """Pydantic reads a path's `1_0` as 10 and `+5` or ` 5` as 5, as Python's `int()` does: an
+    attempt id other than the one written. Only decimal digits name an attempt."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError("an attempt id is written in decimal digits only")
+    return value
+
+
+AttemptIdPath = Annotated[
+    int, Path(ge=1, le=1_000_000, description="Attempt id (1-based)"), BeforeValidator(_decimal)
+]
 
 
 async def get_store(request: Request) -> Store:

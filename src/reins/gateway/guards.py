@@ -16,6 +16,9 @@
 from __future__ import annotations
 
 import email.message
+import functools
+import types
+import typing
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -32,54 +35,81 @@ from reins.gateway.store import Conflict, NotFound, Store
 MAX_ATTEMPT_ID = 1_000_000
 
 
-class GuardedRoute(APIRoute):
-    """An `APIRoute` that authenticates before it reads the body, then parses the body under the
-    JSON rule. Routers of the gateway's API use it (`APIRouter(route_class=GuardedRoute)`)."""
+class AuthFirstRoute(APIRoute):
+    """An `APIRoute` that authenticates, with the rule the route declares (its `Admin` or
+    `AttemptCaller` dependency), before FastAPI validates the path or reads the body; the
+    dependency still runs afterwards for the route's own use. The proxy's routes use it as it
+    is: they read their own body and take the query parameters harnesses add (`?beta=true`)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         authenticate = _authenticator_of(self.dependant)
-        takes_body = self.body_field is not None
-        parameters = _query_names(self.dependant)
 
         async def guarded(request: Request) -> Response:
             if authenticate is not None:
                 await authenticate(request)
-            unknown = [name for name in request.query_params if name not in parameters]
-            if unknown:
-                # FastAPI ignores a parameter the route does not declare: a misspelled one read
-                # as absent, and `DELETE /api/models?name=m` deleted every model.
-                takes = ", ".join(sorted(parameters)) or "none"
-                raise RequestValidationError(
-                    [
-                        {
-                            "loc": ("query", name),
-                            "msg": f"{request.method} {request.url.path} has no such "
-                            f"parameter (it takes: {takes})",
-                            "type": "extra_forbidden",
-                        }
-                        for name in unknown
-                    ]
-                )
-            if takes_body:
-                await _parse_json_body(request)
-            elif await request.body():
-                # FastAPI ignores a body the route does not declare: `DELETE /api/models` with
-                # `{"model": "m"}` deleted every model, a drain with `{"timeout_s": 5}` waited
-                # its default 600 s.
-                raise RequestValidationError(
-                    [
-                        {
-                            "loc": ("body",),
-                            "msg": f"{request.method} {request.url.path} takes no body; send "
-                            "its parameters in the query string (see GET /openapi.json)",
-                            "type": "extra_forbidden",
-                        }
-                    ]
-                )
+            await self.check(request)
             return await handler(request)
 
         return guarded
+
+    async def check(self, request: Request) -> None:
+        """What a subclass checks once the caller is known; raises to refuse."""
+
+
+class GuardedRoute(AuthFirstRoute):
+    """An `AuthFirstRoute` that also refuses what FastAPI would silently ignore (a query
+    parameter the route does not take, a single-valued one given twice, a body sent to a route
+    that takes none) and parses the body under the JSON rule. Routers of the gateway's API use
+    it (`APIRouter(route_class=GuardedRoute)`)."""
+
+    @functools.cached_property
+    def _query(self) -> tuple[frozenset[str], frozenset[str]]:
+        return _query_names(self.dependant)
+
+    async def check(self, request: Request) -> None:
+        parameters, single = self._query
+        unknown = [name for name in request.query_params if name not in parameters]
+        if unknown:
+            # FastAPI ignores a parameter the route does not declare: a misspelled one read
+            # as absent, and `DELETE /api/models?name=m` deleted every model.
+            takes = ", ".join(sorted(parameters)) or "none"
+            raise RequestValidationError(
+                [
+                    {
+                        "loc": ("query", name),
+                        "msg": f"{request.method} {request.url.path} has no such "
+                        f"parameter (it takes: {takes})",
+                        "type": "extra_forbidden",
+                    }
+                    for name in unknown
+                ]
+            )
+        repeated = [name for name in single if len(request.query_params.getlist(name)) > 1]
+        if repeated:
+            # FastAPI keeps the last one: `?attempt_id=1&attempt_id=2` read attempt 2 alone.
+            raise RequestValidationError(
+                [
+                    {"loc": ("query", name), "msg": "given more than once", "type": "repeated"}
+                    for name in sorted(repeated)
+                ]
+            )
+        if self.body_field is not None:
+            await _parse_json_body(request)
+        elif await request.body():
+            # FastAPI ignores a body the route does not declare: `DELETE /api/models` with
+            # `{"model": "m"}` deleted every model, a drain with `{"timeout_s": 5}` waited
+            # its default 600 s.
+            raise RequestValidationError(
+                [
+                    {
+                        "loc": ("body",),
+                        "msg": f"{request.method} {request.url.path} takes no body; send "
+                        "its parameters in the query string (see GET /openapi.json)",
+                        "type": "extra_forbidden",
+                    }
+                ]
+            )
 
 
 def _authenticator_of(dependant: Dependant) -> Callable[[Request], Awaitable[Any]] | None:
@@ -97,15 +127,27 @@ def _authenticator_of(dependant: Dependant) -> Callable[[Request], Awaitable[Any
     return None
 
 
-def _query_names(dependant: Dependant) -> frozenset[str]:
-    """The query parameters a route declares, its dependencies' included."""
+def _query_names(dependant: Dependant) -> tuple[frozenset[str], frozenset[str]]:
+    """The query parameters a route declares, its dependencies' included, and those of them
+    that take one value."""
     names: set[str] = set()
+    single: set[str] = set()
     stack = [dependant]
     while stack:
         current = stack.pop()
-        names.update(field.alias for field in current.query_params)
+        for field in current.query_params:
+            names.add(field.alias)
+            if not _takes_many(field.field_info.annotation):
+                single.add(field.alias)
         stack.extend(current.dependencies)
-    return frozenset(names)
+    return frozenset(names), frozenset(single)
+
+
+def _takes_many(annotation: Any) -> bool:
+    """Whether a query parameter's type is a list of values (`list[str] | None`)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_takes_many(arg) for arg in typing.get_args(annotation))
+    return typing.get_origin(annotation) in (list, set, tuple, frozenset)
 
 
 async def attempt_caller(request: Request) -> Principal:

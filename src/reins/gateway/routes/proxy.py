@@ -24,8 +24,12 @@ PROXY_BASE = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}"
 OPENAI_PREFIX = PROXY_BASE + "/openai/v1"
 ANTHROPIC_BASE = PROXY_BASE + "/anthropic"
 
-router = APIRouter(prefix=OPENAI_PREFIX, tags=["proxy"])
-anthropic_router = APIRouter(prefix=ANTHROPIC_BASE, tags=["proxy"])
+# The caller first, then the path: a call without a key for attempt 0 is a 401, not a 400 about
+# the path (the fast endpoints of the POST routes do the same, `reins.gateway.fast`).
+router = APIRouter(prefix=OPENAI_PREFIX, tags=["proxy"], route_class=guards.AuthFirstRoute)
+anthropic_router = APIRouter(
+    prefix=ANTHROPIC_BASE, tags=["proxy"], route_class=guards.AuthFirstRoute
+)
 
 ModePath = Annotated[Mode, Path(description="`train` or `val`: selects the sampling settings")]
 
