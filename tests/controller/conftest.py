@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from reins.client import GatewayClient
 from reins.controller import Controller
+from reins.controller.local import LocalReconciler
 from reins.gateway import GatewaySettings
 from reins.schemas import TERMINAL_STATES, Rollout
 from tests.conftest import ADMIN_KEY, serve
@@ -32,6 +34,16 @@ def gateway_url(tmp_path: Path) -> Iterator[str]:
 async def client(gateway_url: str) -> AsyncIterator[GatewayClient]:
     async with GatewayClient(gateway_url, ADMIN_KEY) as gateway:
         yield gateway
+
+
+def stop_dead(controller: Controller) -> None:
+    """What the death of a local controller's process leaves: its agents run on, and the kernel
+    closes its files, so its log folder's `controller.lock` is free for the next controller."""
+    reconciler = controller.reconciler
+    assert isinstance(reconciler, LocalReconciler)
+    lock, reconciler._folder_lock = reconciler._folder_lock, None
+    assert lock is not None, "the controller never started"
+    os.close(lock)
 
 
 @contextlib.asynccontextmanager

@@ -20,7 +20,7 @@ from reins.controller import Controller, LocalReconciler
 from reins.gateway import GatewaySettings
 from reins.schemas import AGENT_LAUNCH, AGENT_LOG, REWARD, RolloutConfig, RolloutSpec
 from tests.conftest import ADMIN_KEY, serve
-from tests.controller.conftest import ROOT, running, wait_for, wait_terminal
+from tests.controller.conftest import ROOT, running, stop_dead, wait_for, wait_terminal
 from tests.support import GatewayProcess, PostgresServer, alive, free_port
 
 AGENTS = "tests.controller.agents"
@@ -349,7 +349,7 @@ async def test_a_new_controller_adopts_running_agents_and_launches_nothing_twice
     await first.reconcile_once()
     await first.wait_idle()
     assert first.stats.launched == 3
-    # The first controller stops dead here (no shutdown: its agents keep running).
+    stop_dead(first)  # no shutdown: its agents keep running
     second = controller(client, gateway_url, tmp_path / "logs", f"{AGENTS}:timed")
     async with running(second):
         rollouts = await wait_terminal(client, ids)
@@ -359,6 +359,32 @@ async def test_a_new_controller_adopts_running_agents_and_launches_nothing_twice
         assert rollouts[rid].status.state == "succeeded" and rollouts[rid].attempt_count == 1
         assert len(await client.get_events(rid, types=[AGENT_LAUNCH])) == 1
     assert len(log.read_text().splitlines()) == 3
+
+
+async def test_a_second_controller_on_a_live_controllers_log_folder_is_refused(
+    client: GatewayClient, gateway_url: str, tmp_path: Path
+) -> None:
+    """Both were one holder of the gateway's controller lease (it names the folder): the second
+    launched every rollout again, adopted the first one's agents and killed them on its stop."""
+    log = tmp_path / "intervals"
+    await client.create_rollouts(
+        [RolloutSpec(rollout_id="r", input={"sleep": 1.5, "log": str(log)})]
+    )
+    first = controller(client, gateway_url, tmp_path / "logs", f"{AGENTS}:timed")
+    await first.reconcile_once()
+    second = controller(client, gateway_url, tmp_path / "logs", f"{AGENTS}:timed")
+    with pytest.raises(
+        ValueError, match=r"another controller \(pid \d+ on .*\) uses the log folder"
+    ):
+        await asyncio.wait_for(second.run(), 30)
+    async with running(first):
+        rollouts = await wait_terminal(client, ["r"])
+    assert rollouts["r"].status.state == "succeeded" and rollouts["r"].attempt_count == 1
+    assert len(log.read_text().splitlines()) == 1
+    # Once the first one has stopped, the folder is free.
+    third = controller(client, gateway_url, tmp_path / "logs", f"{AGENTS}:timed")
+    await third.start()
+    await third.close()
 
 
 async def test_an_agent_that_vanished_while_no_controller_ran_is_retried(
@@ -779,7 +805,7 @@ async def test_a_start_failure_reads_as_one_after_a_restart(
     await first.reconcile_once()
     await first.wait_idle()
     assert first.stats.launched == 1
-    # The first controller stops dead here, before it reported the failed start.
+    stop_dead(first)  # before it reported the failed start
     reconciler = LocalReconciler(agent, 2, logs, workdir=ROOT, preload=preload)
     second = Controller(client, reconciler, gateway_url=gateway_url, poll_interval_s=0.1)
     async with running(second):

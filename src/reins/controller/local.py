@@ -12,13 +12,15 @@ Each attempt gets a folder `LOG_DIR/<rollout id>/attempt-<n>/`:
 The files are what lets a restarted controller converge: a live wrapper is adopted (watched until
 it exits, its deadline still enforced), an `exit` file is an outcome nobody reported yet, a `pid`
 without a live process and without `exit` is a lost agent. Nothing is launched for an attempt
-that has a `pid` or `exit` file.
+that has a `pid` or `exit` file. `LOG_DIR/controller.lock` is held (`flock`) while a controller
+uses the folder: a second one on the same folder is refused at its start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -84,6 +86,29 @@ class _Execution:
     """The attempt's `marks.ATTEMPT_MARK`: its processes outside its group are found by it."""
 
 
+def _lock_folder(log_dir: Path) -> int:
+    """Holds `log_dir/controller.lock` until it is closed (or this process ends, however).
+
+    Two controllers on one log folder are one holder of the gateway's controller lease (its
+    holder names the folder, so that a restarted controller takes its lease back at once): both
+    launched every rollout, and the second adopted the first one's agents and killed them when
+    it stopped."""
+    path = log_dir / "controller.lock"
+    lock = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(lock, 200, 0).decode(errors="replace").strip() or "a live process"
+        os.close(lock)
+        raise ValueError(
+            f"another controller ({holder}) uses the log folder {log_dir}: give each "
+            "controller a log folder of its own (--log-dir)"
+        ) from None
+    os.ftruncate(lock, 0)
+    os.pwrite(lock, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+    return lock
+
+
 class LocalReconciler:
     """A local process pool: one process group per attempt, killed whole on timeout or stop."""
 
@@ -134,12 +159,15 @@ class LocalReconciler:
         self._execs: dict[Key, _Execution] = {}
         self._on_change: Callable[[], None] = lambda: None
         self._host = socket.gethostname()
+        self._folder_lock: int | None = None
 
     # -- protocol ---------------------------------------------------------------------------
 
     async def start(self, on_change: Callable[[], None]) -> None:
         self._on_change = on_change
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self._folder_lock is None:
+            self._folder_lock = _lock_folder(self.log_dir)
         # Adopt every live agent a previous controller left here, so that the controller can
         # stop those whose rollout ended meanwhile, and watch the others to their end.
         for pid_file in self.log_dir.glob("*/attempt-*/pid"):
@@ -168,6 +196,9 @@ class LocalReconciler:
                 reaper.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 await asyncio.to_thread(reaper.wait, 10)
+        lock, self._folder_lock = self._folder_lock, None
+        if lock is not None:
+            os.close(lock)
 
     def free_slots(self) -> int:
         return self.max_parallel - sum(1 for e in self._execs.values() if e.ended is None)
