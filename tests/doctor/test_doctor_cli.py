@@ -91,7 +91,7 @@ def test_a_harness_whose_calls_all_fail_is_not_trainable(engine: ServedEngine) -
     assert report["ok"] is False
     assert (report["calls"], report["failed_calls"], report["trainable_calls"]) == (2, 2, 0)
     severities = {f["check"]: f["severity"] for f in report["findings"]}
-    assert severities == {"failed": "error", "harness_exit": "warning"}
+    assert severities == {"failed": "error", "harness_exit": "error"}
     assert "maximum context length" in report["findings"][0]["message"]
     assert "run 1/1: exit 1" in progress
 

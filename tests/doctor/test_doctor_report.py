@@ -148,12 +148,42 @@ def test_every_call_failed_is_an_error_and_some_failed_a_warning() -> None:
     failed = {"status": 400, "error": "the prompt is too long", "kind": "chat", "response": {}}
     all_failed = build_report([run([failed, failed], returncode=1)], DETOK)
     assert all_failed.ok is False
-    assert checks(all_failed) == {"failed": "error", "harness_exit": "warning"}
+    assert checks(all_failed) == {"failed": "error", "harness_exit": "error"}
     assert "status 400: the prompt is too long" in all_failed.findings[0].message
     some = build_report([run([failed, *conversation(ids("kiwi"))])], DETOK)
     assert some.ok is True
     assert checks(some) == {"failed": "warning"}
     assert some.sequences == 1  # the failed call takes no part in merging
+
+
+def test_calls_of_which_none_can_be_trained_are_an_error() -> None:
+    """Every call abandoned (a client timeout shorter than the engine's latency) and every run
+    exiting 1: the verdict was OK, exit 0."""
+    late = record(FIRST_PROMPT, [*ids("pear"), EOS], abandoned=True, status=499)
+    empty = record(FIRST_PROMPT, [], finish_reason="stop", response_logprobs=[])
+    report = build_report([run([late, late, empty], returncode=0)], DETOK)
+    assert report.ok is False
+    assert checks(report) == {"abandoned": "warning", "empty": "info", "no_trainable": "error"}
+    (finding,) = [f for f in report.findings if f.check == "no_trainable"]
+    assert finding.message == "none of the 3 calls can be trained on (2 abandoned, 1 empty answers)"
+    assert report.rollouts[0].failed == 0  # abandoned calls are not failed ones
+    crashed = build_report([run([late], returncode=1), run([late], "r2", None)], DETOK)
+    assert checks(crashed) == {
+        "abandoned": "warning",
+        "harness_exit": "error",
+        "no_trainable": "error",
+    }
+    some_crashed = build_report([run(conversation(ids("kiwi"))), run([late], "r2", 1)], DETOK)
+    assert checks(some_crashed) == {"abandoned": "warning", "harness_exit": "warning"}
+
+
+def test_a_call_recorded_without_a_status_is_read_as_200_as_the_trainer_reads_it() -> None:
+    calls = conversation(ids("kiwi"))
+    for call in calls:
+        del call["status"]
+    report = build_report([run(calls)], DETOK)
+    assert (report.failed_calls, report.trainable_calls, report.sequences) == (0, 2, 1)
+    assert report.rollouts[0].failed == 0
 
 
 def test_no_call_in_any_run_is_an_error() -> None:

@@ -48,10 +48,33 @@ def test_a_run_that_exits_keeps_its_status_and_output(tmp_path: Path) -> None:
     assert "out" in tail and "err" in tail
 
 
+def test_a_run_that_exits_leaves_no_child_running(tmp_path: Path) -> None:
+    """A background worker the harness left went on calling a gateway that was gone (or into
+    the next run's)."""
+    marker = tmp_path / "child.pid"
+    script = (
+        "import subprocess; child = subprocess.Popen(['sleep', '60']); "
+        f"open({str(marker)!r}, 'w').write(str(child.pid))"
+    )
+    returncode, _ = _run_process([sys.executable, "-c", script], {}, 30.0, tmp_path / "log")
+    assert returncode == 0
+    child = int(marker.read_text())
+    deadline = time.monotonic() + 10
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(child), "the harness's child outlived its run"
+
+
 @pytest.mark.parametrize(
     ("argv", "options", "message"),
     [
         ([], DoctorOptions(), "no harness command"),
+        (  # before the engine loads, not after it
+            ["no-such-harness-program", "x"],
+            DoctorOptions(),
+            "cannot start 'no-such-harness-program': no such program",
+        ),
+        (["./missing.py"], DoctorOptions(), "cannot start './missing.py'"),
         (["true"], DoctorOptions(runs=0), "--runs must be at least 1"),
         (["true"], DoctorOptions(tokenizer=Path("/tmp")), "--tokenizer goes with --engine"),
         (

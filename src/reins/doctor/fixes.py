@@ -26,9 +26,14 @@ FIXES: dict[str, str] = {
         "policy with the embedded engine or vLLM, which return one per token when asked"
     ),
     "failed": (
-        "read the error: a request the engine refuses fails every time (a prompt past the "
+        "read the error: a 502 that names a connection means the engine is down or its URL is "
+        "wrong (`--engine`); a request the engine refuses fails every time (a prompt past the "
         "context: a larger `reins engine --max-model-len` or a shorter history; a parameter the "
         "engine does not support); failed calls are not trained on"
+    ),
+    "no_trainable": (
+        "every call was abandoned, failed, empty or recorded without tokens: a rollout of this "
+        "harness gives the trainer nothing; the findings above say which, and each its fix"
     ),
     "abandoned": (
         "the harness's client timed out or hung up before the answer: raise its request timeout "
@@ -40,8 +45,10 @@ FIXES: dict[str, str] = {
         "often writes first (e.g. a newline) causes it: drop that stop or let the answer start"
     ),
     "harness_exit": (
-        "read the harness's own output above; a run that fails is not a rollout the trainer can "
-        "reward (the controller retries it as a new attempt)"
+        "its last lines are quoted in the message (run the command alone to see all of its "
+        "output); a run stopped at the time limit hangs or needs a longer `--timeout`; a run "
+        "that fails is not a rollout the trainer can reward (the controller retries it as a new "
+        "attempt)"
     ),
     "split:retokenized": (
         "the harness sent the answer back as text and the chat template re-encoded it into other "
@@ -52,9 +59,12 @@ FIXES: dict[str, str] = {
         "the tokens it sampled, only the shared prompt is trained again"
     ),
     "split:template": (
-        "the chat template renders earlier turns differently from how they were sampled (e.g. "
-        "it drops `<think>` blocks once a new user turn follows): use a template that keeps "
-        "earlier turns as sampled, or accept one split per user turn"
+        "an earlier turn reads differently in the next prompt: either the harness changed, "
+        "removed or reordered an earlier message (its system prompt included: a template then "
+        "fills in its default one) or the chat template renders earlier turns differently from "
+        "how they were sampled (e.g. it drops `<think>` blocks once a new user turn follows); "
+        "compare the two sides of the split example: keep the history as sent, or use a template "
+        "that keeps earlier turns as sampled, or accept one split per user turn"
     ),
     "split:transformed": (
         "the harness changed the answer before sending it back (stripped or reformatted text, "

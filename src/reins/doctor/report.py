@@ -10,7 +10,8 @@ data (in event order) and how its process ended are all the report reads. What i
   one finite logprob <= 0 per response token; without them it cannot be trained on at all.
 - **Failed calls** (a warning; an error when no call of any run succeeded), **abandoned calls**
   (the client hung up; recorded with `abandoned: true` or status 499; a warning), **runs that
-  made no call** or exited non-zero (warnings; no call in any run is an error).
+  made no call** or exited non-zero (warnings; no call in any run, or no run that exited 0, is
+  an error), and no trainable call at all, whatever the reasons (an error).
 - **Merging**, exactly as the trainer does it (`reins.samples`: dedup, then merge): samples per
   rollout, the one-sequence rollout ratio, each split reason with one example (the decoded tokens
   on both sides of the first token that differs), tool-call round trips (a call answered with
@@ -236,7 +237,7 @@ def build_report(runs: Sequence[HarnessRun], detok: Detokenizer | None = None) -
                     report.split_examples[split.reason] = _example(
                         run.rollout_id, call, kept[position + 1], detok
                     )
-        failed = sum(1 for c in run.calls if c.get("status") != 200)
+        failed = sum(1 for c in run.calls if not _abandoned(c) and c.get("status", 200) != 200)
         report.rollouts.append(
             RolloutSummary(
                 run.rollout_id,
@@ -265,7 +266,7 @@ def _check_calls(
             report.abandoned_calls += 1
             tally.abandoned_example = tally.abandoned_example or where
             continue
-        if data.get("status") != 200:
+        if data.get("status", 200) != 200:  # a status not given is 200, as the trainer reads it
             report.failed_calls += 1
             if not tally.failed_example:
                 error = str(data.get("error") or "")[:300]
@@ -419,12 +420,32 @@ def _findings(report: DoctorReport, tally: _Tally, detok: Detokenizer | None) ->
             "stopped at the time limit" if last.returncode is None else (f"exit {last.returncode}")
         )
         tail = last.output_tail.strip().splitlines()[-3:]
+        every = len(tally.crashed_runs) == report.runs  # no run the controller would reward
         add(
             "harness_exit",
-            "warning",
+            "error" if every else "warning",
             len(tally.crashed_runs),
             f"{len(tally.crashed_runs)} of {report.runs} runs did not exit 0 ({last.rollout_id}: "
             f"{status}" + (f"; it said: {' / '.join(tail)}" if tail else "") + ")",
+        )
+    explained = any(  # an error about the calls already says why
+        f.severity == "error" and f.check in ("failed", "no_token_ids", "no_logprobs") for f in out
+    )
+    if report.calls and not report.trainable_calls and not explained:
+        why = {
+            "abandoned": report.abandoned_calls,
+            "failed": report.failed_calls,
+            "empty answers": report.empty_answers,
+            "without token IDs": report.missing_token_ids,
+            "without logprobs": report.bad_logprobs,
+        }
+        add(
+            "no_trainable",
+            "error",
+            report.calls,
+            f"none of the {report.calls} calls can be trained on ("
+            + ", ".join(f"{count} {what}" for what, count in why.items() if count)
+            + ")",
         )
     for reason, count in report.splits.items():
         example = report.split_examples[reason]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -193,7 +194,9 @@ def _wait(check: Callable[[], bool], limit_s: float) -> None:
 def _run_process(
     argv: Sequence[str], env: dict[str, str], timeout_s: float, log: Path
 ) -> tuple[int | None, str]:
-    """Runs `argv` in a session of its own; at the time limit its whole group is killed."""
+    """Runs `argv` in a session of its own; once it has ended, or at the time limit, its whole
+    group is killed: a background worker it left would go on calling a gateway that is gone, or
+    into the next run."""
     with log.open("w+b") as out:
         try:
             process = subprocess.Popen(
@@ -211,11 +214,10 @@ def _run_process(
             returncode = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             pass
-        finally:  # at the limit, or the doctor itself interrupted: the harness goes too
-            if returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        finally:  # ended, at the limit, or the doctor itself interrupted: the harness goes too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
         out.seek(0)
         tail = out.read()[-OUTPUT_TAIL:].decode(errors="replace")
     return returncode, tail
@@ -267,6 +269,9 @@ def run_doctor(
     runs: list[HarnessRun] = []
     base = {k: v for k, v in os.environ.items() if k != "REINS_API_KEY"}
     base.setdefault("PYTHONUNBUFFERED", "1")
+    # Before the engine loads (seconds to minutes): a command that cannot start fails at once.
+    if shutil.which(argv[0], path={**base, **options.env}.get("PATH")) is None:
+        raise DoctorError(f"cannot start {argv[0]!r}: no such program (or not executable)")
     with (
         _stack(options) as stack,
         httpx.Client(
