@@ -26,5 +26,14 @@ def hang(task: dict[str, Any]) -> None:
     _wait_for_sigterm(Path(task["file"]))
 
 
+def hang_in_try(task: dict[str, Any]) -> None:
+    """No handler of its own: its `finally` is its cleanup (a temporary folder's, a sandbox's)."""
+    print("waiting", flush=True)
+    try:
+        time.sleep(1000)
+    finally:
+        Path(task["file"]).write_text("cleaned up")
+
+
 if __name__ == "__main__":
     _wait_for_sigterm(Path(sys.argv[1]))

@@ -184,12 +184,23 @@ async def test_a_timeout_kills_the_whole_process_group(
     assert "hanging" in agent_log.data["tail"]
 
 
-@pytest.mark.parametrize("kind", ["command", "plain", "zygote"])
+@pytest.mark.parametrize(
+    ("kind", "function"),
+    [
+        ("command", None),
+        ("plain", "hang"),
+        ("zygote", "hang"),
+        ("plain", "hang_in_try"),
+        ("zygote", "hang_in_try"),
+    ],
+)
 async def test_an_agent_gets_its_grace_after_sigterm_whatever_runs_it(
-    client: GatewayClient, gateway_url: str, tmp_path: Path, kind: str
+    client: GatewayClient, gateway_url: str, tmp_path: Path, kind: str, function: str | None
 ) -> None:
     """SIGTERM, then SIGKILL after `kill_grace_s`: a command's `sh` wrapper died of the SIGTERM
-    at once and its group was SIGKILLed then, the agent's cleanup cut short."""
+    at once and its group was SIGKILLed then, the agent's cleanup cut short. An agent function
+    with no handler of its own gets its `finally` run (Python's SIGTERM skipped it: the
+    examples' temporary folders were left behind)."""
     cleaned = tmp_path / "cleaned"
     spec = RolloutSpec(
         rollout_id=f"r-grace-{kind}",
@@ -200,7 +211,7 @@ async def test_an_agent_gets_its_grace_after_sigterm_whatever_runs_it(
     agent = (
         f"{sys.executable} {ROOT / 'tests/controller/graceful_agent.py'} {cleaned}"
         if kind == "command"
-        else "tests.controller.graceful_agent:hang"
+        else f"tests.controller.graceful_agent:{function}"
     )
     reconciler = LocalReconciler(
         agent, 2, tmp_path / "logs", workdir=ROOT, kill_grace_s=5, preload=kind == "zygote"

@@ -5,7 +5,8 @@ called with the rollout's input (JSON-decoded); it may be sync or async. A numbe
 posted as the attempt's `reward` event (`{"value": x, "source": "agent"}`); None means the agent
 reported for itself. An exception prints its traceback (kept in the attempt's log) and exits 1,
 which the controller counts as a crashed attempt; so does a returned number that is not finite
-or that cannot be posted (the log says which).
+or that cannot be posted (the log says which). A SIGTERM (the controller stopping it) ends it
+as `SystemExit`, so its `finally` clauses and `with` exits run.
 
 Only a few standard modules are imported up front (asyncio only for an async agent), so this
 costs little more than the interpreter's own start.
@@ -18,6 +19,7 @@ import json
 import math
 import os
 import reprlib
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -54,8 +56,18 @@ def load_agent(agent: str) -> Callable[[Any], Any] | None:
     return cast("Callable[[Any], Any]", function)
 
 
+def _end_on_sigterm(signum: int, _frame: object) -> None:
+    # Python's own SIGTERM ends the process where it stands: an agent stopped by the controller
+    # (a timeout, a cancelled rollout) never ran its `finally` clauses and `with` exits, and
+    # left its temporary folders and sandboxes behind. As `SystemExit` (the status a shell
+    # gives a SIGTERM) they run, within the controller's grace before its SIGKILL.
+    raise SystemExit(128 + signum)
+
+
 def call_agent(agent: str, function: Callable[[Any], Any]) -> int:
-    """Runs one attempt in this process's environment; returns its exit status."""
+    """Runs one attempt in this process's environment; returns its exit status. A SIGTERM ends
+    it as `SystemExit(143)`, its cleanup run (an agent may set a handler of its own)."""
+    signal.signal(signal.SIGTERM, _end_on_sigterm)
     try:
         task = json.loads(os.environ["REINS_INPUT"])
     except KeyError:
