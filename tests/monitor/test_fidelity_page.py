@@ -90,7 +90,7 @@ def test_harness_text_is_escaped(gateway: Gateway) -> None:
     assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page.text
     text = html.unescape(page.text)
     assert f"status 400: bad request {attack}" in text  # the failed call, every call: an error
-    assert "not trainable as recorded (failed)" in text
+    assert "not trainable as recorded (failed, harness_exit)" in text  # its one run exited 1
     assert "exit 1; it said:" in text  # the agent log's exit code and tail
 
 

@@ -43,6 +43,42 @@ def test_dedup_keeps_each_answer_of_a_fan_out_that_was_gone_on_with() -> None:
     assert [c.seq for c in dedup_calls([first_a, again, then_a])] == [2, 3]
 
 
+def test_interleaved_conversations_each_merge_into_their_own_sequence() -> None:
+    """Two threads (a fan-out, or a sub-agent between its caller's turns): only consecutive
+    calls merged, so A1 B1 A2 B2 made four sequences, each boundary a split ("transformed" for
+    the second thread's first call, whose prompt is the first one's)."""
+    first_a = call([1, 2], [10, 11], seq=1)
+    first_b = call([1, 2], [20, 21], seq=2)
+    then_a = continuing(first_a, [7], [12], seq=3)
+    then_b = continuing(first_b, [7], [22], seq=4)
+    last_a = continuing(then_a, [8], [13], seq=5)
+    sequences, splits = merge_calls([first_a, first_b, then_a, then_b, last_a])
+    assert [s.call_seqs for s in sequences] == [(1, 3, 5), (2, 4)]
+    assert sequences[0].token_ids.tolist() == [1, 2, 10, 11, 7, 12, 8, 13]
+    assert sequences[1].token_ids.tolist() == [1, 2, 20, 21, 7, 22]
+    assert [(s.before_seq, s.after_seq, s.reason) for s in splits] == [(1, 2, "branch")]
+
+
+def test_a_sub_agent_between_two_turns_leaves_its_caller_one_sequence() -> None:
+    caller = call([1, 2, 3], [4], seq=1)
+    sub_first = call([9, 9], [5], seq=2)
+    sub_then = continuing(sub_first, [6], [7], seq=3)
+    caller_then = continuing(caller, [5, 7], [8], seq=4)  # the sub-agent's answer as a result
+    sequences, splits = merge_calls([caller, sub_first, sub_then, caller_then])
+    assert [s.call_seqs for s in sequences] == [(1, 4), (2, 3)]
+    assert [(s.before_seq, s.after_seq) for s in splits] == [(1, 2)]
+
+
+def test_a_call_continuing_two_open_sequences_extends_the_longer() -> None:
+    short = call([1], [2], seq=1)
+    other = call([5], [6], seq=2)  # opens a second sequence
+    longer = continuing(short, [3], [4], seq=3)  # [1, 2, 3, 4]
+    detour = call([7], [8], seq=4)
+    both = call([1, 2, 3, 4, 9], [10], seq=5)  # continues seq 3, which itself continues seq 1
+    sequences, _ = merge_calls([short, other, longer, detour, both])
+    assert [s.call_seqs for s in sequences] == [(1, 3, 5), (2,), (4,)]
+
+
 def test_dedup_keeps_prompts_that_differ_only_in_a_token() -> None:
     calls = [call([1, 2], [3], seq=1), call([1, 5], [3], seq=2)]
     assert [c.seq for c in dedup_calls(calls)] == [1, 2]

@@ -23,7 +23,7 @@ from reins.samples import (
 FAST = settings(deadline=None, max_examples=50)
 
 TOKENS = st.integers(0, 4)  # a tiny vocabulary, so that accidental prefix matches happen
-MOVES = ["continue", "continue", "perturb", "branch", "retry", "truncate"]
+MOVES = ["continue", "continue", "perturb", "branch", "retry", "truncate", "resume"]
 
 
 @st.composite
@@ -36,6 +36,10 @@ def conversations(draw: st.DrawFn, max_calls: int = 7) -> list[Call]:
         calls.append(call(prompt, response, seq=seq))
         history = prompt + response
         move = draw(st.sampled_from(MOVES))
+        if move == "resume" and len(calls) > 1:  # an earlier thread goes on (interleaving)
+            earlier = calls[draw(st.integers(0, len(calls) - 2))]
+            history = [*earlier.prompt.tolist(), *earlier.response.tolist()]
+            move = "continue"
         if move == "continue":
             prompt = history + draw(st.lists(TOKENS, max_size=4))
         elif move == "perturb":
@@ -96,8 +100,29 @@ def test_every_merged_call_sees_exactly_the_prompt_it_consumed(calls: list[Call]
 def test_every_kept_call_lands_in_exactly_one_sequence_in_order(calls: list[Call]) -> None:
     kept = dedup_calls(calls)
     sequences, splits = merge_calls(kept)
-    assert [seq for s in sequences for seq in s.call_seqs] == [c.seq for c in kept]
+    placed = sorted(seq for s in sequences for seq in s.call_seqs)
+    assert placed == sorted(c.seq for c in kept)
+    assert all(list(s.call_seqs) == sorted(s.call_seqs) for s in sequences)
+    assert [s.call_seqs[0] for s in sequences] == sorted(s.call_seqs[0] for s in sequences)
     assert len(splits) == len(sequences) - 1
+
+
+@FAST
+@given(conversations(max_calls=10))
+def test_a_call_opens_a_sequence_only_when_it_continues_none(calls: list[Call]) -> None:
+    """Merging is maximal: no call that opened a sequence continued the history (prompt +
+    response) of any call before it that was, then, the last of its sequence."""
+    kept = dedup_calls(calls)
+    sequences, _ = merge_calls(kept)
+    by_seq = {c.seq: c for c in kept}
+    for opening in (s.call_seqs[0] for s in sequences):
+        for s in sequences:
+            before = [seq for seq in s.call_seqs if seq < opening]
+            if not before:
+                continue
+            last = by_seq[before[-1]]
+            history = [*last.prompt.tolist(), *last.response.tolist()]
+            assert by_seq[opening].prompt.tolist()[: len(history)] != history
 
 
 @FAST

@@ -2,10 +2,13 @@
 do to their history: drop a response, compact the context, branch).
 
 The merge test is token-level (paper eq. 9). When it fails, the text-level view (eq. 8) tells the
-mechanisms apart. With ``H = prev_prompt + prev_response`` (the merged sequence so far ends exactly
-so), ``tp, ta, tq`` the decoded previous prompt, previous response and next prompt, ``d`` the
-length of the text ``tp`` and ``tq`` share from the start, and "elided" meaning with the reasoning
-blocks removed (``<think>...</think>``, see ``REASONING_BLOCK``), the rules are checked in order:
+mechanisms apart. First (rule 0), a next prompt equal to the previous prompt, token for token, is
+a ``branch``: the same conversation sampled again by another thread (a fan-out), not a response
+changed on its way back. With ``H = prev_prompt + prev_response`` (the merged sequence so far
+ends exactly so), ``tp, ta, tq`` the decoded previous prompt, previous response and next prompt,
+``d`` the length of the text ``tp`` and ``tq`` share from the start, and "elided" meaning with
+the reasoning blocks removed (``<think>...</think>``, see ``REASONING_BLOCK``), the rules are
+checked in order:
 
 1. ``retokenized``: ``tq`` starts with ``tp + ta``. Same text, different token IDs: the history was
    decoded and re-encoded (eq. 11, figure 3).
@@ -126,6 +129,8 @@ def diagnose_split(
     The rules are in the module docstring. ``elide`` names the spans a template may drop from a
     response (None: none).
     """
+    if np.array_equal(prev_prompt, next_prompt):
+        return "branch"  # rule 0: the same prompt again, another thread's (read as `transformed`)
     if decode is None:
         if _dropped_tokens(prev_prompt, prev_response, next_prompt):
             return "dropped"

@@ -1,12 +1,14 @@
-"""Dedup retried calls, then merge consecutive calls into training sequences (paper eq. 9).
+"""Dedup retried calls, then merge calls into training sequences (paper eq. 9).
 
-A call merges into the open sequence only when its prompt starts with the sequence's tokens so
-far, token for token. The sequence so far always ends with the previous call's response and
-starts with that call's prompt (its prompt passed the same test), so the test is
-``next_prompt[:len(p) + len(a)] == p + a`` for the previous call ``(p, a)``. Only the prompt's new
+A call merges into a sequence only when its prompt starts with the sequence's tokens so far,
+token for token. A sequence so far always ends with its last call's response and starts with that
+call's prompt (its prompt passed the same test), so the test is
+``next_prompt[:len(p) + len(a)] == p + a`` for that last call ``(p, a)``. Only the prompt's new
 suffix (observation, loss off) and the new response (loss on) are appended. Nothing is stitched
 (the paper's eq. 13): for every call in a sequence, the tokens before its response are exactly
-its prompt.
+its prompt. The paper merges consecutive calls only; here a call may also extend a sequence
+opened earlier that the previous call did not extend (interleaved conversations), with the same
+test and the same guarantee.
 """
 
 from __future__ import annotations
@@ -107,11 +109,13 @@ def _continued(calls: Sequence[Call], group: list[int]) -> set[int]:
 def _continues(prev: Call, prompt: TokenArray) -> bool:
     """Paper eq. 9: ``prev.prompt + prev.response`` is a token prefix of ``prompt``."""
     np_, na = prev.prompt.size, prev.response.size
-    return (
-        prompt.size >= np_ + na
-        and _equal(prompt[:np_], prev.prompt)
-        and _equal(prompt[np_ : np_ + na], prev.response)
-    )
+    if prompt.size < np_ + na:
+        return False
+    # The last token first: a prompt of another conversation is told apart without comparing
+    # the whole history (a rollout's open sequences are each tried).
+    if na and prompt[np_ + na - 1] != prev.response[-1]:
+        return False
+    return _equal(prompt[:np_], prev.prompt) and _equal(prompt[np_ : np_ + na], prev.response)
 
 
 def _equal(a: TokenArray, b: TokenArray) -> bool:
@@ -171,34 +175,57 @@ def merge_calls(
 ) -> tuple[list[MergedSequence], list[Split]]:
     """Best-effort merge of one attempt's (deduplicated) calls, in order.
 
-    Returns the training sequences and, for every boundary that could not merge, a ``Split``
-    diagnosed by ``diagnose_split`` (with ``decode``, or token evidence only without it).
+    A call extends the sequence whose last call it continues (paper eq. 9): the previous call's
+    when it can, else the longest other open one (conversations that interleave: parallel
+    threads, a sub-agent between two turns of its caller). Otherwise it opens a new sequence,
+    and the boundary with the previous call becomes a ``Split`` diagnosed by ``diagnose_split``
+    (with ``decode``, or token evidence only without it). Sequences come in the order of their
+    first calls.
     """
-    sequences: list[MergedSequence] = []
+    chains: list[list[tuple[Call, int]]] = []
     splits: list[Split] = []
-    chunks: list[tuple[Call, int]] = []
-    prev: Call | None = None
+    previous: list[tuple[Call, int]] | None = None
     for call in calls:
-        if prev is not None:
-            if _continues(prev, call.prompt):
-                chunks.append((call, prev.prompt.size + prev.response.size))
-                prev = call
-                continue
-            sequences.append(_build(chunks))
-            history = np.concatenate([prev.prompt, prev.response])
-            splits.append(
-                Split(
-                    rollout_id=rollout_id,
-                    before_seq=prev.seq,
-                    after_seq=call.seq,
-                    reason=diagnose_split(
-                        prev.prompt, prev.response, call.prompt, decode, elide=elide
-                    ),
-                    shared_tokens=shared_prefix_len(history, call.prompt),
+        chain = _chain_continued(chains, previous, call.prompt)
+        if chain is not None:
+            last = chain[-1][0]
+            chain.append((call, last.prompt.size + last.response.size))
+        else:
+            if previous is not None:
+                prev = previous[-1][0]
+                history = np.concatenate([prev.prompt, prev.response])
+                splits.append(
+                    Split(
+                        rollout_id=rollout_id,
+                        before_seq=prev.seq,
+                        after_seq=call.seq,
+                        reason=diagnose_split(
+                            prev.prompt, prev.response, call.prompt, decode, elide=elide
+                        ),
+                        shared_tokens=shared_prefix_len(history, call.prompt),
+                    )
                 )
-            )
-        chunks = [(call, 0)]
-        prev = call
-    if chunks:
-        sequences.append(_build(chunks))
-    return sequences, splits
+            chain = [(call, 0)]
+            chains.append(chain)
+        previous = chain
+    return [_build(chain) for chain in chains], splits
+
+
+def _chain_continued(
+    chains: list[list[tuple[Call, int]]],
+    previous: list[tuple[Call, int]] | None,
+    prompt: TokenArray,
+) -> list[tuple[Call, int]] | None:
+    """The sequence a call with this prompt extends: the previous call's when its prompt
+    continues that call, else the open sequence whose last call it continues with the most
+    tokens; None when it continues none."""
+    if previous is not None and _continues(previous[-1][0], prompt):
+        return previous
+    best: list[tuple[Call, int]] | None = None
+    best_size = -1
+    for chain in chains:
+        last = chain[-1][0]
+        size = last.prompt.size + last.response.size
+        if chain is not previous and size > best_size and _continues(last, prompt):
+            best, best_size = chain, size
+    return best
