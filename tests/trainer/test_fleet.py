@@ -107,3 +107,43 @@ def test_a_run_on_a_fleet_serves_each_step_from_every_engine_at_its_version(
     served = {(json.loads(metadata)["step"], version) for metadata, _, version in rows}
     assert served == {(0, 0), (1, 1), (2, 2)}
     assert {endpoint.removesuffix("/v1") for _, endpoint, _ in rows} == set(urls)
+
+
+def test_the_weights_folder_is_sent_as_an_absolute_path(
+    fleet: list[tuple[EmbeddedEngine, str]],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`runs_dir` defaults to the relative `.reins/runs`: an engine in another working directory
+    found no weights there (or another run's)."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.chdir(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    publisher = ReloadPublisher(
+        TorchBackend(model, BackendConfig(lr=1e-2)), [fleet[0][1]], Path("runs/weights")
+    )
+    assert publisher.folder == tmp_path / "runs" / "weights"
+
+
+@pytest.mark.slow
+def test_a_fresh_run_on_engines_that_served_another_run_loads_its_own_weights(
+    fleet: list[tuple[EmbeddedEngine, str]], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Left at the first run's version 1, the engines had every call of the second run read as
+    too stale (not on its lineage): it trained nothing, sampled from the first run's weights."""
+    urls = [url for _, url in fleet]
+    first = config(tmp_path, tiny_model_dir, engine_url=urls, steps=1, val_every=0)
+    asyncio.run(train(first))
+    assert [engine.weight_version for engine, _ in fleet] == [1, 1]
+    second = config(
+        tmp_path, tiny_model_dir, engine_url=urls, steps=1, val_every=0, run_name="second"
+    )
+    (record,) = asyncio.run(train(second))
+    assert record["rollouts/trained"] == 4
+    assert record["weight_version"] == 3  # its own weights as version 2, then its update
+    versions = {data["model_version"] for _, data in stored_calls(second.run_dir / "gateway.db")}
+    assert versions == {2}
+    with sqlite3.connect(f"file:{second.run_dir / 'gateway.db'}?mode=ro", uri=True) as db:
+        assert db.execute("SELECT count(*) FROM models").fetchone() == (2,)

@@ -444,6 +444,10 @@ def test_resuming_a_finished_run_keeps_its_final_validation_or_redoes_it(
     assert [line["step"] for line in again] == [0, 1]
     assert isinstance(again[1]["val/reward_mean"], float)
     assert again[1]["weight_version"] == lines[1]["weight_version"]
+    # The resumed run's engine only: the first one's port stayed registered, and sticky
+    # routing sent calls there (after a few resumes every step's calls failed).
+    with sqlite3.connect(f"file:{run.run_dir / 'gateway.db'}?mode=ro", uri=True) as db:
+        assert db.execute("SELECT count(*) FROM models").fetchone() == (1,)
 
 
 @pytest.mark.slow

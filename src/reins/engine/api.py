@@ -289,7 +289,9 @@ class _Api:
             "owned_by": "reins",
             "max_model_len": self.engine.max_model_len,
         }
-        return JSONResponse({"object": "list", "data": [card]})
+        # The version too: a trainer starting a run reads which weights a fleet serves.
+        headers = {WEIGHT_VERSION_HEADER: str(self.engine.weight_version)}
+        return JSONResponse({"object": "list", "data": [card]}, headers=headers)
 
     async def chat(self, request: Request) -> Response:
         try:

@@ -48,14 +48,20 @@ class FleetEngine(Protocol):
         """Serves the weights in `folder` as `version` when it returns."""
         ...
 
+    @property
+    def served_version(self) -> int | None:
+        """The version it served when it was connected; None when it cannot tell (vLLM)."""
+        ...
+
 
 class ReinsEngine:
     kind = "reins"
 
     drops_weights = False
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, served_version: int | None = None) -> None:
         self.url = url
+        self.served_version = served_version
 
     def before_update(self) -> None:
         pass
@@ -75,6 +81,7 @@ class VllmEngine:
     weights, loads the new ones into them, and wakes its KV cache."""
 
     kind = "vllm"
+    served_version = None  # vLLM numbers no versions
 
     def __init__(self, url: str, *, sleep: bool = False) -> None:
         self.url = url
@@ -126,7 +133,8 @@ def connect(url: str, *, sleep: bool = False) -> FleetEngine:
     _check(url, "/v1/models", response)
     owners = {card.get("owned_by") for card in response.json().get("data", [])}
     if "reins" in owners:
-        return ReinsEngine(url)
+        version = response.headers.get("x-reins-weight-version", "")
+        return ReinsEngine(url, int(version) if version.isdigit() else None)
     if "vllm" in owners:
         return VllmEngine(url, sleep=sleep)
     raise FleetError(

@@ -82,7 +82,8 @@ class ReloadPublisher:
             raise ValueError("a ReloadPublisher needs at least one engine URL")
         self.engine_urls = [url.rstrip("/") for url in urls]
         self.engines: list[FleetEngine] = [connect(url, sleep=sleep) for url in self.engine_urls]
-        self.folder = folder
+        # Absolute: an engine reads the path from its own working directory.
+        self.folder = folder.resolve()
         self._version = version
 
     @property

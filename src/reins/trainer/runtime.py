@@ -588,9 +588,23 @@ async def _train_locked(
                 sleep=config.engine_sleep,
             )
             publisher = reloading
-            if point is not None:
-                # An engine may hold weights the crash discarded, or have restarted: every one
-                # is handed the checkpoint's, as the version the resumed run serves them under.
+            served = max((e.served_version or 0 for e in reloading.engines), default=0)
+            if served > version:
+                # A `reins engine` that served another run's (or an earlier incarnation's)
+                # weights: numbered above this run's, it had every call of a fresh run read as
+                # stale (nothing trained), and refused a resume's weights (versions only go up).
+                version = served + 1
+                versions.served(version)
+                lineage = [*lineage, version] if point is not None else [version]
+                _tell(
+                    reporter,
+                    f"an engine served version {served} of other weights: this run's load as "
+                    f"version {version}",
+                )
+            if point is not None or version != 0:
+                # An engine may hold weights the crash discarded, or have restarted, or serve
+                # another run's: every one is handed this run's, as the version it serves them
+                # under.
                 await asyncio.to_thread(publisher.publish, version)
             endpoints = [(f"{e.url}/v1", e.kind) for e in reloading.engines]
 
@@ -602,6 +616,9 @@ async def _train_locked(
                 ]
             )
 
+        # This run's endpoints only: an earlier incarnation's (its embedded engine's port, a
+        # fleet member since dropped) would take calls by sticky routing and fail them.
+        await client.delete_models(name)
         await register(version)
         controller = Controller(
             client,
