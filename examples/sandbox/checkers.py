@@ -20,11 +20,15 @@ MAX_FILE_CHARS = 200_000
 """A file longer than this is not the answer (and is not read whole)."""
 NUMBER = re.compile(
     r"(?:(?<![\w.])[-\u2212])?"  # a minus sign, not a hyphen after a word (1990-01-01)
-    r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+    r"(?:\d{1,3}(?:([,_ \u00a0\u2009\u202f])\d{3}(?!\d))(?:\1\d{3}(?!\d))*(?:\.\d+)?"
+    r"|\d+(?:\.\d+)?|\.\d+)"
     r"(?:[eE][-+]?\d+)?"
 )
-"""A number as people write it: 1234, -3.5, .5, 12,345.67 (thousands separators allowed),
-3.38e5, with a minus sign (ASCII or U+2212) unless it follows a word or number."""
+"""A number as people write it: 1234, -3.5, .5, 3.38e5, with a minus sign (ASCII or U+2212)
+unless it follows a word or number, its thousands grouped or not: 12,345.67, 1_234, 42 000
+(a space, no-break space or thin space; the same separator throughout, groups of three)."""
+DATE = re.compile(r"\b(?:\d{4}([-/.])\d{1,2}\1\d{1,2}|\d{1,2}([-/.])\d{1,2}\2\d{4})\b")
+"""2024-03-01, 2024/3/1, 01.03.2024, 3/1/2024: its parts are a date, not the answer."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ def check(task: Mapping[str, Any], answer: str | None, folder: Path) -> Verdict:
     if kind == "file":
         return check_file(spec, folder)
     if kind == "number":
-        return check_number(spec, answer)
+        return check_number(spec, answer, str(task.get("instruction", "")))
     if kind == "text":
         return check_text(spec, answer)
     raise ValueError(f"unknown check kind {kind!r}: use file, number or text")
@@ -82,19 +86,40 @@ def read_inside(folder: Path, relative: str) -> str | None:
     return None if len(text) > MAX_FILE_CHARS else text
 
 
-def last_number(text: str) -> float | None:
-    found = NUMBER.findall(text)
-    if not found:
-        return None
-    value = float(found[-1].replace(",", "").replace("\u2212", "-"))
-    return value if math.isfinite(value) else None
+def _value(number: str) -> float:
+    for separator in ",_ \u00a0\u2009\u202f":
+        number = number.replace(separator, "")
+    return float(number.replace("\u2212", "-"))
 
 
-def check_number(spec: Mapping[str, Any], answer: str | None) -> Verdict:
+def answer_number(answer: str, instruction: str = "") -> float | None:
+    """The one number an answer gives, so that listing many numbers earns nothing: the last of
+    the answer's numbers after setting aside, in turn, the parts of dates, the numbers the
+    instruction holds (the answer restating the question: "25 primes below 100") and those in
+    parentheses ("42 (3 primes)"); a step that would set aside every number left is skipped
+    (the answer "1" to the question "days from 2024-01-01 to 2024-01-02"). None without one."""
+    dates = [match.span() for match in DATE.finditer(answer)]
+    given = {_value(match.group()) for match in NUMBER.finditer(instruction)}
+    numbers: list[tuple[float, tuple[bool, bool, bool]]] = []
+    for match in NUMBER.finditer(answer):
+        value, before = _value(match.group()), answer[: match.start()]
+        if math.isfinite(value):
+            aside = (
+                any(first <= match.start() < end for first, end in dates),
+                value in given,
+                before.count("(") > before.count(")"),
+            )
+            numbers.append((value, aside))
+    for step in range(3):
+        numbers = [number for number in numbers if not number[1][step]] or numbers
+    return numbers[-1][0] if numbers else None
+
+
+def check_number(spec: Mapping[str, Any], answer: str | None, instruction: str = "") -> Verdict:
     expected = float(spec["value"])
     if answer is None:
         return Verdict(0.0, f"no answer (expected {spec['value']})")
-    got = last_number(answer)
+    got = answer_number(answer, instruction)
     if got is None:
         return Verdict(0.0, f"no number in the answer (expected {spec['value']})")
     if abs(got - expected) <= float(spec.get("tolerance", 0)) + 1e-9:  # exact below 2**53

@@ -7,7 +7,8 @@ sandbox's /work before the agent starts; `check` is what `checkers.check` grades
 
 - `{"kind": "file", "path", "content"}`: the file the agent wrote equals `content` (line ends and
   trailing blanks aside);
-- `{"kind": "number", "value", "tolerance"}`: the last number in the final answer is `value`;
+- `{"kind": "number", "value", "tolerance"}`: the final answer's number is `value`
+  (`checkers.answer_number`: the last, the question's numbers and dates set aside);
 - `{"kind": "text", "value"}`: the final answer is `value` (case and punctuation aside).
 
 The split is per kind (the same share of every kind in val), so the output is byte-identical for a

@@ -9,7 +9,9 @@ Invariants:
 - Building is atomic and happens once: under an exclusive `flock` on `<key>.lock`, a process that
   finds no index builds it in a temporary folder beside it and renames that into place. Agents
   starting together wait on the lock, then load what the first one built; a crash mid-build leaves
-  only a temporary folder, never a half index.
+  only a temporary folder (`.<key>-xxxx`), never a half index, and the next build (of any corpus)
+  removes it: a temporary folder is written only under its key's lock, so one whose lock is free
+  has no writer left.
 - Every process loads the index memory-mapped (`bm25s` `mmap=True`) and reads passages by byte
   offset from the corpus file (offsets kept in the index folder): nothing is rebuilt per rollout,
   and nothing is written beside the user's corpus.
@@ -117,6 +119,7 @@ def ensure_index(corpus: Path = DEFAULT_CORPUS) -> tuple[Path, bool]:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also on a crash
         if (folder / _DONE).exists():  # another process built it while we waited
             return folder, False
+        _remove_killed_builds(root, folder.name)
         temporary = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=root))
         try:
             started = time.perf_counter()
@@ -129,6 +132,31 @@ def ensure_index(corpus: Path = DEFAULT_CORPUS) -> tuple[Path, bool]:
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
     return folder, True
+
+
+def _remove_killed_builds(root: Path, locked_key: str) -> None:
+    """Removes the temporary folders (`.<key>-xxxx`) of builds that were killed: `locked_key`'s,
+    whose lock the caller holds, and those of other keys whose lock no process holds. A build
+    renames or removes its folder before it lets go of the lock, so such a folder has no writer."""
+    for temporary in root.glob(".*-*"):
+        key = temporary.name[1:].partition("-")[0]
+        if temporary.is_dir() and (key == locked_key or not _held(root / f"{key}.lock")):
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _held(lock: Path) -> bool:
+    """Whether a process holds `lock`'s flock (a build of its key is under way)."""
+    try:
+        descriptor = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go at the close below
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)
+    return False
 
 
 class Retriever:

@@ -101,6 +101,71 @@ def test_a_number_check_reads_the_last_number_of_the_answer(tmp_path: Path) -> N
     assert check(days, "1990-01-01", tmp_path).reward == 1.0  # 01, not -1
 
 
+def number_task(instruction: str, value: float) -> dict[str, Any]:
+    return {"instruction": instruction, "check": {"kind": "number", "value": value}}
+
+
+PRIMES = number_task("How many prime numbers are smaller than 100? Answer with the number.", 25)
+DAYS = number_task("How many days are there from 2001-05-15 to 2015-06-25?", 5154)
+
+
+@pytest.mark.parametrize(
+    ("task", "answer", "reward"),
+    [
+        # The answer restating the question was read as the question's number, or a date's part.
+        (PRIMES, "There are 25 primes below 100", 1.0),
+        (PRIMES, "25 (counting 2 and 97, below 100)", 1.0),
+        (DAYS, "There are 5154 days from 2001-05-15 to 2015-06-25.", 1.0),
+        (DAYS, "5154 days from May 15, 2001 to June 25, 2015", 1.0),
+        (
+            number_task("Days from 2024-01-01 to 2024-03-01?", 60),
+            "60 (2024-01-01 to 2024-03-01)",
+            1,
+        ),
+        (number_task("How many primes are below 180?", 42), "42 (3 primes)", 1.0),
+        # Only numbers of the question or in parentheses: the last one counts.
+        (number_task("Days from 2024-01-01 to 2024-01-02?", 1), "1", 1.0),
+        (number_task("Days from 2024-01-01 to 2024-01-02?", 1), "1 (2024-01-01 to 2024-01-02)", 1),
+        (PRIMES, "(there are 25)", 1.0),
+        # Still one number read: listing many, or the right one aside, earns nothing.
+        (PRIMES, "24, 25 or 26", 0.0),
+        (PRIMES, " ".join(str(n) for n in range(1, 60, 2)), 0.0),
+        (PRIMES, "26 (or 25)", 0.0),
+        (PRIMES, "25 below 100, or 26", 0.0),
+    ],
+)
+def test_a_number_check_sets_aside_the_questions_numbers_dates_and_asides(
+    task: dict[str, Any], answer: str, reward: float, tmp_path: Path
+) -> None:
+    assert check(task, answer, tmp_path).reward == reward
+
+
+@pytest.mark.parametrize(
+    "answer", ["1234", "1,234", "1_234", "1 234", "1\u00a0234", "1\u202f234", "about 1 234 words"]
+)
+def test_thousands_grouped_by_comma_underscore_or_space_read_whole(
+    answer: str, tmp_path: Path
+) -> None:
+    """`1_234` and `42 000` were read as their last group (234, 0)."""
+    assert check(number_task("Count the words.", 1234), answer, tmp_path).reward == 1.0
+
+
+@pytest.mark.parametrize(
+    ("answer", "value"),
+    [
+        ("42 000", 42000),
+        ("1 234 567.5", 1234567.5),
+        ("12 34", 34),
+        ("1 2345", 2345),
+        ("1,234 567", 567),
+    ],
+)
+def test_a_grouping_needs_groups_of_three_and_one_separator(
+    answer: str, value: float, tmp_path: Path
+) -> None:
+    assert check(number_task("Count.", value), answer, tmp_path).reward == 1.0
+
+
 def test_a_text_check_ignores_case_and_punctuation(tmp_path: Path) -> None:
     task = {"check": {"kind": "text", "value": "north"}}
     assert check(task, "North.", tmp_path).reward == 1.0

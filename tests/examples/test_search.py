@@ -5,6 +5,7 @@ training steps of the real harness with the tiny model."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import re
 import subprocess
@@ -184,6 +185,26 @@ def test_an_index_folder_without_its_completion_mark_is_rebuilt(_cache: Path) ->
     assert len(retrieval.Retriever().search("Leiheil Trading")) == 3
 
 
+def test_a_build_sweeps_the_temporary_folders_of_killed_builds(
+    tmp_path: Path, _cache: Path
+) -> None:
+    """A build killed mid-way left its `.<key>-xxxx` folder in the cache for ever."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "0", "contents": '"Zed"\nZed is a town.'}) + "\n")
+    key, other, busy = retrieval.corpus_key(corpus), "a" * 32, "b" * 32
+    _cache.mkdir()
+    for name in (f".{key}-killed", f".{other}-killed", f".{busy}-running"):
+        (_cache / name).mkdir()
+        (_cache / name / "params.index.json").write_text("{}")
+    (_cache / f"{other}.lock").touch()
+    with (_cache / f"{busy}.lock").open("w") as running:  # another corpus's build, under way
+        fcntl.flock(running, fcntl.LOCK_EX)
+        _, built = retrieval.ensure_index(corpus)
+    assert built and sorted(p.name for p in _cache.iterdir() if p.is_dir()) == sorted(
+        [f".{busy}-running", key]
+    )
+
+
 def test_a_changed_corpus_gets_its_own_index(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"id": "0", "contents": '"Zed"\nZed is a town.'}) + "\n")
@@ -224,6 +245,104 @@ def test_a_changed_corpus_gets_its_own_index(tmp_path: Path) -> None:
 )
 def test_qa_formats_convert_to_tasks(record: dict[str, Any], expected: dict[str, Any]) -> None:
     assert qa_data.to_task(record, 7) == expected
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        (  # NQ's signed 64-bit ids were refused
+            {"id": -1220107454853145579, "question": "Q?", "answer": ["x"]},
+            {"id": "-1220107454853145579", "input": {"question": "Q?", "golden_answers": ["x"]}},
+        ),
+        (  # TriviaQA on Hugging Face: its `question_id` was ignored
+            {"question": "Q?", "question_id": "tc_1", "answer": {"value": "P", "aliases": ["P"]}},
+            {"id": "tc_1", "input": {"question": "Q?", "golden_answers": ["P"]}},
+        ),
+        (  # TriviaQA's own files
+            {"Question": "Q?", "QuestionId": "tc_2", "Answer": {"Value": "P", "Aliases": ["Pa"]}},
+            {"id": "tc_2", "input": {"question": "Q?", "golden_answers": ["P", "Pa"]}},
+        ),
+        (  # Bamboogle
+            {"Question": "Q?", "Answer": "Taft"},
+            {"id": "7", "input": {"question": "Q?", "golden_answers": ["Taft"]}},
+        ),
+        (  # numbers as answers were refused
+            {"question": "Q?", "answer": 1930},
+            {"id": "7", "input": {"question": "Q?", "golden_answers": ["1930"]}},
+        ),
+        (
+            {"question": "Q?", "answers": [1930, "1930", 2.5, 7.0]},
+            {"id": "7", "input": {"question": "Q?", "golden_answers": ["1930", "2.5", "7"]}},
+        ),
+    ],
+)
+def test_more_qa_layouts_convert_to_tasks(record: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert qa_data.to_task(record, 7) == expected
+
+
+def test_natural_questions_negative_ids_are_task_ids() -> None:
+    """NQ's ids are signed 64-bit numbers: a negative one was refused as no task id."""
+    records = [{"id": -1220107454853145579, "question": "Q?", "answer": ["x"]}]
+    assert [task["id"] for task in qa_data.convert(records)] == ["-1220107454853145579"]
+
+
+def test_records_without_an_id_never_take_another_records_id() -> None:
+    """Numbered by position, the second record was `1`, which the third one's id is."""
+    records = [
+        {"id": "x", "question": "Q1?", "answer": "a1"},
+        {"question": "Q2?", "answer": "a2"},
+        {"id": "1", "question": "Q3?", "answer": "a3"},
+        {"id": 1.1, "question": "Q4?", "answer": "a4"},
+        {"question": "Q5?", "answer": "a5"},
+    ]
+    assert [task["id"] for task in qa_data.convert(records)] == ["x", "1.2", "1", "1.1", "4"]
+
+
+TRIVIA = {"Question": "Q?", "QuestionId": "tc_1", "Answer": {"Value": "Lewis", "Aliases": []}}
+
+
+@pytest.mark.parametrize(
+    ("text", "ids"),
+    [
+        (json.dumps({"Data": [TRIVIA], "Domain": "Web", "Version": 1.0}), ["tc_1"]),
+        (json.dumps({"Data": [TRIVIA], "Domain": "Web"}, indent=2), ["tc_1"]),
+        ("\ufeff" + json.dumps({"id": "a", "question": "Q?", "answer": "x"}) + "\n", ["a"]),
+        ("\ufeff" + json.dumps([{"id": "a", "question": "Q?", "answer": "x"}], indent=1), ["a"]),
+        (
+            '{"id": "a", "question": "Q?", "answer": "x"}\n\n{"question": "Q?", "answer": "y"}\n',
+            ["a", "1"],
+        ),
+    ],
+)
+def test_triviaqa_files_bom_files_and_jsonl_are_read(
+    text: str, ids: list[str], tmp_path: Path
+) -> None:
+    """TriviaQA's `{"Data": [...]}` and a file starting with a UTF-8 BOM were refused."""
+    source = tmp_path / "qa.json"
+    source.write_text(text, encoding="utf-8")
+    out = tmp_path / "tasks.jsonl"
+    assert qa_data.main(["convert", str(source), str(out)]) == 0
+    assert [task["id"] for task in read_jsonl(out)] == ids
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (
+            '{\n  "Data": [\n    {"Question": "Q?",}\n  ]\n}\n',
+            "not JSON: Expecting property name enclosed in double quotes: line 3 column 23",
+        ),
+        ('{"question": "Q?", "answer": "x"}\n{"question": oops}\n', "line 2 is not JSON"),
+    ],
+)
+def test_a_broken_file_is_named_where_it_breaks(
+    text: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pretty-printed file was read as JSONL: 'Expecting property name... line 1 column 2'."""
+    source = tmp_path / "qa.json"
+    source.write_text(text)
+    assert qa_data.main(["convert", str(source), str(tmp_path / "tasks.jsonl")]) == 1
+    assert says in capsys.readouterr().err
 
 
 def test_a_record_without_answers_is_refused_with_its_number() -> None:

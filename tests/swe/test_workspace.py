@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reins.swe.instances import Instance, RepoSource, static_filter
-from reins.swe.workspace import Workspace, parse_test_log
+from reins.swe.workspace import Workspace, parse_summary, parse_test_log, summary_disagreement
 from tests.swe.conftest import by_id, needs_sandbox
 
 
@@ -106,6 +106,52 @@ def test_a_root_module_shadowing_the_runners_import_does_not_count(
     assert workspace.evaluate(instance).reward == 0.0
 
 
+def test_compiled_root_modules_named_as_the_standard_library_are_left_out(
+    shipped: tuple[list[Instance], dict[str, RepoSource]], tmp_path: Path
+) -> None:
+    """A root `traceback.so` (a compiled extension rewriting the runner's FAILED lines) was
+    imported before the standard library's and scored 1 with two tests failing."""
+    instances, repos = shipped
+    instance = by_id(instances, "func_pm_remove_cond__b3cb911e")
+    workspace = Workspace(tmp_path, repos[instance.repo], instance.instance_id)
+    work = workspace.checkout()
+    shadows = [
+        *("traceback.so", "traceback.abi3.so", "traceback.cpython-311-x86_64-linux-gnu.so"),
+        *("pathlib.cpython-312-x86_64-linux-gnu.so", "json/__init__.abi3.so", "traceback.pyw"),
+    ]
+    kept = ["minilib/traceback.so", "fastmath.so", "json/helpers.so"]
+    for name in shadows + kept:
+        (work / name).parent.mkdir(exist_ok=True)
+        (work / name).write_bytes(b"\x7fELF compiled")
+    diff = workspace.diff()
+    assert sorted(name for name in shadows + kept if f" b/{name}\n" in diff) == sorted(kept)
+    assert all(f" b/{name}\n" in workspace.diff(with_tests=True) for name in shadows)
+
+
+def test_a_run_that_ends_before_its_runners_summary_scores_zero(
+    shipped: tuple[list[Instance], dict[str, RepoSource]], tmp_path: Path
+) -> None:
+    """The package printed `PASSED <id>` for every test when the runner imported it, then
+    `os._exit(0)`: every test read as passed, reward 1 without a fix."""
+    needs_sandbox()
+    instances, repos = shipped
+    instance = by_id(instances, "func_pm_remove_cond__b3cb911e")
+    workspace = Workspace(tmp_path, repos[instance.repo], instance.instance_id)
+    work = workspace.checkout()
+    package = work / "minilib" / "__init__.py"
+    package.write_text(
+        package.read_text() + "import os, pathlib, re\n"
+        "root = pathlib.Path(__file__).resolve().parent.parent\n"
+        "for file in sorted((root / 'tests').glob('test_*.py')):\n"
+        "    for name in re.findall(r'^def (test_\\w+)', file.read_text(), re.M):\n"
+        "        print('PASSED', f'tests/{file.name}::{name}', flush=True)\n"
+        "os._exit(0)\n"
+    )
+    report = workspace.evaluate(instance)
+    assert (report.reward, report.failed_to_pass, report.broke) == (0.0, [], [])
+    assert report.reason == "the test run printed no summary line (its runner did not finish)"
+
+
 def test_the_diff_holds_new_files_and_no_tests_or_bytecode(
     shipped: tuple[list[Instance], dict[str, RepoSource]], tmp_path: Path
 ) -> None:
@@ -172,3 +218,57 @@ A1, A2 = "tests/a.py::t1", "tests/a.py::t2"
 )
 def test_test_logs_in_either_pytest_form_are_read(log: str, outcomes: dict[str, str]) -> None:
     assert parse_test_log(log) == outcomes
+
+
+RUNNER_LOG = (
+    f"--- {A2}\nTraceback...\n==== short test summary info ====\nPASSED {A1}\nFAILED {A2}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("log", "summary"),
+    [
+        (RUNNER_LOG + "1 passed, 1 failed\n", {"passed": 1, "failed": 1}),
+        (
+            "== 1 failed, 18 passed, 2 warnings in 0.12s ==",
+            {"failed": 1, "passed": 18, "warnings": 2},
+        ),
+        ("3 passed, 1 deselected in 61.02s (0:01:01)", {"passed": 3, "deselected": 1}),
+        ("== 2 errors in 1.5 seconds ==", {"errors": 2}),
+        ("collected 3 items\n== no tests ran in 0.01s ==\n", None),
+        ("we passed 3 checks\n", None),
+    ],
+)
+def test_the_runners_summary_line_is_read(log: str, summary: dict[str, int] | None) -> None:
+    assert parse_summary(log) == summary
+
+
+@pytest.mark.parametrize(
+    ("log", "disagreement"),
+    [
+        (RUNNER_LOG + "1 passed, 1 failed\n", ""),
+        # pytest -v -rA names each test twice; a teardown error adds an ERROR line, not a count.
+        (
+            f"{A1} PASSED [ 50%]\n{A2} FAILED [100%]\nPASSED {A1}\nERROR {A1} - teardown\n"
+            f"FAILED {A2} - assert\n=== 1 failed, 1 passed, 1 error in 0.1s ===\n",
+            "",
+        ),
+        (
+            f"PASSED {A1}\nPASSED {A2}\n",
+            "the test run printed no summary line (its runner did not finish)",
+        ),
+        # The runner's FAILED line rewritten to PASSED; its count still says failed.
+        (
+            RUNNER_LOG.replace(f"FAILED {A2}", f"PASSED {A2}") + "1 passed, 1 failed\n",
+            "the test run's summary counts 1 passed but 2 tests are reported PASSED",
+        ),
+        (
+            f"PASSED {A1}\nFAILED {A2}\n2 passed, 0 failed\n",
+            "the test run's summary counts 2 passed but 1 tests are reported PASSED",
+        ),
+    ],
+)
+def test_a_summary_that_contradicts_the_per_test_lines_is_named(
+    log: str, disagreement: str
+) -> None:
+    assert summary_disagreement(log) == disagreement

@@ -134,7 +134,8 @@ class RepoSource:
     source: Path
     """A git repository (folder) or bundle file holding a branch per instance."""
     test_command: str
-    """Run in the repository's root; prints one line per test in pytest's `-rA` or `-v` form."""
+    """Run in the repository's root; prints one line per test in pytest's `-rA` or `-v` form,
+    then pytest's count line (`1 failed, 18 passed`): `workspace.summary_disagreement`."""
     test_paths: tuple[str, ...] = ("tests",)
     """Reset to the problem branch's parent (where the FAIL_TO_PASS tests still are) before the
     tests run: the agent's edits of tests do not count, and the removed tests come back."""

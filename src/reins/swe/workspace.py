@@ -9,11 +9,13 @@ The reward step, as SWE-smith evaluates: the agent's change is the diff of `work
 branch (new files included, the repository's test paths excluded); it is applied to a fresh tree
 of the branch's parent commit, where the FAIL_TO_PASS tests still are, and the repository's test
 command runs there in a new sandbox. Reward 1 when every FAIL_TO_PASS and PASS_TO_PASS test
-passes, else 0.
+passes and the runner's own summary line (`3 passed, 1 failed`) counts the passed and failed
+tests that its per-test lines report, else 0.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import io
 import os
 import re
@@ -21,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -44,6 +46,10 @@ _ID = r"\S+::[^\s\[]+(?:\[[^\]]*\])?"
 _OUTCOME = r"PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS"
 _RESULT = re.compile(rf"^({_OUTCOME})\s+({_ID})(?:\s|$)")
 _RESULT_AFTER = re.compile(rf"^({_ID})\s+({_OUTCOME})\b")
+_SUMMARY_COUNT = re.compile(
+    r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|warnings?|deselected|rerun)"
+)
+_SUMMARY_TIME = re.compile(r"\s+in\s+[\d.]+\s*(?:s|seconds)(?:\s+\(\S+\))?$")
 RUN_CONFIGURATION = (
     "conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", ".pytest.ini",
     "sitecustomize.py", "usercustomize.py", "*.pth",
@@ -69,32 +75,82 @@ def _git(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None)
     return done.stdout
 
 
+def _reports(log: str) -> Iterator[tuple[str, str]]:
+    """(test id, outcome) for each line of a log in pytest's `-rA` (`PASSED id`) or `-v`
+    (`id PASSED`) form, in order."""
+    for line in log.splitlines():
+        line = line.strip()
+        if match := _RESULT.match(line):
+            yield match.group(2), match.group(1)
+        elif match := _RESULT_AFTER.match(line):
+            yield match.group(1), match.group(2)
+
+
 def parse_test_log(log: str) -> dict[str, str]:
     """Test id -> outcome from a log in pytest's `-rA` (`PASSED id`) or `-v` (`id PASSED`) form.
     A test reported more than once has passed only when every report says so: a line printed by
     the code under test ("PASSED tests/t.py::test_x") does not undo the runner's FAILED."""
     outcomes: dict[str, str] = {}
-    for line in log.splitlines():
-        line = line.strip()
-        if match := _RESULT.match(line):
-            test, outcome = match.group(2), match.group(1)
-        elif match := _RESULT_AFTER.match(line):
-            test, outcome = match.group(1), match.group(2)
-        else:
-            continue
+    for test, outcome in _reports(log):
         if outcomes.get(test, "PASSED") == "PASSED":
             outcomes[test] = outcome
     return outcomes
 
 
+def parse_summary(log: str) -> dict[str, int] | None:
+    """The counts of the log's last summary line: pytest's `=== 1 failed, 18 passed in 0.12s ===`
+    (`-q`: without the `=`), the shipped runner's `18 passed, 1 failed`; None when there is none
+    (pytest's `no tests ran` has no counts)."""
+    summary = None
+    for line in log.splitlines():
+        line = _SUMMARY_TIME.sub("", line.strip().strip("=").strip())
+        counts = [_SUMMARY_COUNT.fullmatch(part) for part in line.split(", ")]
+        if line and all(counts):
+            summary = {match.group(2): int(match.group(1)) for match in counts if match}
+    return summary
+
+
+def summary_disagreement(log: str) -> str:
+    """Why the runner's own summary line contradicts the log's per-test lines, '' when it agrees:
+    code under test that prints `PASSED <id>` lines and then ends the process (`os._exit(0)`)
+    leaves no summary; code that rewrites the runner's FAILED lines leaves a summary still
+    counting them as failed."""
+    summary = parse_summary(log)
+    if summary is None:
+        return "the test run printed no summary line (its runner did not finish)"
+    reported: dict[str, set[str]] = {"PASSED": set(), "FAILED": set()}
+    for test, outcome in _reports(log):
+        if outcome in reported:
+            reported[outcome].add(test)
+    for outcome, tests in reported.items():
+        counted = summary.get(outcome.lower(), 0)
+        if len(tests) != counted:
+            return (
+                f"the test run's summary counts {counted} {outcome.lower()} but "
+                f"{len(tests)} tests are reported {outcome}"
+            )
+    return ""
+
+
+_IMPORT_SUFFIXES = (*importlib.machinery.all_suffixes(), ".pyw", ".pyd", ".so")
+"""What `import NAME` loads besides `NAME.py`: bytecode (`.pyc`) and compiled extensions
+(`NAME.so`, `NAME.abi3.so`, `NAME.cpython-312-x86_64-linux-gnu.so`: any tag ends in `.so`,
+whichever Python runs the tests), and Windows' `.pyw`/`.pyd`."""
+
+
 def _shadows_stdlib(path: str) -> bool:
     """A module or package at the repository's root named as one of the standard library's
-    (`traceback.py`, `json/__init__.py`): the root is on `sys.path` first for a runner script
-    there and for `python -m pytest`. Deeper, `pkg/types.py` is `pkg.types`, no shadow."""
+    (`traceback.py`, `traceback.cpython-311-x86_64-linux-gnu.so`, `json/__init__.pyc`): the root
+    is on `sys.path` first for a runner script there and for `python -m pytest`. Deeper,
+    `pkg/types.py` is `pkg.types`, no shadow."""
     parts = PurePosixPath(path).parts
-    if len(parts) == 1 and parts[0].endswith(".py"):
-        return parts[0][: -len(".py")] in sys.stdlib_module_names
-    return len(parts) == 2 and parts[1] == "__init__.py" and parts[0] in sys.stdlib_module_names
+    if len(parts) == 1:
+        module, file = parts[0].split(".")[0], parts[0]
+    elif len(parts) == 2 and parts[1].split(".")[0] == "__init__":
+        module, file = parts
+    else:
+        return False
+    return module in sys.stdlib_module_names and file.endswith(_IMPORT_SUFFIXES)
 
 
 @dataclass
@@ -107,6 +163,9 @@ class TestReport:
     patch_applied: bool = True
     seconds: float = 0.0
     log_tail: str = ""
+    log_disagrees: str = ""
+    """Why the test run's summary line contradicts its per-test lines (`summary_disagreement`):
+    reward 0 whatever those lines say."""
 
     @property
     def reason(self) -> str:
@@ -114,7 +173,7 @@ class TestReport:
             return "the agent's change does not apply to the tested tree"
         if self.reward == 1.0:
             return "all FAIL_TO_PASS and PASS_TO_PASS tests pass"
-        parts = []
+        parts = [self.log_disagrees] if self.log_disagrees else []
         if self.failed_to_pass:
             parts.append(f"{len(self.failed_to_pass)} FAIL_TO_PASS still failing")
         if self.broke:
@@ -212,5 +271,8 @@ class Workspace:
         outcomes = parse_test_log(result.output)
         still = [t for t in instance.fail_to_pass if outcomes.get(t) != "PASSED"]
         broke = [t for t in instance.pass_to_pass if outcomes.get(t) != "PASSED"]
-        reward = 1.0 if not still and not broke else 0.0
-        return TestReport(reward, still, broke, True, result.seconds, result.output[-2000:])
+        disagrees = summary_disagreement(result.output)
+        reward = 1.0 if not still and not broke and not disagrees else 0.0
+        return TestReport(
+            reward, still, broke, True, result.seconds, result.output[-2000:], disagrees
+        )
