@@ -102,3 +102,16 @@ def test_help_config_lists_every_field_its_values_and_a_groups_fields() -> None:
         if not line.startswith(" ") and not after.startswith("    ")
     ]  # fmt: skip
     assert undocumented == []
+
+
+def test_tasks_a_preparation_step_makes_are_named_with_it_when_missing(tmp_path: Path) -> None:
+    """`reins train examples/swe/config.yaml` before `reins swe prepare` said only "No such
+    file"."""
+    from reins.trainer.data import load_tasks
+
+    (tmp_path / "prepare.yaml").write_text("repos: []\n")
+    missing = tmp_path / "prepared" / "train.jsonl"
+    with pytest.raises(ValueError, match=r"prepare them first: reins swe prepare .*prepare\.yaml$"):
+        load_tasks(missing)
+    with pytest.raises(ValueError, match=r"No such file or directory: '[^']*'$"):
+        load_tasks(tmp_path / "elsewhere" / "deeper" / "train.jsonl")

@@ -20,6 +20,17 @@ class Task:
     input: JsonValue
 
 
+def _unprepared(path: Path) -> str:
+    """What to run when the missing tasks are made by a preparation step beside them (the swe
+    example's `prepare.yaml` writes `prepared/train.jsonl`)."""
+    if path.exists():
+        return ""
+    for folder in (path.parent, path.parent.parent):
+        if (folder / "prepare.yaml").is_file():
+            return f"; prepare them first: reins swe prepare {folder / 'prepare.yaml'}"
+    return ""
+
+
 def load_tasks(path: Path) -> list[Task]:
     """One task per non-empty line: `{"id": ..., "input": ...}` (`id` defaults to the line number).
 
@@ -30,7 +41,7 @@ def load_tasks(path: Path) -> list[Task]:
     try:
         lines = path.read_text().splitlines()
     except OSError as error:
-        raise ValueError(f"cannot read tasks from {path}: {error}") from error
+        raise ValueError(f"cannot read tasks from {path}: {error}{_unprepared(path)}") from error
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
