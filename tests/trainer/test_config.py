@@ -115,3 +115,19 @@ def test_tasks_a_preparation_step_makes_are_named_with_it_when_missing(tmp_path:
         load_tasks(missing)
     with pytest.raises(ValueError, match=r"No such file or directory: '[^']*'$"):
         load_tasks(tmp_path / "elsewhere" / "deeper" / "train.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("[]", "engine_url: an empty list"),
+        ("127.0.0.1:8000", "engine_url '127.0.0.1:8000': give http://HOST:PORT"),
+        ("[http://127.0.0.1:1, 'localhost:2']", "engine_url 'localhost:2'"),
+    ],
+)
+def test_an_engine_url_that_is_none_is_refused_when_the_config_is_read(
+    tmp_path: Path, value: str, says: str
+) -> None:
+    """It was refused after the model and the gateway had loaded."""
+    with pytest.raises(ConfigError, match=says):
+        load_config(write_config(tmp_path), [f"engine_url={value}"])

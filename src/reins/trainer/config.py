@@ -217,6 +217,16 @@ class TrainConfig(BaseModel):
     """Also write TensorBoard scalars (when the `tensorboard` package is installed)."""
 
     @model_validator(mode="after")
+    def _engine_urls_are_urls(self) -> TrainConfig:
+        # Found when the config is read, not after the model and the gateway have loaded.
+        if isinstance(self.engine_url, list) and not self.engine_url:
+            raise ValueError("engine_url: an empty list; leave it out for the embedded engine")
+        for url in self.engine_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"engine_url {url!r}: give http://HOST:PORT (or .../v1)")
+        return self
+
+    @model_validator(mode="after")
     def _correction_needs_recomputed_logprobs(self) -> TrainConfig:
         correcting = self.tis_cap is not None or self.rollout_mask_ratio is not None
         if self.stale_groups == "correct" and not correcting:
