@@ -103,6 +103,10 @@ def test_the_run_filter_matches_a_run_name_the_same_on_both_stores(gateway: Gate
     assert ids("true") == ["word"]
     assert ids("[1]") == []
     assert ids("null") == []
+    # A run folder's name may have 255 bytes: a filter was cut at 200 characters (a 422).
+    long_name = "r" * 250
+    create(gateway, {"rollout_id": "long", "metadata": {"run": long_name}})
+    assert ids(long_name) == ["long"]
 
 
 def test_cursor_streams_completions_in_terminal_order(gateway: Gateway) -> None:

@@ -268,7 +268,7 @@ def test_reading_a_run_does_not_hold_up_the_gateway(
     reading, release = threading.Event(), threading.Event()
     read, summary = runs.read_metrics, runs.summary
 
-    def held(path: Path) -> tuple[list[dict[str, object]], int]:
+    def held(path: Path) -> runs.Metrics:
         reading.set()
         release.wait(60)
         return read(path)
@@ -388,3 +388,77 @@ def test_dashboard_answers_may_not_be_framed_or_sniffed(gateway: Gateway) -> Non
             assert response.headers.get(name) == value, name
     assert "frame-ancestors 'none'" in dashboard.PAGE_HEADERS["Content-Security-Policy"]
     assert "x-frame-options" not in gateway.http.get("/api/rollouts").headers
+
+
+def test_every_dashboard_answer_carries_the_page_headers_errors_included(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """They were only on the answers the handlers returned, not on those of what they raised."""
+    anonymous = gateway.client()
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a defect")
+
+    monkeypatch.setattr(dashboard, "_table", broken)
+    answers = {
+        "login redirect": (anonymous.get("/ui/runs", follow_redirects=False), 303),
+        "wrong key": (gateway.client("wrong").get("/ui/runs"), 401),
+        "no such rollout": (gateway.http.get("/ui/rollouts/nope"), 404),
+        "no such run": (gateway.http.get("/ui/runs/nope"), 404),
+        "no such page": (gateway.http.get("/ui/nope"), 404),
+        "trailing slash": (gateway.http.get("/ui/runs/", follow_redirects=False), 307),
+        "invalid query": (gateway.http.get("/ui/rollouts/nope?attempt=0"), 422),
+        "defect": (gateway.http.get("/ui"), 500),
+    }
+    for what, (response, status) in answers.items():
+        assert response.status_code == status, what
+        for name, value in dashboard.PAGE_HEADERS.items():
+            assert response.headers.get(name) == value, (what, name)
+    assert answers["login redirect"][0].headers["location"] == "/ui/login?next=/ui/runs"
+    assert answers["trailing slash"][0].headers["location"].endswith("/ui/runs")
+    assert "no such route" in answers["no such page"][0].json()["error"]
+    assert "RuntimeError" in answers["defect"][0].json()["error"]
+
+
+def test_the_run_filter_is_the_run_name_as_written(gateway: Gateway) -> None:
+    """It was stripped and cut to 200 characters: " lead" and a 230-character run found none."""
+    long = "r" * 230
+    declare(
+        gateway,
+        [
+            {"rollout_id": "spaced", "metadata": {"run": " lead"}},
+            {"rollout_id": "plain", "metadata": {"run": "lead"}},
+            {"rollout_id": "long", "metadata": {"run": long}},
+            {"rollout_id": "longer", "metadata": {"run": long + "r"}},
+        ],
+    )
+    get = lambda run: ids_in(gateway.http.get("/ui", params={"run": run}).text)  # noqa: E731
+    assert get(" lead") == ["spaced"]
+    assert get("lead") == ["plain"]
+    assert get(long) == ["long"]
+
+
+def test_an_agent_log_tail_is_shown_once(gateway: Gateway) -> None:
+    coding_rollout(gateway, "fix-bug-1")
+    html = gateway.http.get("/ui/rollouts/fix-bug-1").text
+    assert html.count("3 passed in 0.12s") == 1
+    assert 'href="#log-tail"' in html and 'id="log-tail"' in html
+
+
+def test_the_runs_list_shows_a_finished_runs_reward_and_its_training_steps(
+    gateway: Gateway, runs_dir: Path
+) -> None:
+    """A finished run's last line is the final validation: the list showed no training reward,
+    and counted that line as a step."""
+    folder = write_run(runs_dir, "done", steps=20)
+    metrics = folder / "metrics.jsonl"
+    complete = metrics.read_text().rpartition("\n")[0] + "\n"  # without the half-written line
+    final = {"step": 20, "time": 1_760_000_700, "val/reward_mean": 0.875, "weight_version": 20}
+    metrics.write_text(complete + json.dumps(final) + "\n")
+    last_reward = json.loads(complete.splitlines()[-1])["reward/mean"]
+    html = gateway.http.get("/ui/runs").text
+    row = html[html.index('href="/ui/runs/done"') :].split("</tr>")[0]
+    cells = re.findall(r'<td class="num">([^<]*)</td>', row)
+    assert cells == ["20", dashboard._number(last_reward), "0.875", "20"]
+    page = gateway.http.get("/ui/runs/done").text
+    assert "<dt>steps</dt><dd>20" in page

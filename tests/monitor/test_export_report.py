@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from reins.cli import app
 from reins.client import GatewayClient
 from reins.monitor.export import export_rollouts, rollout_line
-from reins.monitor.report import ReportError, write_report
+from reins.monitor.report import MAX_SLUG, ReportError, write_report
 from tests import required
 from tests.conftest import Gateway
 from tests.monitor.factory import chat_call, coding_rollout, declare, many_rollouts, post, write_run
@@ -230,3 +230,19 @@ async def test_a_rewards_seq_is_the_events_whatever_its_data_says(gateway: Gatew
         assert await export_rollouts(client, out) == 1
     (reward,) = json.loads(out.getvalue())["attempts"][0]["rewards"]
     assert reward == {"seq": event["seq"], "value": 1.0}
+
+
+def test_report_of_metrics_with_long_names_writes_every_chart(tmp_path: Path) -> None:
+    """A ~250-character key made a file name past 255 bytes: "File name too long", and the
+    charts after it were never written."""
+    required.module("matplotlib", "the monitor extra: pip install -e '.[dev]'")
+    run = tmp_path / "run"
+    run.mkdir()
+    long = "agent/" + "tool_calls_of_" * 18
+    rows = [{"step": s, long + "a": s, long + "b": -s, "loss": s} for s in range(3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    written = write_report(run, tmp_path / "plots")
+    names = [path.name for path in written]
+    assert len(names) == len(set(names)) == 4  # the overview, loss, and both long ones
+    assert max(len(name) for name in names) <= MAX_SLUG + len("-12345678.png")
+    assert all(path.is_file() for path in written)

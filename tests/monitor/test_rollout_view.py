@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from reins.monitor.rollout import attempt_view
+from reins.monitor.rollout import MAX_LOG_TAIL, attempt_view
 from reins.packed import Base, pack, unpack_events
 from reins.schemas import Event, PackedEvent
 from tests.monitor.factory import chat_call
@@ -248,3 +248,133 @@ def test_the_view_of_prompts_restored_as_arrays_is_the_view_of_the_lists() -> No
     assert [c.record.prompt_token_ids for c in got.calls] == [[]] * 4
     (shown,) = [item for item in got.items if item.type == "invalid"]
     assert shown.data == whole[-1].data  # lists again: the page prints it as JSON
+
+
+def wire_call(kind: str, request: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
+    """A call recorded from another wire API: `request` and `response` in its shape."""
+    call = chat_call([USER], "ok")
+    call["data"].update(kind=kind, request=request, response=response)
+    return call
+
+
+def shown(messages: list[Any]) -> list[tuple[str, str]]:
+    return [(m.role, m.text) for m in messages]
+
+
+FILES = {"role": "user", "content": [{"type": "input_text", "text": "list the files"}]}
+LS = {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": '{"cmd": "ls"}'}
+LS_OUTPUT = {"type": "function_call_output", "call_id": "c1", "output": "a.py"}
+ANSWER = [
+    {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "one to read"}]},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "One."}]},
+    {"type": "function_call", "call_id": "c2", "name": "read", "arguments": '{"path": "a.py"}'},
+]
+
+
+def test_a_responses_call_reads_as_a_chat_call() -> None:
+    request = {"instructions": "Be brief.", "input": [FILES, LS, LS_OUTPUT]}
+    call = wire_call("responses", request, {"output": ANSWER, "status": "completed"})
+    (view,) = attempt_view("r", 1, events(call)).calls
+    assert shown(view.messages) == [
+        ("instructions", "Be brief."),
+        ("user", "list the files"),
+        ("assistant", '→ shell [c1]\n{\n "cmd": "ls"\n}'),
+        ("tool [c1]", "a.py"),
+    ]
+    assert shown(view.response) == [
+        (
+            "assistant",
+            '[reasoning]\none to read\n[/reasoning]\nOne.\n→ read [c2]\n{\n "path": "a.py"\n}',
+        )
+    ]
+
+
+def test_a_responses_call_that_sends_the_answer_back_shows_only_what_is_new() -> None:
+    first = {"instructions": "Be brief.", "input": [FILES, LS, LS_OUTPUT]}
+    output = {"type": "function_call_output", "call_id": "c2", "output": "print(1)"}
+    second = {"instructions": "Be brief.", "input": [FILES, LS, LS_OUTPUT, *ANSWER, output]}
+    calls = events(
+        wire_call("responses", first, {"output": ANSWER}),
+        wire_call("responses", second, {"output": [ANSWER[1]]}),
+    )
+    then = attempt_view("r", 1, calls).calls[1]
+    assert then.earlier_messages == 5  # the four of the first call and its answer
+    assert shown(then.messages) == [("tool [c2]", "print(1)")]
+    assert shown(then.response) == [("assistant", "One.")]
+
+
+def test_an_anthropic_messages_call_reads_as_a_chat_call() -> None:
+    request = {
+        "system": [{"type": "text", "text": "Be brief."}],
+        "messages": [
+            {"role": "user", "content": "fix it"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "look first", "signature": ""},
+                    {"type": "text", "text": "Looking."},
+                    {"type": "tool_use", "id": "t1", "name": "bash", "input": {"cmd": "ls"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "no such dir"},
+                    {"type": "text", "text": "go on"},
+                ],
+            },
+        ],
+    }
+    response = {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Done."},
+            {"type": "tool_use", "id": "t2", "name": "bash", "input": {"cmd": "pytest"}},
+        ],
+        "stop_reason": "tool_use",
+    }
+    (view,) = attempt_view("r", 1, events(wire_call("messages", request, response))).calls
+    assert shown(view.messages) == [
+        ("system", "Be brief."),
+        ("user", "fix it"),
+        (
+            "assistant",
+            '[reasoning]\nlook first\n[/reasoning]\nLooking.\n→ bash [t1]\n{\n "cmd": "ls"\n}',
+        ),
+        ("tool [t1]", "no such dir"),
+        ("user", "go on"),
+    ]
+    assert shown(view.response) == [("assistant", 'Done.\n→ bash [t2]\n{\n "cmd": "pytest"\n}')]
+
+
+def test_an_anthropic_tool_result_that_is_an_error_says_so() -> None:
+    result = {"type": "tool_result", "tool_use_id": "t1", "is_error": True, "content": "denied"}
+    request = {"messages": [{"role": "user", "content": [result]}]}
+    response = {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}
+    (view,) = attempt_view("r", 1, events(wire_call("messages", request, response))).calls
+    assert shown(view.messages) == [("tool (error) [t1]", "denied")]
+
+
+def test_an_answer_recorded_with_a_capture_problem_is_shown_with_the_problem() -> None:
+    problem = "the engine returned no token IDs; this call cannot be trained on"
+    call = chat_call([USER], "hello", error=problem)
+    call["data"].update(response_token_ids=[], response_logprobs=None)
+    (view,) = attempt_view("r", 1, events(call)).calls
+    assert shown(view.response) == [("assistant", "hello"), ("capture problem", problem)]
+
+
+def test_a_long_agent_log_tail_is_cut_to_its_end() -> None:
+    tail = "x" * 10 + "y" * MAX_LOG_TAIL
+    log = {"type": "agent_log", "data": {"outcome": "failed", "exit_code": 1, "tail": tail}}
+    view = attempt_view("r", 1, events(log))
+    assert view.logs[0]["tail"] == "y" * MAX_LOG_TAIL
+    assert view.logs[0]["tail_cut"] == 10
+
+
+def test_token_text_comes_from_a_responses_answers_logprobs() -> None:
+    logprobs = [{"token": "o", "logprob": -0.1}, {"token": "k", "logprob": -0.2}]
+    part = {"type": "output_text", "text": "ok", "logprobs": logprobs}
+    output = [{"type": "message", "role": "assistant", "content": [part]}]
+    call = wire_call("responses", {"input": "hi"}, {"output": output})
+    (view,) = attempt_view("r", 1, events(call)).calls
+    assert [t.text for t in view.tokens] == ["o", "k"]

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 from pathlib import Path
 
 import pytest
 
 from reins.monitor import runs
-from reins.monitor.panels import Series, charts, stacked
+from reins.monitor.panels import Chart, Panel, Series, charts, stacked
 from reins.monitor.runs import list_runs, load_run, run_path
-from reins.monitor.svg import nice_ticks, render
+from reins.monitor.svg import MAX_POINTS, nice_ticks, render, thinned
 from tests.monitor.factory import write_run
 
 
@@ -53,8 +54,9 @@ def test_the_runs_list_reads_only_what_was_appended_since_its_last_load(
     parsed.clear()
     with metrics.open("a") as log:
         log.write(', "reward": {"mean": 0.5}}\n' + lines(range(501, 503)))
-    assert listed() == read_whole() == (503, {"step": 502, "reward/mean": 50.2})
+    assert listed() == (503, {"step": 502, "reward/mean": 50.2})
     assert len(parsed) == 4  # the line completed, two more, and the empty tail
+    assert read_whole() == (503, {"step": 502, "reward/mean": 50.2})
     # A resume rewrites the file (a new one renamed into place): read again from its start.
     staging = folder / "metrics.staging"
     staging.write_text(lines(range(3)))
@@ -63,6 +65,50 @@ def test_the_runs_list_reads_only_what_was_appended_since_its_last_load(
     # Written over in place (same inode), longer than what was read: read again too.
     metrics.write_text(lines(range(100, 110)))
     assert listed() == read_whole() == (10, {"step": 109, "reward/mean": 10.9})
+
+
+def test_the_run_page_parses_only_what_was_appended_since_its_last_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its charts poll every 10 s: a 5,000-step run's whole file was parsed each time (2.6 s)."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({"step": i, "loss": i}) + "\n" for i in range(100)))
+    assert len(load_run(tmp_path).steps) == 100
+    parsed: list[bytes] = []
+    row = runs._row
+    monkeypatch.setattr(runs, "_row", lambda line: parsed.append(line) or row(line))
+    with metrics.open("a") as log:
+        log.write('{"step": 100, "loss": 100}\nnot json\n{"step": 101')
+    run = load_run(tmp_path)
+    assert parsed == [b'{"step": 100, "loss": 100}', b"not json", b'{"step": 101']
+    assert [row["step"] for row in run.steps] == list(range(101))
+    assert run.skipped_lines == 2  # the line that is not JSON, and the one being written
+    assert load_run(tmp_path).steps == run.steps
+
+
+def test_the_runs_list_shows_each_keys_latest_value_and_counts_training_steps(
+    tmp_path: Path,
+) -> None:
+    """The trainer's final validation is a line of its own: it showed as the run's last line,
+    with no training reward, and counted as a step."""
+    folder = tmp_path / "done"
+    folder.mkdir()
+    rows = [
+        {"step": 1, "time": 1.0, "reward": {"mean": 0.1}, "loss": 0.5, "weight_version": 1},
+        {"step": 2, "time": 2.0, "reward": {"mean": 0.4}, "val/reward_mean": 0.2},
+        {"step": 2, "time": 3.0, "val/reward_mean": 0.3, "weight_version": 2, "loss": None},
+    ]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (info,) = list_runs(tmp_path)
+    assert info.steps == 2
+    assert info.last == {
+        "step": 2,
+        "time": 3.0,
+        "reward/mean": 0.4,
+        "loss": 0.5,
+        "val/reward_mean": 0.3,
+        "weight_version": 2,
+    }
 
 
 def test_missing_keys_are_skipped_and_unknown_keys_get_their_own_chart(tmp_path: Path) -> None:
@@ -141,6 +187,38 @@ def test_values_near_a_doubles_limit_are_not_drawn(tmp_path: Path) -> None:
     assert run.series("reward/mean") == [(3.0, 0.5)]
     assert run.series("loss") == [(1.0, 2.0), (2.0, 3.0), (3.0, 1.0), (3.0, 4.0)]
     assert all(render(chart).startswith("<svg") for chart in charts(run))
+
+
+def test_steps_past_two_to_the_53_are_drawn(tmp_path: Path) -> None:
+    """One minus 2**60 is 2**60 in floats: the x range of a single step was empty (a 500)."""
+    rows = [{"step": 2**60, "reward/mean": 0.5}, {"step": 2**60, "loss": 1.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    drawings = [render(chart) for chart in charts(load_run(tmp_path))]
+    assert len(drawings) == 2
+    assert all(f"at step {2**60:.10g}: " in drawing for drawing in drawings)
+
+
+def long_series(count: int) -> list[tuple[float, float]]:
+    return [(float(step), 100.0 if step == 3333 else step % 7 / 10) for step in range(count)]
+
+
+def test_a_long_series_is_thinned_keeping_its_ends_and_spikes() -> None:
+    points = long_series(5000)
+    drawn = thinned(points)
+    assert len(drawn) <= MAX_POINTS + 2
+    assert drawn[0] == points[0] and drawn[-1] == points[-1]
+    assert (3333.0, 100.0) in drawn
+    assert drawn == sorted(drawn)
+    assert thinned(points[:MAX_POINTS]) == points[:MAX_POINTS]
+
+
+def test_every_point_drawn_has_its_hover_title_however_long_the_run() -> None:
+    """Past 300 points no point had a title: "Hover a point for its value" showed nothing."""
+    points = long_series(5000)
+    drawing = render(Chart(Panel("Loss", ("loss",)), [Series("loss", points)]))
+    titles = re.findall(r"<title>loss at step ([0-9.e+]+): ([0-9.e+-]+)</title>", drawing)
+    assert [(float(x), float(y)) for x, y in titles] == thinned(points)
+    assert len(drawing) < 150_000  # was ~60 kB of polyline per 5,000 points, and no titles
 
 
 def test_nice_ticks_of_values_one_float_apart_end() -> None:

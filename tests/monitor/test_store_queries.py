@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import pytest
+import sqlalchemy as sa
 
 from reins.gateway.store import RolloutQuery
 from reins.gateway.store.sql import SqlStore
+from reins.gateway.store.tables import attempts
 from reins.schemas import AttemptCreate, EventIn, RolloutSpec, RolloutStatus, RolloutUpdate
 from tests.conftest import Gateway
 from tests.monitor.factory import chat_call, many_rollouts
@@ -114,17 +117,33 @@ async def test_sort_by_reward_puts_rollouts_without_one_last(store: SqlStore) ->
     assert [r.rollout_id for r in up] == ["d", "a", "c", "b"]
 
 
-async def test_sort_by_duration_and_page_with_offset(store: SqlStore) -> None:
+async def started_and_ended(store: SqlStore, rid: str, started: float, ended: float | None) -> None:
+    """Sets the rollout's first attempt's times (the store takes them from its clock)."""
+    where = (attempts.c.rollout_id == rid, attempts.c.attempt_id == 1)
+    async with store.engine.begin() as conn:
+        await conn.execute(sa.update(attempts).where(*where).values(created_at=started))
+        await conn.execute(sa.update(attempts).where(*where).values(ended_at=ended))
+
+
+async def test_sort_by_duration_counts_running_rollouts_up_to_now_and_pages(
+    store: SqlStore,
+) -> None:
+    """As the table shows them: a rollout still running has run until now."""
     for rid in ("a", "b", "c"):
         await rollout(store, rid, 1.0)
-    for rid in ("c", "a"):  # c ends first, so it ran shorter than a
-        update = RolloutUpdate(status=RolloutStatus(state="succeeded"))
-        await store.update_rollout(rid, update)
+    for rid in ("c", "a"):
+        await store.update_rollout(rid, RolloutUpdate(status=RolloutStatus(state="succeeded")))
+    now = time.time()
+    await started_and_ended(store, "a", now - 1000, now - 400)  # ran 600 s
+    await started_and_ended(store, "b", now - 300, None)  # runs: 300 s so far
+    await started_and_ended(store, "c", now - 1000, now - 900)  # ran 100 s
     longest, total = await store.query_rollouts(RolloutQuery(sort="duration", limit=2))
     assert total == 3
-    assert [r.rollout_id for r in longest] == ["a", "c"]  # b still runs: no duration, last
+    assert [r.rollout_id for r in longest] == ["a", "b"]
     rest, _ = await store.query_rollouts(RolloutQuery(sort="duration", offset=2, limit=2))
-    assert [r.rollout_id for r in rest] == ["b"]
+    assert [r.rollout_id for r in rest] == ["c"]
+    shortest, _ = await store.query_rollouts(RolloutQuery(sort="duration", descending=False))
+    assert [r.rollout_id for r in shortest] == ["c", "b", "a"]
 
 
 async def test_search_folds_case_one_character_for_one(store: SqlStore) -> None:

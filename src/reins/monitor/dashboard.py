@@ -15,7 +15,9 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
+import inspect
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Coroutine
@@ -42,6 +44,8 @@ from reins.monitor.tokens import TokenText
 from reins.packed import unpack_events
 from reins.schemas import Mode, PackedEvent, RolloutState
 
+log = logging.getLogger(__name__)
+
 COOKIE = "reins_ui"
 PAGE_SIZE = 50
 MAX_PAGE = 10**9
@@ -50,6 +54,8 @@ MAX_SEQ = 2**62
 """Event seqs past this exist in no store (they overflow its 64-bit integers)."""
 MAX_LOGIN_BODY = 16 * 1024
 """The login form is read before anyone is authenticated: keep it small."""
+MAX_FILTER = 1000
+"""Characters of a run, group or search filter read from the URL."""
 POLL_S = 3
 STATES: tuple[str, ...] = get_args(RolloutState)
 SORTS: tuple[str, ...] = get_args(RolloutSort)
@@ -205,7 +211,10 @@ def _query(request: Request) -> tuple[RolloutQuery, dict[str, Any]]:
     except ValueError:
         page = 1
     page = min(max(1, page), MAX_PAGE)
-    text = {key: (params.get(key) or "").strip()[:200] for key in ("run", "group", "q")}
+    # A run or group is matched exactly, as named: " lead" is not "lead", and a run's name may
+    # have up to 255 bytes (`run_path`). Only the search text is trimmed.
+    text = {key: (params.get(key) or "")[:MAX_FILTER] for key in ("run", "group")}
+    text["q"] = (params.get("q") or "").strip()[:MAX_FILTER]
     query = RolloutQuery(
         states=cast(list[RolloutState], states),
         mode=cast(Mode | None, mode),
@@ -295,18 +304,45 @@ PAGE_HEADERS = {
 
 
 class _PageRoute(APIRoute):
-    """A dashboard route: its answers carry `PAGE_HEADERS` (the gateway's other routes, the
-    proxy's among them, pay nothing for it)."""
+    """A dashboard route: its answers carry `PAGE_HEADERS`, its errors' answers too (the
+    gateway's other routes, the proxy's among them, pay nothing for it)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def with_headers(request: Request) -> Response:
-            response = await handler(request)
+            try:
+                response = await handler(request)
+            except Exception as error:
+                response = await _error_answer(request, error)
             response.headers.update(PAGE_HEADERS)
             return response
 
         return with_headers
+
+
+async def _error_answer(request: Request, error: Exception) -> Response:
+    """The gateway's answer to an error of a dashboard route (the login redirect, a 404, a 500),
+    given here by the app's own exception handlers: raised on, it was answered outside the
+    route, without `PAGE_HEADERS`. A defect is logged with its traceback, as Starlette logs
+    the 500s it answers."""
+    handlers = request.app.exception_handlers
+    kind = next((k for k in type(error).__mro__ if k in handlers and k is not Exception), None)
+    if kind is not None:
+        try:
+            return await _called(handlers[kind], request, error)
+        except Exception as declined:  # a handler re-raises what it does not answer
+            error = declined
+    fallback = handlers.get(Exception) or handlers.get(500)
+    if fallback is None:
+        raise error
+    log.error("the dashboard failed on %s %s", request.method, request.url.path, exc_info=error)
+    return await _called(fallback, request, error)
+
+
+async def _called(handler: Callable[..., Any], request: Request, error: Exception) -> Response:
+    answer = handler(request, error)
+    return cast(Response, await answer if inspect.isawaitable(answer) else answer)
 
 
 router = APIRouter(prefix="/ui", include_in_schema=False, route_class=_PageRoute)
@@ -546,6 +582,16 @@ async def run_charts(request: Request, name: str) -> HTMLResponse:
     """The run page's charts alone, for live updates."""
     require_viewer(request)
     return _html("charts.html", **await asyncio.to_thread(_run_context, request, name))
+
+
+@router.get("/{path:path}")
+async def no_such_page(request: Request, path: str) -> Response:
+    """Any other GET under /ui, answered as the router answers it (a path with a trailing slash
+    is sent to the one without, any other is a 404), but with `PAGE_HEADERS`. Declared last."""
+    if not path or path.endswith("/"):
+        target = request.url.replace(path=request.url.path.rstrip("/") or "/ui")
+        return RedirectResponse(str(target), status_code=307)
+    raise HTTPException(404)
 
 
 # -- Prometheus ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ and `overview.png` with all of them on one grid.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from pathlib import Path
@@ -37,9 +38,19 @@ def _pyplot() -> ModuleType:
     return matplotlib.pyplot
 
 
+MAX_SLUG = 100
+"""Characters of a chart's file name taken from its title: a file name has at most 255 bytes,
+and a metric's key can be longer (`reins report` stopped with "File name too long")."""
+
+
 def slug(title: str) -> str:
-    """A file name for a chart title: `Step time split` -> `step-time-split`."""
-    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") or "chart"
+    """A file name for a chart title: `Step time split` -> `step-time-split`; a long title is
+    cut, with a hash of the whole title after it so that two cut alike stay apart."""
+    name = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") or "chart"
+    if len(name) <= MAX_SLUG:
+        return name
+    digest = hashlib.sha256(title.encode()).hexdigest()[:8]
+    return f"{name[:MAX_SLUG].rstrip('-')}-{digest}"
 
 
 def draw(ax: Axes, chart: Chart) -> None:
@@ -104,7 +115,7 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         draw(ax, chart)
     for ax in list(axes.flat)[len(found) :]:
         ax.set_visible(False)
-    figure.suptitle(f"run {run.name}: {len(run.steps)} steps", fontsize=12)
+    figure.suptitle(f"run {run.name}: {run.training_steps} steps", fontsize=12)
     figure.tight_layout()
     overview = out_dir / "overview.png"
     figure.savefig(overview, dpi=110)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from reins.monitor import transcript
 from reins.samples import Decode, dedup_calls, merge_calls, rollout_from_events
 from reins.schemas import AGENT_LOG, MODEL_REQUEST, REWARD, TOOL, Event, ModelRequest
 
@@ -22,6 +23,9 @@ MAX_TOKENS_SHOWN = 2000
 """Response tokens drawn with their logprobs; the rest are counted, not drawn."""
 MAX_TEXT = 20_000
 """Characters of one message or response shown; the raw event has all of it."""
+MAX_LOG_TAIL = 50_000
+"""Characters of an agent log's tail shown, its last ones (a harness's tail of megabytes made
+the page megabytes); the raw event has all of it."""
 LOW_P = 0.1
 """A token sampled with a probability below this is marked low."""
 
@@ -217,25 +221,23 @@ def _tool_use(data: dict[str, Any]) -> ToolUse:
     )
 
 
-def _choice(record: ModelRequest) -> dict[str, Any]:
-    choices = record.response.get("choices")
-    if not isinstance(choices, list) or not choices:
-        return {}
-    index = getattr(record, "choice_index", 0) or 0
-    for choice in choices:
-        if isinstance(choice, dict) and choice.get("index", 0) == index:
-            return choice
-    first = choices[0]
-    return first if isinstance(first, dict) else {}
-
-
 def _response(record: ModelRequest) -> list[Message]:
-    if record.status != 200 or record.error:
-        text = record.error or f"status {record.status}"
-        return [_message(f"error ({record.status})", text)]
-    choice = _choice(record)
-    if isinstance(choice.get("message"), dict):
-        return [_chat_message(choice["message"])]
+    if record.status != 200:
+        return [_message(f"error ({record.status})", record.error or f"status {record.status}")]
+    shown = _answer(record)
+    if record.error:
+        # A 200 whose capture failed (no token IDs, say): the harness got this answer, which
+        # is not trained on; both are shown.
+        shown = [*shown, _message("capture problem", record.error)] if record.response else []
+        return shown or [_message("error (200)", record.error)]
+    return shown
+
+
+def _answer(record: ModelRequest) -> list[Message]:
+    messages = transcript.answer_messages(record)
+    if messages is not None:
+        return [_chat_message(m) for m in messages]
+    choice = transcript.choice(record)
     if "text" in choice:
         return [_message("completion", _text(choice.get("text")))]
     return [_message("response", json.dumps(record.response, ensure_ascii=False)[:MAX_TEXT])]
@@ -243,13 +245,7 @@ def _response(record: ModelRequest) -> list[Message]:
 
 def _response_token_texts(record: ModelRequest) -> list[str] | None:
     """Token texts the engine gave the harness (when it asked for logprobs), if they line up."""
-    logprobs = _choice(record).get("logprobs")
-    texts: list[Any] | None = None
-    if isinstance(logprobs, dict):
-        if isinstance(logprobs.get("content"), list):
-            texts = [e.get("token") if isinstance(e, dict) else None for e in logprobs["content"]]
-        elif isinstance(logprobs.get("tokens"), list):
-            texts = logprobs["tokens"]
+    texts = transcript.response_token_texts(record)
     if texts is None or len(texts) != len(record.response_token_ids):
         return None
     if not all(isinstance(t, str) for t in texts):
@@ -278,17 +274,16 @@ def _tokens(record: ModelRequest, token_texts: TokenTexts | None) -> list[Token]
 
 def _prompt(record: ModelRequest, previous: ModelRequest | None) -> tuple[list[Message], int]:
     """The prompt's messages that are new since `previous` (and how many were left out)."""
-    request = record.request
-    messages = request.get("messages")
-    if isinstance(messages, list):
+    messages = transcript.prompt_messages(record)
+    if messages is not None:
         shared = 0
-        if previous is not None and isinstance(previous.request.get("messages"), list):
-            before = previous.request["messages"]
+        before = None if previous is None else transcript.prompt_messages(previous)
+        if previous is not None and before is not None:
             while shared < min(len(before), len(messages)) and before[shared] == messages[shared]:
                 shared += 1
             if shared == len(before) and shared < len(messages):
                 # The previous response, sent back as the next turn, is not news either.
-                answer = _choice(previous).get("message")
+                answer = (transcript.answer_messages(previous) or [None])[0]
                 turn = messages[shared]
                 if (
                     isinstance(answer, dict)
@@ -300,7 +295,7 @@ def _prompt(record: ModelRequest, previous: ModelRequest | None) -> tuple[list[M
             if shared < len(before):
                 shared = 0  # the history changed: show all of it
         return [_chat_message(m) for m in messages[shared:]], shared
-    prompt = request.get("prompt")
+    prompt = record.request.get("prompt")
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         return [_message("prompt", f"[{len(prompt)} token IDs]")], 0
     text = _text(prompt)
@@ -371,6 +366,15 @@ def _stats(tokens: list[Token], record: ModelRequest) -> tuple[float | None, flo
         return None, None, 0
     low = sum(1 for lp in logprobs if probability(lp) < LOW_P)
     return min(logprobs), mean_logprob(logprobs), low
+
+
+def _log(data: Any, seq: int) -> dict[str, Any]:
+    """An `agent_log` event's data with its tail cut to `MAX_LOG_TAIL` characters (`tail_cut`:
+    how many earlier ones are not shown)."""
+    fields = data if isinstance(data, dict) else {}
+    tail = _text(fields.get("tail"))
+    cut = max(0, len(tail) - MAX_LOG_TAIL)
+    return {**fields, "seq": seq, "tail": tail[cut:], "tail_cut": cut}
 
 
 def _pretty(data: dict[str, Any], limit: int = 5000) -> str:
@@ -458,8 +462,9 @@ def attempt_view(
         elif event.type == TOOL and isinstance(event.data, dict):
             items.append(Item(event.seq, event.type, data=event.data, tool=_tool_use(event.data)))
         elif event.type == AGENT_LOG:
-            logs.append({**event.data, "seq": event.seq})
-            items.append(Item(event.seq, event.type, data=event.data))
+            log = _log(event.data, event.seq)
+            logs.append(log)
+            items.append(Item(event.seq, event.type, data=log))
         else:
             items.append(Item(event.seq, event.type, data=event.data, pretty=_pretty(event.data)))
     return AttemptView(

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+Columns = dict[str, list[tuple[float, float]]]
+"""A run's series by key: (step, value) of every step where the key is a finite number."""
 CONFIG_FILE = "config.yaml"
 
 
@@ -33,24 +35,21 @@ class Run:
     """Lines that were not JSON objects."""
     config_text: str | None
     """config.yaml as written, or None when absent."""
+    columns: Columns
+    """Every numeric key's (step, value) points, keys in first-seen order (`read_metrics`)."""
 
     def series(self, key: str) -> list[tuple[float, float]]:
         """(step, value) of every step where `key` is a finite number."""
-        points = []
-        for index, row in enumerate(self.steps):
-            value = number(row.get(key))
-            if value is not None:
-                points.append((step_of(row, index), value))
-        return points
+        return list(self.columns.get(key, ()))
 
     def keys(self) -> list[str]:
         """Every numeric key of any step, in first-seen order (`step` and `time` excluded)."""
-        seen: dict[str, None] = {}
-        for row in self.steps:
-            for key, value in row.items():
-                if key not in ("step", "time") and number(value) is not None:
-                    seen.setdefault(key, None)
-        return list(seen)
+        return [key for key in self.columns if key not in ("step", "time")]
+
+    @property
+    def training_steps(self) -> int:
+        """Lines of a training step (`is_training_step`), the final validation's not."""
+        return sum(1 for row in self.steps if is_training_step(row))
 
     def last(self, key: str) -> float | None:
         points = self.series(key)
@@ -66,8 +65,9 @@ class RunInfo:
     modified: float
     """Unix time metrics.jsonl (or the folder) last changed."""
     steps: int
+    """Training steps (`is_training_step`): lines of validation alone are not steps."""
     last: dict[str, Any]
-    """The last step's flattened metrics."""
+    """The latest value of each flattened key (over all lines)."""
 
 
 LARGEST = 1e300
@@ -102,24 +102,64 @@ def flatten(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The flattened steps of a metrics.jsonl and the number of lines skipped."""
-    steps: list[dict[str, Any]] = []
-    skipped = 0
-    with path.open(encoding="utf-8", errors="replace") as lines:
-        for line in lines:
-            if not line.strip():
+@dataclass(frozen=True)
+class Metrics:
+    """A metrics.jsonl, read."""
+
+    steps: list[dict[str, Any]]
+    """One flattened object per line that is a JSON object, in file order."""
+    skipped: int
+    """Lines that were not JSON objects."""
+    columns: Columns
+
+
+def read_metrics(path: Path) -> Metrics:
+    """A metrics.jsonl's lines, reading only those appended since the last call for the same
+    file (the run page's charts poll it every 10 s: a 5,000-step run's whole file took ~2 s to
+    parse each time, and its series were read again, key by key). The last few files read are
+    kept (`MAX_CACHED_RUNS`)."""
+    with _parsed_lock:
+        known = _parsed.pop(path, None)
+    position, continued, lines, tail = _appended(path, known.position if known else None)
+    read = known.metrics if continued and known else Metrics([], 0, {})
+    rows, skipped = [], read.skipped
+    for line in lines:
+        row = _row(line)
+        if row is not None:
+            rows.append(flatten(row))
+        elif line.strip():
+            skipped += 1
+    if rows or skipped != read.skipped:
+        columns = _with_points(read.columns, rows, len(read.steps))
+        read = Metrics([*read.steps, *rows], skipped, columns)
+    with _parsed_lock:
+        _parsed[path] = _Parsed(position, read)
+        while len(_parsed) > MAX_CACHED_RUNS:
+            del _parsed[next(iter(_parsed))]  # the least recently read
+    row = _row(tail)  # a line being written: read while it reads as one, not kept
+    if row is not None:
+        flat = flatten(row)
+        columns = _with_points(read.columns, [flat], len(read.steps))
+        return Metrics([*read.steps, flat], read.skipped, columns)
+    return Metrics(read.steps, read.skipped + (1 if tail.strip() else 0), read.columns)
+
+
+def _with_points(columns: Columns, rows: list[dict[str, Any]], first: int) -> Columns:
+    """`columns` with the points of `rows`, the steps from index `first` on. New lists for the
+    keys they add to: a `Run` read before keeps its own."""
+    out = dict(columns)
+    copied: set[str] = set()
+    for index, row in enumerate(rows, start=first):
+        step = step_of(row, index)
+        for key, raw in row.items():
+            value = number(raw)
+            if value is None:
                 continue
-            try:
-                row = json.loads(line)
-            except (ValueError, RecursionError):  # not JSON, or nested past the reader's stack
-                skipped += 1
-                continue
-            if isinstance(row, dict):
-                steps.append(flatten(row))
-            else:
-                skipped += 1
-    return steps, skipped
+            if key not in copied:
+                out[key] = list(out.get(key, ()))
+                copied.add(key)
+            out[key].append((step, value))
+    return out
 
 
 def load_run(path: Path, name: str | None = None) -> Run:
@@ -130,15 +170,16 @@ def load_run(path: Path, name: str | None = None) -> Run:
             f"{path} has no {METRICS_FILE}: is it a run directory written by the trainer "
             "(`<runs_dir>/<run>/`)?"
         )
-    steps, skipped = read_metrics(metrics)
+    read = read_metrics(metrics)
     config = path / CONFIG_FILE
     config_text = config.read_text(errors="replace") if config.is_file() else None
     return Run(
         name=name or path.name,
         path=path,
-        steps=steps,
-        skipped_lines=skipped,
+        steps=read.steps,
+        skipped_lines=read.skipped,
         config_text=config_text,
+        columns=read.columns,
     )
 
 
@@ -164,54 +205,110 @@ def list_runs(runs_dir: Path) -> list[RunInfo]:
     return sorted(infos, key=lambda info: info.modified, reverse=True)
 
 
+def is_training_step(row: dict[str, Any]) -> bool:
+    """Whether a (flattened) line holds a training step's metrics: a value besides the step's
+    bookkeeping and validation's (`val/...`). The trainer's final validation is a line of its
+    own (`val/reward_mean` at step `steps`), no step trained."""
+    return any(
+        value is not None and key not in _BOOKKEEPING and not key.startswith("val/")
+        for key, value in row.items()
+    )
+
+
+_BOOKKEEPING = ("step", "time", "weight_version")
+
+
+def latest_values(last: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """`last` (the latest value of each key) updated with a flattened line's values: a key a
+    line does not measure keeps its value from before (the final validation line holds no
+    training reward; a step without validation no validation reward)."""
+    return {**last, **{key: value for key, value in row.items() if value is not None}}
+
+
 @dataclass(frozen=True)
-class _Read:
-    """What `summary` read of a metrics.jsonl: its complete lines up to `offset`."""
+class _Position:
+    """How far a metrics.jsonl was read: its complete lines up to `offset`."""
 
     inode: int
     offset: int
     before: bytes
     """The bytes just before `offset`: the file is taken as the same when they still are (an
     inode number can be reused by a file renamed into place later)."""
+
+
+def _appended(metrics: Path, known: _Position | None) -> tuple[_Position, bool, list[bytes], bytes]:
+    """The new position, whether it continues `known`, the complete lines written after it (or
+    all of them, when the file is not the one read then: the trainer appends, and a rewrite
+    renames a new file into place), and the line being written (incomplete)."""
+    inode = metrics.stat().st_ino
+    with metrics.open("rb") as lines:
+        if known is not None and known.inode == inode:
+            lines.seek(max(0, known.offset - len(known.before)))
+            if lines.read(len(known.before)) != known.before:
+                known = None
+        if known is not None and known.inode != inode:
+            known = None
+        start = 0 if known is None else known.offset
+        lines.seek(start)
+        data = lines.read()
+    complete, newline, tail = data.rpartition(b"\n")
+    before = b"" if known is None else known.before
+    position = _Position(
+        inode,
+        start + len(complete) + len(newline),
+        (before + complete + newline)[-64:],
+    )
+    return position, known is not None, complete.split(b"\n") if newline else [], tail
+
+
+@dataclass(frozen=True)
+class _Summary:
+    """What `summary` read of a metrics.jsonl: its complete lines up to `position`."""
+
+    position: _Position
     steps: int
     last: dict[str, Any]
 
 
-_summaries: dict[Path, _Read] = {}
+@dataclass(frozen=True)
+class _Parsed:
+    """What `read_metrics` read of a metrics.jsonl: its complete lines up to `position`."""
+
+    position: _Position
+    metrics: Metrics
+
+
+MAX_CACHED_RUNS = 8
+"""Metrics files whose parsed lines `read_metrics` keeps (those of the run pages open)."""
+
+_summaries: dict[Path, _Summary] = {}
 _summaries_lock = threading.Lock()
+_parsed: dict[Path, _Parsed] = {}
+_parsed_lock = threading.Lock()
 
 
 def summary(metrics: Path) -> tuple[int, dict[str, Any]]:
-    """The step count and last step of a metrics.jsonl, as `read_metrics` counts them, reading
-    only the lines appended since the last call (the trainer appends; a rewrite renames a new
-    file into place): the runs list reads every run's file on each load, megabytes for long
-    runs."""
-    inode = metrics.stat().st_ino
+    """The training steps of a metrics.jsonl (`is_training_step`) and the latest value of each
+    key, reading only the lines appended since the last call: the runs list reads every run's
+    file on each load, megabytes for long runs."""
     with _summaries_lock:
         known = _summaries.get(metrics)
-    with metrics.open("rb") as lines:
-        if known is not None and known.inode == inode:
-            lines.seek(known.offset - len(known.before))
-            if lines.read(len(known.before)) != known.before:
-                known = None
-        if known is None or known.inode != inode:
-            known = _Read(inode, 0, b"", 0, {})
-        lines.seek(known.offset)
-        data = lines.read()
-    complete, newline, tail = data.rpartition(b"\n")
-    steps, raw_last = known.steps, None
-    for line in complete.split(b"\n") if newline else ():
+    position, continued, lines, tail = _appended(metrics, known.position if known else None)
+    steps = known.steps if continued and known else 0
+    last: dict[str, Any] = known.last if continued and known else {}
+    for line in lines:
         row = _row(line)
         if row is not None:
-            steps, raw_last = steps + 1, row
-    last = known.last if raw_last is None else flatten(raw_last)
-    offset = known.offset + len(complete) + len(newline)
-    before = (known.before + (complete + newline)[-64:])[-64:]
-    read = _Read(inode, offset, before, steps, last)
+            flat = flatten(row)
+            steps += is_training_step(flat)
+            last = latest_values(last, flat)
     with _summaries_lock:
-        _summaries[metrics] = read
+        _summaries[metrics] = _Summary(position, steps, last)
     row = _row(tail)  # a line being written: counted while it reads as one, not kept
-    return (steps + 1, flatten(row)) if row is not None else (steps, last)
+    if row is None:
+        return steps, last
+    flat = flatten(row)
+    return steps + is_training_step(flat), latest_values(last, flat)
 
 
 def _row(line: bytes) -> dict[str, Any] | None:

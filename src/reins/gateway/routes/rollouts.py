@@ -59,11 +59,11 @@ async def list_rollouts(
     ] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 100,
     run: Annotated[
-        str | None, Query(max_length=200, description="Keep rollouts whose `metadata.run` is this")
+        str | None, Query(max_length=1000, description="Keep rollouts whose `metadata.run` is this")
     ] = None,
     q: Annotated[
         str | None,
-        Query(max_length=200, description="Case-insensitive text in the rollout id or input"),
+        Query(max_length=1000, description="Case-insensitive text in the rollout id or input"),
     ] = None,
 ) -> RolloutPage:
     """Rollouts in the order of their last change, after `cursor`.

@@ -8,6 +8,7 @@ PostgreSQL a document holding "\\u0000" is read with it as U+FFFD (`nul_free`).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -159,7 +160,11 @@ class DashboardReads:
                 )
                 .scalar_subquery()
             )
-            return ended - started
+            # A running rollout counts up to now, as the dashboard's table shows it: without
+            # an end it sorted last, as if it had no duration.
+            now = sa.literal(time.time(), sa.Float)
+            running = rollouts.c.state == "running"
+            return sa.case((running, sa.func.coalesce(ended, now)), else_=ended) - started
         columns: dict[str, sa.ColumnElement[Any]] = {
             "created": rollouts.c.created_at,
             "updated": rollouts.c.updated_at,
