@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -147,3 +149,44 @@ def test_a_fresh_run_on_engines_that_served_another_run_loads_its_own_weights(
     assert versions == {2}
     with sqlite3.connect(f"file:{second.run_dir / 'gateway.db'}?mode=ro", uri=True) as db:
         assert db.execute("SELECT count(*) FROM models").fetchone() == (2,)
+
+
+@pytest.mark.slow
+def test_a_sync_step_drops_groups_an_engine_served_with_other_weights(
+    fleet: list[tuple[EmbeddedEngine, str]], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A fleet engine restarted during a step serves its initial weights (version 0) until the
+    next update: sync trained those calls as its step's, one version stale."""
+    (first, _), (second, _) = fleet
+    restarted = threading.Event()
+
+    def restart_second_after_the_first_update() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if first.weight_version == second.weight_version == 1:
+                second._weight_version = 0  # what a restart reports: its weights as loaded
+                restarted.set()
+                return
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=restart_second_after_the_first_update, daemon=True)
+    watcher.start()
+    urls = [url for _, url in fleet]
+    run = config(tmp_path, tiny_model_dir, engine_url=urls, steps=2, val_every=0, group_size=4)
+    records = asyncio.run(train(run))
+    watcher.join()
+    assert restarted.is_set()
+    served = {
+        (json.loads(metadata)["step"], version)
+        for metadata, version in _calls_by_step(run.run_dir / "gateway.db")
+    }
+    assert (1, 0) in served, "no call of step 1 went to the restarted engine"
+    assert records[0]["rollouts/stale_groups"] == 0
+    assert records[1]["rollouts/stale_groups"] >= 1
+    assert records[1]["rollouts/trained"] == 4 * (2 - records[1]["rollouts/stale_groups"])
+
+
+def _calls_by_step(database: Path) -> list[tuple[str, int]]:
+    with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+        metadata = dict(db.execute("SELECT rollout_id, metadata FROM rollouts"))
+    return [(metadata[rid], data["model_version"]) for rid, data in stored_calls(database)]

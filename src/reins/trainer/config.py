@@ -96,7 +96,7 @@ class TrainConfig(BaseModel):
     max_staleness: int = Field(default=1, ge=0)
     """`async`: rollouts start at most this many versions ahead of the weights that will train on
     them; a group with a call served by an older version is dropped (and counted), or trained
-    with the importance correction (`stale_groups`)."""
+    with the importance correction (`stale_groups`). `sync` bounds it at 0."""
     stale_groups: Literal["drop", "correct"] = "drop"
     """`async`: a group with a rollout more than `max_staleness` stale is dropped (its rollouts
     were generated for nothing: `rollouts/generated_per_trained`), or trained with the

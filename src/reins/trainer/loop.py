@@ -556,7 +556,10 @@ class Trainer:
                 stale = [rollout_staleness(v, current, self.lineage) for v in served]
                 spanning = sum(spans_update(v) for v in served)
                 # A group goes whole or not at all: its advantages are relative to each other.
-                too_stale = max(stale, default=0.0) > self.config.max_staleness
+                # Sync declares every group on the weights it trains: a call served by other
+                # weights (a fleet engine that restarted at version 0) is stale there too.
+                bound = self.config.max_staleness if self.config.mode == "async" else 0
+                too_stale = max(stale, default=0.0) > bound
                 if too_stale and (self.config.stale_groups == "drop" or math.isinf(max(stale))):
                     counts["stale_groups"] += 1
                     continue
