@@ -131,3 +131,29 @@ def test_an_engine_url_that_is_none_is_refused_when_the_config_is_read(
     """It was refused after the model and the gateway had loaded."""
     with pytest.raises(ConfigError, match=says):
         load_config(write_config(tmp_path), [f"engine_url={value}"])
+
+
+@pytest.mark.parametrize(
+    ("device", "environ", "expected"),
+    [
+        ("cpu", {"LOCAL_RANK": "1", "WORLD_SIZE": "2"}, "cpu"),
+        ("cuda", {"LOCAL_RANK": "1", "WORLD_SIZE": "2"}, "cuda:1"),
+        ("cuda", {}, "cuda"),
+        ("cuda:1", {}, "cuda:1"),
+        ("cuda:0", {"LOCAL_RANK": "0", "WORLD_SIZE": "1"}, "cuda:0"),
+    ],
+)
+def test_each_torchrun_rank_trains_on_the_gpu_of_its_local_rank(
+    device: str, environ: dict[str, str], expected: str
+) -> None:
+    from reins.trainer.runtime import rank_device
+
+    assert rank_device(device, environ) == expected
+
+
+def test_a_gpu_named_by_index_under_several_ranks_is_refused() -> None:
+    """Every rank's model went to that one GPU."""
+    from reins.trainer.runtime import rank_device
+
+    with pytest.raises(ValueError, match="puts every rank on that one GPU: set device to cuda"):
+        rank_device("cuda:0", {"LOCAL_RANK": "1", "WORLD_SIZE": "2"})

@@ -31,16 +31,20 @@ from reins.trainer.fsdp import FSDPBackend
 T = TypeVar("T")
 
 
-def start_process_group(timeout_s: float) -> None:
-    """Joins torchrun's process group (nccl on GPU, gloo on CPU); alone, a group of one rank on
-    127.0.0.1. `timeout_s` bounds every collective, and so a follower's wait for the next step:
-    it must outlast the longest rollout phase."""
+def start_process_group(timeout_s: float, *, cuda: bool) -> None:
+    """Joins torchrun's process group (nccl when the ranks train on GPUs, gloo on CPUs, as
+    `cuda` says: a GPU machine may train on its CPUs); alone, a group of one rank on 127.0.0.1.
+    `timeout_s` bounds every collective, and so a follower's wait for the next step: it must
+    outlast the longest rollout phase."""
     if dist.is_initialized():
         return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = "nccl" if cuda else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
     if "WORLD_SIZE" in os.environ:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if os.environ.get("MASTER_ADDR", "127.0.0.1") in ("127.0.0.1", "localhost"):
+            # One host: gloo on the loopback (its default, the host name's address, may not
+            # be one it can bind); several hosts need their own interface.
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend, timeout=timeout)

@@ -17,7 +17,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -137,9 +137,7 @@ def load_policy(
     from reins.engine.prepare import prepare_default_model
 
     folder = config.model or prepare_default_model()
-    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and "LOCAL_RANK" in os.environ:  # one GPU per torchrun rank
-        device = f"cuda:{os.environ['LOCAL_RANK']}"
+    device = rank_device(config.device, os.environ)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model: Any = AutoModelForCausalLM.from_pretrained(
         folder, dtype=dtype or DTYPES[config.precision]
@@ -190,6 +188,21 @@ async def _refuse_a_taken_run_name(
         f"be handed back instead of running its agents: start it under another run_name, or "
         f"{instead}"
     )
+
+
+def rank_device(device: str | None, environ: Mapping[str, str]) -> str:
+    """The device a process trains on: `cuda` when present and none is set; under torchrun,
+    the GPU of its `LOCAL_RANK`. A GPU named by its index under several ranks is refused: every
+    rank would take that one GPU."""
+    chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if not chosen.startswith("cuda") or "LOCAL_RANK" not in environ:
+        return chosen
+    if chosen != "cuda" and int(environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(
+            f"device {chosen} under torchrun puts every rank on that one GPU: set device to cuda "
+            "(each rank takes the GPU of its LOCAL_RANK)"
+        )
+    return f"cuda:{environ['LOCAL_RANK']}"
 
 
 def check_device(device: str | None) -> None:
@@ -292,7 +305,9 @@ async def train(
         )
     from reins.trainer import ranks
 
-    ranks.start_process_group(config.distributed_timeout_s)
+    ranks.start_process_group(
+        config.distributed_timeout_s, cuda=rank_device(config.device, os.environ).startswith("cuda")
+    )
     try:
         if dist.get_rank() != 0:
             await asyncio.to_thread(_follow, config)
