@@ -73,6 +73,12 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if mode.endswith("-lora"):
         mode, model = mode.removesuffix("-lora"), lora_model(model)
+    if mode == "publish":  # one step in bf16, then the engine's weights into `checkpoint`
+        backend = FSDPBackend(model, BackendConfig(lr=1e-3), param_dtype="bf16")
+        step(backend, batches(world)[0])
+        backend.save_weights(Path(checkpoint))
+        dist.destroy_process_group()
+        return
     backend = FSDPBackend(model, BackendConfig(lr=1e-3, grad_clip=1e9))
     plans = batches(world)
     if world > 1:

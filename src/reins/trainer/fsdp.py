@@ -188,8 +188,19 @@ class FSDPBackend(TorchBackend):
         return state
 
     def save_weights(self, folder: Path) -> None:
+        """The whole model for an engine: in the precision it computes in (`param_dtype`; the
+        fp32 master weights doubled every publish's bytes), each tied weight once (gathered, a
+        tied weight's names are separate copies, and both were saved)."""
         state = self.full_state_dict()
         if self.rank == 0:
             base = self.model.get_base_model() if is_lora(self.model) else self.model
+            every = {name for name, _ in base.named_parameters(remove_duplicate=False)}
+            aliases = every - {name for name, _ in base.named_parameters()}
+            dtype = _DTYPES[self.param_dtype]
+            state = {
+                name: value.to(dtype) if value.is_floating_point() else value
+                for name, value in state.items()
+                if name not in aliases
+            }
             base.save_pretrained(folder, state_dict=state, safe_serialization=True)
         dist.barrier()
