@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from reins.trainer import checkpoint, resume
+from reins.trainer.config import TrainConfig
 from reins.trainer.data import TaskStream, load_tasks
 from reins.trainer.metrics import MetricsLog
 from reins.trainer.runtime import train
@@ -292,6 +293,36 @@ def test_a_resume_whose_task_stream_changed_is_refused_saying_what_changed(
     tasks_file(tmp_path, "train.jsonl", ["ant", "bee", "cat", "dog", "eel", "fox"])
     point = resume.find(run)  # as they were: no refusal
     resume.check_stream(point, TaskStream(load_tasks(run.tasks), run.seed).identity(), run)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"backend": "fsdp"}, "backend was 'torch', is 'fsdp'"),
+        ({"lora": {"r": 4}}, "lora was None, is {'r': 4, 'target_modules': ["),
+    ],
+)
+def test_a_resume_with_another_backend_or_lora_shape_is_refused_saying_what_changed(
+    tmp_path: Path, tiny_model_dir: Path, change: dict[str, Any], says: str
+) -> None:
+    """Its checkpoint was read as damaged ("move it out ... to resume from the one before"),
+    which no checkpoint of the run could help; LoRA adapters loaded onto another model."""
+    run = config(tmp_path, tiny_model_dir)
+    state = checkpoint.TrainerState(2, 4, 2, checkpoint.capture_rng(), [0, 1, 2])
+    state.setup = resume.setup_of(run)
+    from reins.trainer.backend import BackendConfig, TorchBackend
+    from reins.trainer.runtime import load_policy
+
+    saved = checkpoint.save(
+        run.run_dir, TorchBackend(load_policy(run)[0], BackendConfig()), state, keep=1
+    )
+    resume.check_setup(resume.find(run), run)  # the same: no refusal
+    changed = TrainConfig.model_validate({**run.model_dump(), **change})
+    with pytest.raises(resume.ResumeError) as refused:
+        resume.check_setup(resume.find(changed), changed)
+    message = str(refused.value)
+    assert message.startswith(f"run 't' cannot go on from {saved.name}: {says}"), message
+    assert message.endswith("set it back, or start a new run under another run_name")
 
 
 @pytest.mark.parametrize(

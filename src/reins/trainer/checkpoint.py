@@ -54,6 +54,9 @@ class TrainerState:
     stream: dict[str, Any] | None = None
     """The training task stream's identity (`TaskStream.identity`: seed, task count, digest);
     None in checkpoints written before it was kept."""
+    setup: dict[str, Any] | None = None
+    """What the checkpoint's files are laid out for (`resume.setup_of`: backend, model, LoRA
+    shape); None in checkpoints written before it was kept."""
 
 
 def capture_rng() -> dict[str, Any]:
@@ -193,7 +196,7 @@ def read_state(folder: Path) -> TrainerState:
         if not isinstance(values, list):
             raise ValueError(f"trainer.json: {name} is {values!r}, not a list")
         _check_counts(name, values)
-    for name in ("rng", "record", "stream"):
+    for name in ("rng", "record", "stream", "setup"):
         value = getattr(state, name)
         if not isinstance(value, dict) and (value is not None or name == "rng"):
             raise ValueError(f"trainer.json: {name} is {value!r}, not an object")

@@ -41,7 +41,7 @@ from reins.trainer.data import Task, TaskStream
 from reins.trainer.memory import peak_gpu_mb, peak_rss_mb
 from reins.trainer.metrics import MetricsLog
 from reins.trainer.publish import WeightPublisher
-from reins.trainer.resume import VersionLedger
+from reins.trainer.resume import VersionLedger, setup_of
 from reins.trainer.staleness import (
     certain_drop,
     rollout_staleness,
@@ -430,6 +430,7 @@ class Trainer:
             pending=sorted([*self.pending, *(g.position for g in self._running)]),
             record=record,
             stream=self.train_tasks.identity(),
+            setup=setup_of(self.config),
         )
         checkpoint.save(self.config.run_dir, self.backend, state, keep=self.config.keep_checkpoints)
 

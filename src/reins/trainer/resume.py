@@ -120,6 +120,38 @@ def check_stream(point: ResumePoint, now: dict[str, Any], config: TrainConfig) -
     )
 
 
+def setup_of(config: TrainConfig) -> dict[str, Any]:
+    """What a checkpoint's files are laid out for: its backend (one `model.pt` or shards), its
+    model (by folder name: a copy elsewhere is the same model) and its LoRA adapters' shape.
+    LoRA adapters load onto another base model without an error."""
+    lora = config.lora
+    return {
+        "backend": config.backend,
+        "model": config.model.name if config.model is not None else None,
+        "lora": None if lora is None else {"r": lora.r, "target_modules": lora.target_modules},
+    }
+
+
+def check_setup(point: ResumePoint, config: TrainConfig) -> None:
+    """A `ResumeError` naming what changed when the config's backend, model or LoRA shape is not
+    the checkpoint's (its files would be read as damaged, or LoRA adapters loaded onto another
+    model)."""
+    then, now = point.state.setup, setup_of(config)
+    if then is None or then == now:
+        return
+    changes = [
+        f"{name} was {then.get(name)!r}, is {now[name]!r}"
+        for name in now
+        if then.get(name) != now[name]
+    ]
+    raise ResumeError(
+        f"run {config.run_name!r} cannot go on from {point.folder.name}: "
+        + "; ".join(changes)
+        + ". Its checkpoints are for the first: set it back, or start a new run under another "
+        "run_name"
+    )
+
+
 def damaged(folder: Path, error: BaseException) -> str:
     """Why `folder` cannot be resumed from, and what the user can do."""
     found = checkpoint.saved(folder.parent)

@@ -477,6 +477,7 @@ async def _train_locked(
     stream = TaskStream(train_tasks, config.seed)
     if point is not None:
         resuming.check_stream(point, stream.identity(), config)
+        resuming.check_setup(point, config)
     metrics = MetricsLog(run_dir, tensorboard=config.tensorboard)
     final_validation = True
     if point is not None:
