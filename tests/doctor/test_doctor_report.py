@@ -186,6 +186,20 @@ def test_a_call_recorded_without_a_status_is_read_as_200_as_the_trainer_reads_it
     assert report.rollouts[0].failed == 0
 
 
+def test_calls_that_ask_for_several_models_are_warned_about() -> None:
+    """The policy serves any name: a judge the harness meant as another model was merged into
+    the policy's sequence and trained, and the doctor said nothing."""
+    calls = conversation(ids("kiwi"))
+    calls[0]["request"] = {"model": "policy", "messages": []}
+    calls[1]["request"] = {"model": "gpt-4o-mini", "messages": []}
+    report = build_report([run(calls)], DETOK)
+    assert checks(report) == {"models": "warning"}
+    (finding,) = report.findings
+    assert finding.message == "the harness asked for 2 models: policy (1), gpt-4o-mini (1)"
+    calls[1]["request"] = {"model": "policy", "messages": []}
+    assert checks(build_report([run(calls)], DETOK)) == {}
+
+
 def test_no_call_in_any_run_is_an_error() -> None:
     report = build_report([run([]), run([])], DETOK)
     assert report.ok is False

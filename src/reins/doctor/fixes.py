@@ -35,6 +35,12 @@ FIXES: dict[str, str] = {
         "every call was abandoned, failed, empty or recorded without tokens: a rollout of this "
         "harness gives the trainer nothing; the findings above say which, and each its fix"
     ),
+    "models": (
+        "the policy served every one of them (an unknown name goes to the first registered "
+        "model), and each call is trained as the policy's: a judge or a summarizer the harness "
+        "means to be another model is trained too. Call that model outside the proxy (its own "
+        "base URL), or name the policy in every call"
+    ),
     "abandoned": (
         "the harness's client timed out or hung up before the answer: raise its request timeout "
         "(openai `timeout=`, litellm `request_timeout`) above the engine's latency under load; "

@@ -197,6 +197,8 @@ class _Tally:
     stop_example: str = ""
     silent_runs: int = 0
     crashed_runs: list[HarnessRun] = field(default_factory=list)
+    asked_models: Counter[str] = field(default_factory=Counter)
+    """The model names the harness's requests asked for (each served by the policy)."""
 
 
 def build_report(runs: Sequence[HarnessRun], detok: Detokenizer | None = None) -> DoctorReport:
@@ -262,6 +264,9 @@ def _check_calls(
     for index, data in enumerate(run.calls):
         report.calls += 1
         where = f"{run.rollout_id} call {index + 1}"
+        request = data.get("request")
+        if isinstance(request, dict) and isinstance(request.get("model"), str):
+            tally.asked_models[request["model"]] += 1
         if _abandoned(data):
             report.abandoned_calls += 1
             tally.abandoned_example = tally.abandoned_example or where
@@ -446,6 +451,14 @@ def _findings(report: DoctorReport, tally: _Tally, detok: Detokenizer | None) ->
             f"none of the {report.calls} calls can be trained on ("
             + ", ".join(f"{count} {what}" for what, count in why.items() if count)
             + ")",
+        )
+    if len(tally.asked_models) > 1:
+        named = ", ".join(f"{name} ({count})" for name, count in tally.asked_models.most_common())
+        add(
+            "models",
+            "warning",
+            len(tally.asked_models),
+            f"the harness asked for {len(tally.asked_models)} models: {named}",
         )
     for reason, count in report.splits.items():
         example = report.split_examples[reason]
