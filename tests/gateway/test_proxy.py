@@ -504,3 +504,18 @@ def test_no_registered_model_is_openais_model_not_found_code(gateway: Gateway, a
     assert raised.value.code == "model_not_found"
     assert raised.value.type in ("invalid_request_error", "not_found_error")
     assert "no model is registered" in raised.value.message
+
+
+def test_sticky_routing_spreads_a_groups_rollouts_over_the_engines() -> None:
+    """`crc32(id) % n` is linear in the id's bits: the rollouts of a group (`...r1.0` to
+    `...r1.3`) all went to one engine of two, and a step's to two engines of four."""
+    from reins.gateway.proxy import sticky_index
+
+    group = [f"run.t0.ant.r1.{k}" for k in range(4)]
+    assert {sticky_index(rollout, 2) for rollout in group} == {0, 1}
+    step = [
+        f"run.t{p}.{w}.r1.{k}" for p, w in enumerate(["ant", "bee", "cat", "dog"]) for k in range(4)
+    ]
+    counts = [sum(sticky_index(rollout, 4) == engine for rollout in step) for engine in range(4)]
+    assert min(counts) >= 2, counts
+    assert sticky_index("run.t0.ant.r1.0", 3) == sticky_index("run.t0.ant.r1.0", 3)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import time
 import uuid
-import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -167,13 +167,21 @@ class ModelDirectory:
         if not models:
             return None
         chosen = next((m for m in models if m.model == requested), models[0])
-        start = zlib.crc32(rollout_id.encode()) % len(chosen.endpoints)
+        start = sticky_index(rollout_id, len(chosen.endpoints))
         engines = chosen.engines or [chosen.engine] * len(chosen.endpoints)
         return Target(
             chosen,
             chosen.endpoints[start:] + chosen.endpoints[:start],
             engines[start:] + engines[:start],
         )
+
+
+def sticky_index(rollout_id: str, engines: int) -> int:
+    """The engine a rollout's calls go to first: the same at every gateway replica, spread
+    evenly. A CRC is linear: the ids of a group's rollouts (`...r1.0` to `...r1.3`) differ in a
+    few bits, and `crc32 % 2` sent a whole group, then a whole step, to one engine."""
+    digest = hashlib.blake2b(rollout_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % engines
 
 
 class LLMProxy:
