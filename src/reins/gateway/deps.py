@@ -17,9 +17,14 @@ from reins.gateway.store import Store
 RolloutIdPath = Annotated[str, Path(min_length=1, max_length=200, description="Rollout id")]
 
 
+def attempt_number(raw: str) -> int:
+    """A path's attempt id as written in decimal digits; 0 (no attempt) for anything else:
+    Python's `int()`, and so pydantic, read `1_0` as 10 and `+5` or ` 5` as 5."""
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 8 else 0
+
+
 def _decimal(value: object) -> object:
-    """Pydantic reads a path's `1_0` as 10 and `+5` or ` 5` as 5, as Python's `int()` does: an
-    attempt id other than the one written. Only decimal digits name an attempt."""
+    """Pydantic's lax int refused unless written as `attempt_number` reads it."""
     if isinstance(value, str) and not (value.isascii() and value.isdigit()):
         raise ValueError("an attempt id is written in decimal digits only")
     return value

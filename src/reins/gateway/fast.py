@@ -17,6 +17,7 @@ from starlette.background import BackgroundTask
 from starlette.routing import Route
 
 from reins.gateway import guards, jsonrule
+from reins.gateway.deps import attempt_number
 from reins.gateway.routes import proxy
 from reins.gateway.routes.events import MAX_EVENTS_PER_POST, append, header_text
 from reins.gateway.store import Store
@@ -41,7 +42,7 @@ def _path_ids(request: Request) -> tuple[str, int]:
             ("path", "rollout_id"), "String should have 1 to 200 characters", "string_length"
         )
     raw: str = request.path_params["attempt_id"]
-    attempt_id = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 8 else 0
+    attempt_id = attempt_number(raw)
     if not 1 <= attempt_id <= 1_000_000:
         raise _invalid(
             ("path", "attempt_id"), "Input should be an integer from 1 to 1000000", "int_range"

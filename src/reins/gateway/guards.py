@@ -29,7 +29,7 @@ from fastapi.routing import APIRoute
 
 from reins.gateway import jsonrule
 from reins.gateway.auth import Authenticator, Principal
-from reins.gateway.deps import require_admin, require_attempt
+from reins.gateway.deps import attempt_number, require_admin, require_attempt
 from reins.gateway.store import Conflict, NotFound, Store
 
 MAX_ATTEMPT_ID = 1_000_000
@@ -155,7 +155,7 @@ async def attempt_caller(request: Request) -> Principal:
     belong to no token, so only the admin key may go on (to FastAPI's 422)."""
     auth: Authenticator = request.app.state.auth
     raw = str(request.path_params.get("attempt_id", ""))
-    attempt_id = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 8 else 0
+    attempt_id = attempt_number(raw)
     if not 1 <= attempt_id <= MAX_ATTEMPT_ID:
         return auth.admin(request)
     return auth.attempt(request, str(request.path_params.get("rollout_id", "")), attempt_id)
