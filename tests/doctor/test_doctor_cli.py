@@ -115,3 +115,14 @@ def test_an_existing_engine_is_checked_with_the_tokenizer_given_and_token_only_w
     example = token_only.split_examples["unknown"]
     assert all(piece.isdigit() for piece in example.before + example.next_prompt)
     assert [f.check for f in token_only.findings] == ["split:unknown", "no_tokenizer"]
+
+
+def test_requests_the_gateway_does_not_serve_are_reported(engine: ServedEngine) -> None:
+    code, report, _ = doctor("embeds_then_chats.py", "--runs", "1", "--mode", "val", engine=engine)
+    assert code == 0, report["findings"]  # the chat call is trainable: a warning, not an error
+    assert report["unserved_requests"] == {"POST …/openai/v1/embeddings (404)": 2}
+    (finding,) = [f for f in report["findings"] if f["check"] == "unserved"]
+    assert (finding["severity"], finding["count"]) == ("warning", 2)
+    assert "POST …/openai/v1/embeddings (404) x2" in finding["message"]
+    assert "embeddings" in finding["fix"]
+    assert report["trainable_calls"] == 1

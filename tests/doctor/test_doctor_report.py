@@ -200,6 +200,27 @@ def test_calls_that_ask_for_several_models_are_warned_about() -> None:
     assert checks(build_report([run(calls)], DETOK)) == {}
 
 
+def test_requests_the_gateway_did_not_serve_are_summed_over_runs_and_warned_about() -> None:
+    """An embeddings call got a 404 and left no event: the report said nothing of it."""
+    embeddings, files = "POST …/openai/v1/embeddings (404)", "GET …/openai/v1/files (404)"
+    first = HarnessRun("r1", conversation(ids("kiwi")), 0, 1.0, "", {embeddings: 2})
+    second = HarnessRun("r2", conversation(ids("fig")), 0, 1.0, "", {embeddings: 1, files: 1})
+    report = build_report([first, second], DETOK)
+    assert report.unserved_requests == {
+        "POST …/openai/v1/embeddings (404)": 3,
+        "GET …/openai/v1/files (404)": 1,
+    }
+    assert checks(report) == {"unserved": "warning"}
+    (finding,) = report.findings
+    assert finding.count == 4
+    assert finding.message == (
+        "the gateway does not serve 4 requests the harness sent: "
+        "POST …/openai/v1/embeddings (404) x3, GET …/openai/v1/files (404) x1"
+    )
+    assert report.to_json()["unserved_requests"] == report.unserved_requests
+    assert checks(build_report([run(conversation(ids("kiwi")))], DETOK)) == {}
+
+
 def test_no_call_in_any_run_is_an_error() -> None:
     report = build_report([run([]), run([])], DETOK)
     assert report.ok is False

@@ -10,6 +10,12 @@ FIXES: dict[str, str] = {
         "environment, or set them in its config (docs/harnesses.md); Codex and OpenCode need "
         "their config files written (reins.agent.write_codex_config, write_opencode_home)"
     ),
+    "unserved": (
+        "the proxy serves chat completions, completions, the Responses API, Anthropic Messages "
+        "(with count_tokens) and the model list (docs/harnesses.md); a harness's other calls "
+        "(embeddings, files, a path its base URL got wrong) get a 404 and leave no record: "
+        "send them to a server of their own, or check the base URL the harness builds"
+    ),
     "mismatch": (
         "the harness was shown text that the recorded tokens do not say, so training would "
         "reinforce tokens the harness never acted on: serve with the embedded engine, which ends "

@@ -12,6 +12,8 @@ data (in event order) and how its process ended are all the report reads. What i
   (the client hung up; recorded with `abandoned: true` or status 499; a warning), **runs that
   made no call** or exited non-zero (warnings; no call in any run, or no run that exited 0, is
   an error), and no trainable call at all, whatever the reasons (an error).
+- **Requests the gateway does not serve** (a warning): those it answered 404 or 405 during the
+  runs (an embeddings call, a wrong base path); they leave no event (`HarnessRun.unserved`).
 - **Merging**, exactly as the trainer does it (`reins.samples`: dedup, then merge): samples per
   rollout, the one-sequence rollout ratio, each split reason with one example (the decoded tokens
   on both sides of the first token that differs), tool-call round trips (a call answered with
@@ -82,6 +84,9 @@ class HarnessRun:
     seconds: float = 0.0
     output_tail: str = ""
     """The last lines the process wrote (stderr, else stdout)."""
+    unserved: dict[str, int] = field(default_factory=dict)
+    """Requests the gateway answered 404 or 405 during the run (no event records them), as
+    `METHOD PATH (STATUS)`: count."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,8 @@ class DoctorReport:
     stop_truncated: int = 0
     """Calls that ended at a harness stop string."""
     stop_followed_by_split: int = 0
+    unserved_requests: dict[str, int] = field(default_factory=dict)
+    """Requests of the harness the gateway does not serve (404, 405), over all runs."""
     findings: list[Finding] = field(default_factory=list)
     rollouts: list[RolloutSummary] = field(default_factory=list)
 
@@ -206,7 +213,9 @@ def build_report(runs: Sequence[HarnessRun], detok: Detokenizer | None = None) -
     report = DoctorReport(runs=len(runs))
     tally = _Tally()
     reasons: Counter[str] = Counter()
+    unserved: Counter[str] = Counter()
     for run in runs:
+        unserved.update(run.unserved)
         if run.returncode != 0:
             tally.crashed_runs.append(run)
         if not run.calls:
@@ -252,6 +261,7 @@ def build_report(runs: Sequence[HarnessRun], detok: Detokenizer | None = None) -
             )
         )
     report.splits = {reason: reasons[reason] for reason in SPLIT_REASONS if reasons[reason]}
+    report.unserved_requests = dict(unserved.most_common())
     report.findings = _findings(report, tally, detok)
     return report
 
@@ -370,6 +380,15 @@ def _findings(report: DoctorReport, tally: _Tally, detok: Detokenizer | None) ->
         add("no_calls", "error", report.runs, "no run made a call through the proxy")
     elif tally.silent_runs:
         add("no_calls", "warning", tally.silent_runs, f"{tally.silent_runs} runs made no call")
+    if report.unserved_requests:
+        count = sum(report.unserved_requests.values())
+        named = ", ".join(f"{what} x{n}" for what, n in report.unserved_requests.items())
+        add(
+            "unserved",
+            "warning",
+            count,
+            f"the gateway does not serve {count} requests the harness sent: {named}",
+        )
     if report.fidelity_mismatched:
         add(
             "mismatch",

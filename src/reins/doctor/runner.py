@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -24,7 +25,8 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,41 @@ class _Stack:
     admin_key: str
     detok: Detokenizer | None
     idle: Callable[[], bool]
+    unserved: UnservedRequests
+
+
+_Message = MutableMapping[str, Any]
+_ATTEMPT_PREFIX = re.compile(r"^/proxy/rollout/[^/]+/attempt/[^/]+/mode/[^/]+")
+
+
+class UnservedRequests:
+    """ASGI middleware around the doctor's gateway: the requests it answered 404 or 405 (a path
+    or method it does not serve, such as an embeddings call), by method, path and status. They
+    leave no event, so the calls read back cannot show them; a harness that needs one fails or
+    works around it. HEAD is left out (Claude Code probes its base URL with one, and a 404 does
+    it no harm)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+        self.seen: Counter[str] = Counter()
+
+    async def __call__(
+        self,
+        scope: _Message,
+        receive: Callable[[], Awaitable[_Message]],
+        send: Callable[[_Message], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "http" or scope["method"] == "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def watched(message: _Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] in (404, 405):
+                path = _ATTEMPT_PREFIX.sub("…", scope["path"])
+                self.seen[f"{scope['method']} {path} ({message['status']})"] += 1
+            await send(message)
+
+        await self.app(scope, receive, watched)
 
 
 @contextlib.contextmanager
@@ -154,7 +191,8 @@ def _stack(options: DoctorOptions) -> Iterator[_Stack]:
             )
         except SettingsRefused as error:  # a REINS_* variable of the environment
             raise DoctorError(f"the gateway's settings: {error}") from None
-        server = stack.enter_context(BackgroundServer(create_app(settings)))
+        unserved = UnservedRequests(create_app(settings))
+        server = stack.enter_context(BackgroundServer(unserved))
         registered = httpx.post(
             f"{server.url}/api/models",
             json={"model": MODEL_NAME, "endpoint": endpoint, "engine": "openai"},
@@ -163,7 +201,7 @@ def _stack(options: DoctorOptions) -> Iterator[_Stack]:
         )
         if registered.status_code >= 400:
             raise DoctorError(f"the gateway refused the engine {endpoint}: {registered.text}")
-        yield _Stack(server.url, key, detok, idle)
+        yield _Stack(server.url, key, detok, idle, unserved)
 
 
 def _always() -> bool:
@@ -286,13 +324,15 @@ def run_doctor(
             rollout, attempt = _open_attempt(http, options, number)
             env = {**base, **options.env, **agent_env(stack.gateway_url, rollout, attempt)}
             started = time.monotonic()
+            unserved_before = Counter(stack.unserved.seen)
             returncode, tail = _run_process(
                 argv, env, options.timeout_s, Path(logs) / f"run-{number}.log"
             )
             seconds = time.monotonic() - started
             _wait(stack.idle, IDLE_WAIT_S)
-            run = HarnessRun(rollout.rollout_id, _calls(http, rollout.rollout_id), returncode,
-                             seconds, tail)  # fmt: skip
+            unserved = dict(stack.unserved.seen - unserved_before)
+            calls = _calls(http, rollout.rollout_id)
+            run = HarnessRun(rollout.rollout_id, calls, returncode, seconds, tail, unserved)
             runs.append(run)
             progress(f"run {number}/{options.runs}: " + _run_line(run, stack.detok))
         return build_report(runs, stack.detok)
