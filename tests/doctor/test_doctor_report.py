@@ -221,6 +221,21 @@ def test_requests_the_gateway_did_not_serve_are_summed_over_runs_and_warned_abou
     assert checks(build_report([run(conversation(ids("kiwi")))], DETOK)) == {}
 
 
+def test_the_unused_choices_of_an_n_call_are_not_counted_as_retries() -> None:
+    """`n = 2`: one record per choice, the harness went on with the second; the table said the
+    first was "retried"."""
+    first_a = record(FIRST_PROMPT, [*ids("kiwi"), EOS], request={"n": 2}, choice_index=0)
+    first_b = record(FIRST_PROMPT, [*ids("fig"), EOS], request={"n": 2}, choice_index=1)
+    second = record([*FIRST_PROMPT, *ids("fig"), EOS, USER, *ids("more"), ASSISTANT], ids("yes"))
+    report = build_report([run([first_a, first_b, second])], DETOK)
+    assert (report.unused_choices, report.retried_calls, report.sequences) == (1, 0, 1)
+    assert "0 retried, 1 unused choices)" in render_text(report)
+    retried = record(FIRST_PROMPT, [*ids("kiwi"), EOS], request={"n": 1})
+    report = build_report([run([retried, first_b | {"request": {}}, second])], DETOK)
+    assert (report.unused_choices, report.retried_calls) == (0, 1)
+    assert "0 abandoned, 1 retried)" in render_text(report)
+
+
 def test_no_call_in_any_run_is_an_error() -> None:
     report = build_report([run([]), run([])], DETOK)
     assert report.ok is False

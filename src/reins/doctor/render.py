@@ -34,7 +34,9 @@ def rows(report: DoctorReport) -> list[tuple[str, str]]:
         (
             "calls",
             f"{report.calls} ({report.trainable_calls} trainable, {report.failed_calls} failed, "
-            f"{report.abandoned_calls} abandoned, {report.retried_calls} retried)",
+            f"{report.abandoned_calls} abandoned, {report.retried_calls} retried"
+            + (f", {report.unused_choices} unused choices" if report.unused_choices else "")
+            + ")",
         ),
         ("samples per rollout", "-" if per_rollout is None else f"{per_rollout:.2f}"),
         (

@@ -137,6 +137,10 @@ class DoctorReport:
     abandoned_calls: int = 0
     empty_answers: int = 0
     retried_calls: int = 0
+    """Dropped as the trainer drops a retry: the same prompt again, the harness went on with
+    another answer."""
+    unused_choices: int = 0
+    """The choices of an `n > 1` call the harness did not go on with (dropped likewise)."""
     sequences: int = 0
     one_sequence_rollouts: int = 0
     rollouts_with_calls: int = 0
@@ -185,6 +189,13 @@ def _abandoned(call: dict[str, Any]) -> bool:
     return bool(call.get("abandoned")) or call.get("status") == 499
 
 
+def _choices(call: dict[str, Any]) -> int:
+    """The `n` a call's request asked for (1 when not given)."""
+    request = call.get("request")
+    n = request.get("n") if isinstance(request, dict) else None
+    return n if type(n) is int else 1
+
+
 def _logprobs_ok(call: dict[str, Any]) -> bool:
     values = call.get("response_logprobs")
     if not isinstance(values, list) or len(values) != len(call["response_token_ids"]):
@@ -227,7 +238,13 @@ def build_report(runs: Sequence[HarnessRun], detok: Detokenizer | None = None) -
             )
             continue
         kept = dedup_calls(trainable)
-        report.retried_calls += len(trainable) - len(kept)
+        kept_seqs = {call.seq for call in kept}
+        for call in trainable:
+            if call.seq not in kept_seqs:
+                if _choices(run.calls[call.seq]) > 1:
+                    report.unused_choices += 1
+                else:
+                    report.retried_calls += 1
         decode = detok.for_merge() if detok is not None else None
         sequences, splits = merge_calls(kept, rollout_id=run.rollout_id, decode=decode)
         report.rollouts_with_calls += 1
