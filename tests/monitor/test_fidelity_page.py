@@ -122,3 +122,26 @@ def test_the_run_page_links_to_it(gateway: Gateway, runs_dir: Any) -> None:
     write_run(runs_dir, "demo", steps=3)
     page = gateway.http.get("/ui/runs/demo")
     assert 'href="/ui/runs/demo/fidelity"' in page.text
+
+
+def test_the_call_bound_counts_calls_not_the_agent_logs_read_with_them(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bound of 2 calls: a rollout of 2 calls and 2 agent logs was called cut (its events
+    counted against the bound) and its second call was left unread; one of 3 calls is cut."""
+    monkeypatch.setattr(fidelity, "MAX_CALLS", 2)
+    second = [
+        *QUESTION,
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "!"},
+    ]
+    calls = [chat_call(QUESTION, "hello"), chat_call(second, "Hi.")]
+    logs = [agent_log(), {**agent_log(), "idempotency_key": "log-2"}]
+    rollout(gateway, "two-calls", [*logs, *calls], run="bound")
+    text = html.unescape(gateway.http.get("/ui/runs/bound/fidelity").text)
+    assert "had more than" not in text
+    assert "calls</th><td>2 (2 trainable" in text
+    third = [*second, {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "?"}]
+    rollout(gateway, "three-calls", [*calls, chat_call(third, "Yes.")], run="bound")
+    text = html.unescape(gateway.http.get("/ui/runs/bound/fidelity").text)
+    assert "1 rollout had more than 2 calls: only the first 2 were read (three-calls)" in text

@@ -31,6 +31,9 @@ MAX_ROLLOUTS = 200
 """Finished rollouts of a run read for the page (the latest ones)."""
 MAX_CALLS = 1000
 """Calls of one rollout read for the page."""
+MAX_LOGS = 100
+"""Agent logs of one rollout read for the page (the controller writes one per attempt: its exit
+status and output tail)."""
 
 
 @dataclass
@@ -77,16 +80,18 @@ async def stored_runs(
         if not attempt:
             out.append(StoredRun(rollout, []))
             continue
-        events = await store.get_packed_events(
-            rollout.rollout_id,
-            attempt_id=attempt,
-            types=(MODEL_REQUEST, AGENT_LOG),
-            limit=MAX_CALLS + 1,
+        # Read apart: the cap is on calls (a rollout's agent logs counted against it cut its
+        # calls short, and called it cut when its calls were all read).
+        calls = await store.get_packed_events(
+            rollout.rollout_id, attempt_id=attempt, types=(MODEL_REQUEST,), limit=MAX_CALLS + 1
         )
-        if len(events) > MAX_CALLS:
-            events = events[:MAX_CALLS]
+        if len(calls) > MAX_CALLS:
+            calls = calls[:MAX_CALLS]
             cut.append(rollout.rollout_id)
-        out.append(StoredRun(rollout, events))
+        logs = await store.get_packed_events(
+            rollout.rollout_id, attempt_id=attempt, types=(AGENT_LOG,), limit=MAX_LOGS
+        )
+        out.append(StoredRun(rollout, sorted([*calls, *logs], key=lambda e: e.seq)))
     return out, finished, cut
 
 
