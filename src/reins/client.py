@@ -9,6 +9,7 @@ the first try, so a retry of a post whose reply was lost cannot create a second 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -50,6 +51,9 @@ _Paged = TypeVar("_Paged", Event, PackedEvent)
 _acks = TypeAdapter(list[EventAck])
 _models = TypeAdapter(list[Model])
 _stats = TypeAdapter(dict[str, RolloutStats])
+DRAIN_PATH: Final = "/api/admission/drain"
+DRAIN_DEFAULT_S: Final = 600.0
+"""The drain's `timeout_s` when none is given (`gateway.routes.admission`)."""
 _NEWER: Final = "allow"
 """How answers are read: fields this client does not know (a newer gateway's) are accepted and
 kept aside unread (`model_extra`), so a gateway can add to its answers without breaking the
@@ -143,6 +147,7 @@ class GatewayClient:
         max_connections: int = 16,
     ) -> None:
         self.base_url = self.check(base_url, api_key)
+        self.timeout_s = timeout_s
         self.retry_for_s = retry_for_s
         """How long one call is retried from its first try (`reins.retry`)."""
         self.max_retries = max_retries
@@ -180,6 +185,8 @@ class GatewayClient:
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """One call with retries; returns the successful response."""
         delays = retry_delays(self.retry_for_s, first_s=self.backoff_s, max_s=self.max_backoff_s)
+        if path == DRAIN_PATH and "timeout" not in kwargs:
+            kwargs["timeout"] = self._drain_timeout(kwargs.get("params"))
         for tried in itertools.count():
             try:
                 response = await self._http.request(method, path, **kwargs)
@@ -209,6 +216,17 @@ class GatewayClient:
             self.retries += 1
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _drain_timeout(self, params: Any) -> httpx.Timeout:
+        """A drain answers once the calls in flight end, up to its `timeout_s` (the gateway's
+        default: 600 s): its answer may take that long. With the client's own timeout (30 s),
+        a drain that waited for a long call was cut off, retried, and after `retry_for_s` failed
+        as "cannot reach the gateway" instead of answering `drained: false`."""
+        waits_s = DRAIN_DEFAULT_S
+        if isinstance(params, dict) and params.get("timeout_s") is not None:
+            with contextlib.suppress(TypeError, ValueError):
+                waits_s = float(params["timeout_s"])
+        return httpx.Timeout(self.timeout_s, read=waits_s + self.timeout_s)
 
     # -- rollouts -------------------------------------------------------------------------
 

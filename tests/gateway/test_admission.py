@@ -5,16 +5,18 @@ The engine is the stub (tests/stub_engine.py); the harness is the real `openai` 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import openai
 import pytest
 
+from reins.client import GatewayClient
 from reins.gateway import GatewaySettings
 from tests.conftest import ADMIN_KEY, Gateway, serve
 from tests.stub_engine import DEFAULT_REPLY, StubEngine
@@ -135,6 +137,34 @@ def test_drain_reports_a_timeout(gateway: Gateway, base_url: str, stub: StubEngi
     thread.join(timeout=30)
     assert not thread.is_alive()
     assert out["value"].status_code == 200  # type: ignore[attr-defined]
+
+
+def test_the_clients_drain_waits_past_its_own_timeout(
+    gateway: Gateway, base_url: str, stub: StubEngine
+) -> None:
+    """The trainer drains through `GatewayClient.request` with a `timeout_s` of 300 s, its
+    client's timeout 30 s: a drain held by a call longer than that was cut off, retried for
+    two minutes, then failed as "cannot reach the gateway" rather than `drained: false`."""
+    thread, _ = in_thread(
+        lambda: httpx.post(
+            f"{base_url}/chat/completions",
+            json={"messages": MESSAGES, "stub_hold": "long"},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=30,
+        )
+    )
+    until(lambda: gateway.http.get("/api/admission").json()["in_flight"], bool)
+
+    async def drain() -> Any:
+        async with GatewayClient(gateway.url, ADMIN_KEY, timeout_s=0.3, retry_for_s=1) as client:
+            return await client.request("POST", "/api/admission/drain", params={"timeout_s": 1.5})
+
+    try:
+        drained = asyncio.run(drain())
+    finally:
+        stub.release("long")
+        thread.join(timeout=30)
+    assert drained["drained"] is False and drained["in_flight"] == 1
 
 
 def test_a_stream_counts_as_in_flight_until_its_end(gateway: Gateway, base_url: str) -> None:

@@ -103,6 +103,23 @@ def test_idempotency_key_from_header(gateway: Gateway) -> None:
     assert len(gateway.http.get("/api/rollouts/r/events").json()) == 1
 
 
+def test_an_empty_idempotency_key_header_is_refused_as_an_empty_body_key_is(
+    gateway: Gateway,
+) -> None:
+    """`Idempotency-Key: ` (a client whose key variable was empty) was read as no key: the
+    gateway made one per try, and each retry of the post stored the event again."""
+    start(gateway)
+    for _ in range(2):
+        response = gateway.http.post(
+            "/api/rollouts/r/attempt/1/events",
+            json={"type": "reward", "data": {"value": 1.0}},
+            headers={"Idempotency-Key": ""},
+        )
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"][0]["loc"] == ["header", "idempotency-key"]
+    assert gateway.http.get("/api/rollouts/r/events").json() == []
+
+
 def test_a_header_key_sent_as_utf8_is_stored_as_written(gateway: Gateway) -> None:
     """HTTP reads a header's bytes as Latin-1: "clé-ü" sent as UTF-8 was stored as "clÃ©-Ã¼"."""
     start(gateway)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
 from pathlib import Path
 
@@ -235,6 +236,19 @@ def test_patch_merges_metadata(gateway: Gateway) -> None:
     create(gateway, {"rollout_id": "r", "metadata": {"a": 1}})
     response = gateway.http.patch("/api/rollouts/r", json={"metadata": {"b": 2}})
     assert response.json()["metadata"] == {"a": 1, "b": 2}
+
+
+def test_patch_stores_a_metadata_value_python_deems_equal(gateway: Gateway) -> None:
+    """`true == 1 == 1.0` and `-0.0 == 0.0` in Python: such a PATCH was answered 200 and the
+    old value kept. A PATCH of the same JSON changes nothing, its change not counted again."""
+    create(gateway, {"rollout_id": "r", "metadata": {"done": 1, "w": 0.0, "n": {"b": 1}}})
+    sent = {"done": True, "w": -0.0, "n": {"b": 1.0}}
+    patched = gateway.http.patch("/api/rollouts/r", json={"metadata": sent})
+    assert patched.status_code == 200, patched.text
+    stored = gateway.http.get("/api/rollouts/r").json()["rollout"]
+    assert json.dumps(stored["metadata"]) == json.dumps(sent)
+    again = gateway.http.patch("/api/rollouts/r", json={"metadata": sent}).json()
+    assert again["change_seq"] == patched.json()["change_seq"]
 
 
 def test_patch_unknown_rollout_is_404(gateway: Gateway) -> None:

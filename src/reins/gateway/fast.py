@@ -69,6 +69,14 @@ async def append_events(request: Request) -> Response:
         raise _invalid(
             ("header", "idempotency-key"), "String should have at most 200 characters", "too_long"
         )
+    if key == "":
+        # As an empty key in the body is refused: read as no key, the gateway made one of its
+        # own for each try, and a retried post was stored twice.
+        raise _invalid(
+            ("header", "idempotency-key"),
+            "String should have at least 1 character (send a key, or no Idempotency-Key header)",
+            "string_too_short",
+        )
     raw = await request.body()
     guards.refuse_unless_json(request.headers.get("content-type"), raw)
     try:

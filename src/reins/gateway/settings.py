@@ -16,14 +16,27 @@ from reins.gateway.capture import SamplingPolicy
 DEFAULT_DB_PATH = Path(".reins") / "gateway.db"
 
 
+_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
+"""The driver the gateway serves each database through: SQLAlchemy's blocking ones (the
+`sqlite+pysqlite://` or `postgresql+psycopg2://` of most guides) failed its start with a
+traceback (no async driver, or a module not installed)."""
+
+
 def database_url(value: str) -> str:
-    """Accept a SQLAlchemy URL, a plain `postgresql://` URL or a SQLite file path."""
-    if value.startswith("sqlite:///"):
-        return "sqlite+aiosqlite:///" + value.removeprefix("sqlite:///")
-    if "://" not in value:
+    """Accept a SQLAlchemy URL (any driver of SQLite or PostgreSQL), a plain `postgresql://` URL
+    or a SQLite file path (`~` is the home folder, in a `sqlite:///` URL too)."""
+    scheme, found, rest = value.partition("://")
+    if not found:
         return f"sqlite+aiosqlite:///{Path(value).expanduser()}"
-    if value.startswith(("postgresql://", "postgres://")):
-        value = "postgresql+asyncpg://" + value.split("://", 1)[1]
+    backend = scheme.partition("+")[0]
+    if backend == "postgres":
+        backend = "postgresql"
+    if backend == "sqlite":
+        # Not parsed as a URL: a file's name may hold what a URL reads otherwise (`@`, `?`).
+        path = rest.removeprefix("/")
+        return f"sqlite+aiosqlite:///{Path(path).expanduser() if path.startswith('~') else path}"
+    if backend in _ASYNC_DRIVERS:
+        value = f"{_ASYNC_DRIVERS[backend]}://{rest}"
     try:
         url = sa.make_url(value)
     except (ValueError, sa.exc.ArgumentError) as error:  # a port that is no number, a bad host
@@ -78,7 +91,8 @@ class GatewaySettings(BaseSettings):
     16 at once: there the writer process takes a core's share from the engine;
     docs/benchmarks.md)."""
     max_page_size: int = Field(default=1000, ge=1)
-    """Most rollouts or events one list call returns."""
+    """Most rollouts one `GET /api/rollouts` page returns (an events read takes its own
+    `limit`, up to 100,000)."""
     train_sampling: SamplingPolicy = Field(
         default_factory=lambda: SamplingPolicy(set={"temperature": 1.0, "top_p": 1.0})
     )

@@ -655,9 +655,11 @@ class SqlStore(DashboardReads):
                         .values(state=new_state, reason=update.status.reason, ended_at=now)
                     )
             if update.metadata is not None:
-                merged = {**row.metadata, **update.metadata}
-                if merged != row.metadata:
-                    values["metadata"] = encoded(merged, ("metadata",), owner)
+                merged = encoded({**row.metadata, **update.metadata}, ("metadata",), owner)
+                # Compared as JSON text, not as Python values, where `true == 1 == 1.0`: a
+                # PATCH of `{"done": true}` over `{"done": 1}` was answered 200, not stored.
+                if merged.text != serialize(row.metadata):
+                    values["metadata"] = merged
             if not values:
                 return rollout_of(row)
             (values["change_seq"],) = await self._next_change_seqs(conn, 1)
