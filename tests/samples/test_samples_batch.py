@@ -33,6 +33,18 @@ def test_a_rollout_passed_twice_is_refused() -> None:
         build_batch([r, r])
 
 
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), -float("inf")])
+def test_a_reward_that_is_no_finite_number_is_refused_naming_its_rollout(reward: float) -> None:
+    """It made every advantage of its group NaN (RLOO: -inf too), silently; a trainer's loss
+    was then NaN and the whole mini-batch's step was skipped, the other groups' signal too."""
+    records = [
+        record("r-0", [call([1], [2])], reward=reward, group_id="g"),
+        record("r-1", [call([1], [3])], reward=1.0, group_id="g"),
+    ]
+    with pytest.raises(ValueError, match=rf"^rollout r-0 has reward {reward}: a reward must be"):
+        build_batch(records)
+
+
 def test_unknown_options_are_refused_with_the_valid_ones() -> None:
     from reins.samples import AdapterConfig
 

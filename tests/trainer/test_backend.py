@@ -102,6 +102,26 @@ def test_several_minibatches_recompute_old_logprobs_and_step_each(tiny_model_dir
     assert 0.01 < two.clip_fraction < 0.3
 
 
+def test_the_loss_is_a_mean_over_the_optimizer_steps_not_their_sum(tiny_model_dir: Path) -> None:
+    """Each mini-batch's loss weights are normalized over its own rollouts, so each step's loss
+    is a mean: the update's `loss` is their mean. It was their sum, 0.40, 0.80 and 1.60 on the
+    same rollouts in 1, 2 and 4 mini-batches (an lr too small to move them between steps)."""
+    from transformers import AutoModelForCausalLM
+
+    def loss(minibatches: int) -> float:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        backend = TorchBackend(model, BackendConfig(lr=1e-12, old_logprobs="rollout"))
+        stats = backend.train_step(make_batch(groups=4, num_minibatches=minibatches))
+        assert stats.optimizer_steps == minibatches
+        return stats.loss
+
+    one = loss(1)
+    assert abs(one) > 0.1
+    assert loss(2) == pytest.approx(one, abs=1e-4)
+    assert loss(4) == pytest.approx(one, abs=1e-4)
+
+
 def test_kl_to_initial_is_zero_before_and_positive_after_an_update(tiny_model_dir: Path) -> None:
     backend = load(tiny_model_dir, kl_to_initial=True)
     first = backend.train_step(make_batch())

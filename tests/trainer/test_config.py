@@ -69,6 +69,26 @@ def test_values_that_would_train_nothing_or_nan_weights_are_refused(
         load_config(write_config(tmp_path), [override])
 
 
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("betas=[1.5, 0.999]", r"betas\.0: Input should be less than 1"),
+        ("betas=[0.9, -0.1]", r"betas\.1: Input should be greater than or equal to 0"),
+        ("lora.target_modules=[]", r"lora\.target_modules: List should have at least 1 item"),
+        ("clip_low=1.5", "clip_low: Input should be less than 1"),
+    ],
+)
+def test_values_torch_or_peft_refused_late_or_that_did_nothing_are_refused_when_read(
+    tmp_path: Path, override: str, says: str
+) -> None:
+    """AdamW refused `betas: [1.5, 0.999]` and peft an empty `lora.target_modules` only after
+    the model had loaded, in their own words (`error: Invalid beta parameter at index 0: 1.5`,
+    `No target_modules passed but also no target_parameters found`), naming no field;
+    `clip_low: 1.5` clipped the ratio below at -0.5, which it never reaches: no clip at all."""
+    with pytest.raises(ConfigError, match=f"^invalid training config: {says}"):
+        load_config(write_config(tmp_path), [override])
+
+
 def test_an_engine_url_is_taken_with_or_without_its_apis_v1(tmp_path: Path) -> None:
     """`reins engine` prints its URL with `/v1`, and a run given it failed with a 404 at
     `/v1/v1/models`; `reins doctor --engine` wanted the `/v1`."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from reins.samples.batch import TrainingSequence
-from reins.trainer.backend import TorchBackend
+from reins.trainer.backend import BackendConfig, ResponseLogits, TorchBackend
 from reins.trainer.correction import correction_weights
 from reins.trainer.staleness import certain_drop, rollout_staleness, spans_update, version_lags
 from tests.trainer.batches import make_batch
@@ -249,3 +249,57 @@ def test_a_group_is_given_up_only_when_no_next_call_can_save_it() -> None:
         "a rollout's calls spanned an update (spanning_rollouts: drop)"
     )
     assert certain_drop([(3, 3), (2, 2)], 3, lineage, **spanning) is None
+
+
+def test_the_trainers_logprobs_it_compares_with_the_engines_are_taken_without_dropout(
+    tiny_model_dir: Path,
+) -> None:
+    """LoRA with dropout (`lora.dropout`), trained on rollouts its own weights sampled (the
+    engine serves the model in eval mode: no unit dropped): the trainer's logprobs of them are
+    the engine's, so every ratio is 1, no rollout is masked and the gap is 0. They were taken
+    from the update's forward, with units dropped: ratios 0.67-1.24, 5 of these 8 on-policy
+    rollouts masked, and a gap of 0.11 that read as a trainer/engine mismatch."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from reins.trainer.backend import _pack, _scatter_response
+
+    def backend(**config: object) -> TorchBackend:
+        torch.manual_seed(0)
+        model = get_peft_model(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+            LoraConfig(
+                r=8,
+                lora_alpha=64,
+                lora_dropout=0.5,
+                target_modules=["q_proj", "v_proj", "o_proj"],
+                init_lora_weights=False,  # random B: the adapters (and their dropout) matter
+                task_type="CAUSAL_LM",
+            ),
+        )
+        return TorchBackend(model, BackendConfig(lr=1e-3, **config))  # type: ignore[arg-type]
+
+    batch = make_batch()
+    serving = backend().model.eval()
+    with torch.no_grad():
+        tensors = _pack(batch.sequences, torch.device("cpu"))
+        logits = ResponseLogits(serving)(
+            tensors.input_ids, tensors.attention_mask, tensors.response_positions
+        )
+        engine = torch.log_softmax(logits.float(), dim=-1)
+        engine = engine.gather(-1, tensors.targets[:, None]).squeeze(-1)
+    served = _scatter_response(engine, batch.sequences, tensors)
+    batch = dataclasses.replace(
+        batch,
+        sequences=[
+            dataclasses.replace(s, old_logprobs=np.where(s.loss_mask, lp, 0).astype(np.float32))
+            for s, lp in zip(batch.sequences, served, strict=True)
+        ],
+    )
+    for config in ({"rollout_mask_ratio": 1.01}, {"tis_cap": 2.0}):
+        stats = backend(**config).train_step(batch)
+        assert stats.correction is not None and stats.correction.tokens > 0, config
+        assert stats.correction.masked_rollouts == 0, config
+        assert stats.correction.ratio_min == pytest.approx(1, abs=1e-4), config
+        assert stats.correction.ratio_max == pytest.approx(1, abs=1e-4), config
+        assert stats.logprob_gap is not None and stats.logprob_gap < 1e-4, config

@@ -325,6 +325,36 @@ def test_a_resume_with_another_backend_or_lora_shape_is_refused_saying_what_chan
     assert message.endswith("set it back, or start a new run under another run_name")
 
 
+def test_a_resume_with_another_lora_alpha_is_refused_and_an_older_checkpoint_still_resumes(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`lora.alpha` scales what the adapters add (`alpha / r * B @ A`): a resume under another
+    loaded the trained adapters without a word and served, from its first call, weights the run
+    never trained (alpha 32 -> 64: twice the trained update). A checkpoint written before the
+    scale was kept (its `lora` holds no `alpha`) is compared on its shape alone, as before."""
+    run = config(tmp_path, tiny_model_dir, lora={"r": 4, "alpha": 32})
+    state = checkpoint.TrainerState(2, 4, 2, checkpoint.capture_rng(), [0, 1, 2])
+    state.setup = resume.setup_of(run)
+    from reins.trainer.backend import BackendConfig, TorchBackend
+    from reins.trainer.runtime import load_policy
+
+    backend = TorchBackend(load_policy(run)[0], BackendConfig())
+    saved = checkpoint.save(run.run_dir, backend, state, keep=1)
+    resume.check_setup(resume.find(run), run)
+    doubled = TrainConfig.model_validate({**run.model_dump(), "lora": {"r": 4, "alpha": 64}})
+    with pytest.raises(resume.ResumeError) as refused:
+        resume.check_setup(resume.find(doubled), doubled)
+    assert str(refused.value).startswith(
+        f"run 't' cannot go on from {saved.name}: lora was {{'r': 4, 'target_modules': "
+        "['q_proj', 'k_proj', 'v_proj', 'o_proj'], 'alpha': 32}, is {'r': 4, "
+        "'target_modules': ['q_proj', 'k_proj', 'v_proj', 'o_proj'], 'alpha': 64}"
+    ), str(refused.value)
+    older = {k: v for k, v in (state.setup["lora"] or {}).items() if k != "alpha"}
+    state.setup = {**state.setup, "lora": older}
+    checkpoint.save(run.run_dir, backend, state, keep=1)
+    resume.check_setup(resume.find(doubled), doubled)  # its shape is the same: no refusal
+
+
 @pytest.mark.parametrize(
     ("rng", "says"),
     [

@@ -151,6 +151,14 @@ def build_batch(
 
     seq_rollout = np.asarray(owner, dtype=np.intp)
     rewards = np.fromiter((r.reward for r in rollouts), np.float64, len(rollouts))
+    if not np.isfinite(rewards).all():
+        # The gateway refuses such rewards; a record built by hand can still hold one, and it
+        # would make its whole group's advantages NaN (and a trainer's loss with them).
+        bad = int(np.flatnonzero(~np.isfinite(rewards))[0])
+        raise ValueError(
+            f"rollout {rollouts[bad].rollout_id} has reward {rollouts[bad].reward}: a reward "
+            "must be a finite number"
+        )
     groups = group_index([group_key(r.group_id, r.rollout_id) for r in rollouts])
     adv = sequence_advantages(
         rewards,

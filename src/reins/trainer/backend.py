@@ -58,6 +58,7 @@ class StepStats:
     """Weighted means over the step's response tokens (weights: the loss weights)."""
 
     loss: float = 0.0
+    """The mean of the optimizer steps' losses."""
     entropy: float = 0.0
     clip_fraction: float = 0.0
     logprob_gap: float | None = None
@@ -152,6 +153,11 @@ class TorchBackend:
         self.policy = self._distribute(ResponseLogits(model))
         """The forward the loss runs (the model's own weights, shared)."""
         self.device = next(self.model.parameters()).device
+        self.dropout = drops_units(model)
+        """Whether the model drops units while it trains (`lora.dropout`, a model's own
+        dropout): its logprobs from the update's forward are then not the policy's, which the
+        engine served without dropout, so those compared with the engine's are taken in a pass
+        of their own, in eval mode."""
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         if not self.parameters:
             raise ValueError("the model has no trainable parameter")
@@ -253,7 +259,9 @@ class TorchBackend:
         stepped = [norm for norm in grad_norms if math.isfinite(norm)]
         weight = max(sums.weight, 1e-12)
         return StepStats(
-            loss=sums.loss,
+            # Each mini-batch's weights are normalized over its own rollouts (sequences,
+            # tokens): its loss is a mean already; their sum grew with `num_minibatches`.
+            loss=sums.loss / max(len(grad_norms), 1),
             entropy=sums.entropy / weight,
             clip_fraction=sums.clipped / weight,
             logprob_gap=sums.gap / sums.gap_tokens if sums.gap_tokens else None,
@@ -319,6 +327,9 @@ class TorchBackend:
     def _needs_recompute(self, batch: Batch) -> bool:
         # With one mini-batch, the weights have not moved when each micro-batch runs its forward:
         # the recomputed logprobs are the forward's own, detached; no extra pass is needed.
+        # Unless that forward drops units: then they are a noisy draw, not the policy's.
+        if self.dropout:
+            return True
         return self.config.old_logprobs == "recompute" and len(batch.minibatches) > 1
 
     def _step(self) -> float:
@@ -365,12 +376,15 @@ class TorchBackend:
         if multipliers is not None:  # the importance correction's, per token
             weight = weight * _gather_response(multipliers, tensors, self.device)
         rollout_old = tensors.old
-        if olds is not None:
-            old = _gather_response(olds, tensors, self.device)
-        elif self.config.old_logprobs == "rollout":
-            old = torch.where(torch.isnan(rollout_old), logprobs.detach(), rollout_old)
+        # The trainer's logprobs before the update: the pass that recomputed them (several
+        # mini-batches, a correction's, or a model with dropout: eval mode), or this forward's.
+        before = (
+            _gather_response(olds, tensors, self.device) if olds is not None else logprobs.detach()
+        )
+        if self.config.old_logprobs == "rollout":
+            old = torch.where(torch.isnan(rollout_old), before, rollout_old)
         else:
-            old = logprobs.detach()
+            old = before
         ratio = torch.exp(logprobs - old)
         advantage = tensors.advantages
         unclipped = -advantage * ratio
@@ -400,7 +414,7 @@ class TorchBackend:
             sums.trained += tensors.trained_tokens
             if measure_gap:
                 known = ~torch.isnan(rollout_old)
-                sums.gap += float((rollout_old[known] - logprobs[known]).abs().sum())
+                sums.gap += float((rollout_old[known] - before[known]).abs().sum())
                 sums.gap_tokens += int(known.sum())
         return aligned
 
@@ -420,7 +434,15 @@ class TorchBackend:
         return logprobs, entropy_of(all_logprobs, with_gradient=self.config.entropy_coef > 0)
 
     def _recomputed_old_logprobs(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
-        """Per sequence, the current policy's logprob of each token (aligned with token_ids)."""
+        """Per sequence, the current policy's logprob of each token (aligned with token_ids),
+        without dropout, as the engine computes them."""
+        self.model.eval()
+        try:
+            return self._logprobs_of(batch)
+        finally:
+            self.model.train()
+
+    def _logprobs_of(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
         out: list[np.ndarray[Any, Any]] = []
         with torch.no_grad():
             for sequence in batch.sequences:
@@ -492,6 +514,24 @@ class ResponseLogits(torch.nn.Module):
         # Token t is predicted at position t - 1.
         logits: torch.Tensor = base.get_output_embeddings()(hidden[:, :-1][response_positions])
         return logits
+
+
+def drops_units(model: Any) -> bool:
+    """Whether `model` drops units in train mode: a dropout module with p > 0 (LoRA's
+    `lora_dropout`), or a configured dropout rate above 0 (attention dropout is applied
+    functionally, with no module to find)."""
+    configs: dict[int, Any] = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            return True
+        settings = getattr(module, "config", None)
+        if hasattr(settings, "to_dict"):  # a Hugging Face config (every layer holds the same)
+            configs[id(settings)] = settings
+    return any(
+        "dropout" in name and type(value) in (int, float) and value > 0
+        for settings in configs.values()
+        for name, value in settings.to_dict().items()
+    )
 
 
 def _trainable_state(model: Any) -> dict[str, torch.Tensor]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -24,6 +24,10 @@ class ConfigError(ValueError):
     """The configuration cannot be used; the message says which field and why."""
 
 
+DecayRate = Annotated[float, Field(ge=0, lt=1)]
+"""One of AdamW's `betas` (torch refuses others, once the model has loaded)."""
+
+
 class LoraConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
@@ -34,9 +38,9 @@ class LoraConfig(BaseModel):
     dropout: float = Field(default=0.0, ge=0, lt=1)
     """Dropout on the adapters' input."""
     target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1
     )
-    """Module names that get adapters."""
+    """Module names that get adapters (at least one)."""
 
 
 class TrainConfig(BaseModel):
@@ -138,12 +142,13 @@ class TrainConfig(BaseModel):
     """AdamW learning rate."""
     weight_decay: float = Field(default=0.0, ge=0)
     """AdamW's decoupled weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW's moment decay rates."""
+    betas: tuple[DecayRate, DecayRate] = (0.9, 0.999)
+    """AdamW's moment decay rates, each from 0 to below 1."""
     grad_clip: float = Field(default=1.0, gt=0)
     """Global gradient-norm clip."""
-    clip_low: float = Field(default=0.2, ge=0)
-    """PPO ratio clip below 1: ratio >= 1 - clip_low."""
+    clip_low: float = Field(default=0.2, ge=0, lt=1)
+    """PPO ratio clip below 1: ratio >= 1 - clip_low (below 1: a ratio is never negative, so
+    a bound at or below 0 would never clip)."""
     clip_high: float = Field(default=0.28, ge=0)
     """PPO ratio clip above 1: ratio <= 1 + clip_high (DAPO's clip-higher)."""
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
@@ -165,7 +170,8 @@ class TrainConfig(BaseModel):
     kl_to_initial: bool = False
     """Log the KL to the initial policy (k3 estimator; one more forward pass per micro-batch)."""
     kl_coef: float = Field(default=0.0, ge=0)
-    """Add `kl_coef * KL(initial)` to the loss (needs `kl_to_initial`)."""
+    """Add `kl_coef * KL(initial)` to the loss (above 0, the KL is measured and logged whether
+    `kl_to_initial` is set or not)."""
     entropy_coef: float = Field(default=0.0, ge=0)
     """Entropy bonus: subtract `entropy_coef * entropy` (the policy's entropy at each response
     token, weighted as the loss) from the loss, keeping the policy from settling on one answer.

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 import time
+import typing
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,7 +35,7 @@ from reins.client import DatabaseChanged, GatewayClient, GatewayError, check_dat
 from reins.recordbatch import DecodedRollout, record_of
 from reins.samples.batch import AdapterConfig, Batch, build_batch
 from reins.samples.records import MissingRewardError, RolloutRecord
-from reins.schemas import Mode, Rollout, RolloutConfig, RolloutSpec, RolloutState
+from reins.schemas import Identifier, Mode, Rollout, RolloutConfig, RolloutSpec, RolloutState
 from reins.trainer import checkpoint
 from reins.trainer.backend import Backend, StepStats
 from reins.trainer.config import TrainConfig
@@ -52,6 +54,23 @@ from reins.trainer.staleness import (
 log = logging.getLogger(__name__)
 
 TERMINAL: tuple[RolloutState, ...] = ("succeeded", "failed")
+
+ID_LIMIT: int = typing.get_args(Identifier)[1].max_length
+"""The longest rollout or group id the gateway takes."""
+
+
+def fitted_id(head: str, task_id: str, tail: str = "", *, reserve: int = 0) -> str:
+    """`head + task_id + tail`, with room for `reserve` more characters under `ID_LIMIT`: a
+    task id too long for that is cut, and a digest of the whole id is put in its place's end,
+    so that ids stay distinct and the same for the same task (a retried declare). Task ids
+    may be any length: a long one made every declare of the run fail, after the model had
+    loaded, or only once a resume added its incarnation to the ids."""
+    whole = head + task_id + tail
+    if len(whole) + reserve <= ID_LIMIT:
+        return whole
+    digest = "-" + hashlib.sha256(task_id.encode()).hexdigest()[:16]
+    room = max(ID_LIMIT - reserve - len(head) - len(tail) - len(digest), 0)
+    return head + task_id[:room] + digest + tail
 
 
 def _moved_weights(stats: StepStats) -> bool:
@@ -443,8 +462,9 @@ class Trainer:
         run = self.config.run_name
         version = self.publisher.version
         groups, specs = [], []
+        widest = len(f".{self.config.group_size - 1}")
         for position, task in tasks:
-            group_id = f"{run}.t{position:07d}.{task.id}{self._suffix}"
+            group_id = fitted_id(f"{run}.t{position:07d}.", task.id, self._suffix, reserve=widest)
             ids = [f"{group_id}.{k}" for k in range(self.config.group_size)]
             groups.append(Group(group_id, task, ids, version, position=position))
             step = position // self.config.tasks_per_step
@@ -749,9 +769,10 @@ class Trainer:
         self.reporter.phase(step, "validation")
         version = self.publisher.version
         prefix = f"{self.config.run_name}.val{step:06d}.v{version}{self._suffix}"
+        ids = [fitted_id(f"{prefix}.", task.id) for task in self.val_tasks]
         specs = [
-            self._spec(f"{prefix}.{task.id}", f"{prefix}.{task.id}", task, "val", step)
-            for task in self.val_tasks
+            self._spec(rollout_id, rollout_id, task, "val", step)
+            for rollout_id, task in zip(ids, self.val_tasks, strict=True)
         ]
         await self.client.create_rollouts(specs)
         groups = [

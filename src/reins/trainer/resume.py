@@ -122,22 +122,33 @@ def check_stream(point: ResumePoint, now: dict[str, Any], config: TrainConfig) -
 
 def setup_of(config: TrainConfig) -> dict[str, Any]:
     """What a checkpoint's files are laid out for: its backend (one `model.pt` or shards), its
-    model (by folder name: a copy elsewhere is the same model) and its LoRA adapters' shape.
-    LoRA adapters load onto another base model without an error."""
+    model (by folder name: a copy elsewhere is the same model) and its LoRA adapters' shape and
+    scale. LoRA adapters load onto another base model without an error, and under another
+    `alpha` they add another update (`alpha / r * B @ A`) to the weights: a policy the run
+    never trained."""
     lora = config.lora
+    adapters = None
+    if lora is not None:
+        adapters = {"r": lora.r, "target_modules": lora.target_modules, "alpha": lora.alpha}
     return {
         "backend": config.backend,
         "model": config.model.name if config.model is not None else None,
-        "lora": None if lora is None else {"r": lora.r, "target_modules": lora.target_modules},
+        "lora": adapters,
     }
 
 
 def check_setup(point: ResumePoint, config: TrainConfig) -> None:
-    """A `ResumeError` naming what changed when the config's backend, model or LoRA shape is not
-    the checkpoint's (its files would be read as damaged, or LoRA adapters loaded onto another
-    model)."""
+    """A `ResumeError` naming what changed when the config's backend, model or LoRA shape or
+    scale is not the checkpoint's (its files would be read as damaged, or LoRA adapters loaded
+    onto another model or scaled otherwise)."""
     then, now = point.state.setup, setup_of(config)
-    if then is None or then == now:
+    if then is None:
+        return
+    then_lora, now_lora = then.get("lora"), now["lora"]
+    if isinstance(then_lora, dict) and now_lora is not None and "alpha" not in then_lora:
+        # A checkpoint written before the scale was kept: its shape alone is compared.
+        now = {**now, "lora": {k: v for k, v in now_lora.items() if k != "alpha"}}
+    if then == now:
         return
     changes = [
         f"{name} was {then.get(name)!r}, is {now[name]!r}"
