@@ -401,24 +401,29 @@ class GatewayClient:
             after = page[-1].seq
 
     async def rollout_stats(
-        self, rollout_ids: Sequence[str], *, chunk: int = 10_000
+        self, rollout_ids: Sequence[str], *, model: str | None = None, chunk: int = 10_000
     ) -> dict[str, RolloutStats]:
         """Each rollout's latest attempt in figures (calls, tokens, the versions that served
-        them, last reward), computed by the gateway without sending the events."""
+        them, last reward), computed by the gateway without sending the events. With `model`
+        (the policy's registered name), the versions of calls another model served are left
+        out."""
         ids = list(dict.fromkeys(rollout_ids))
         out: dict[str, RolloutStats] = {}
         for start in range(0, len(ids), chunk):
-            body = {"rollout_ids": ids[start : start + chunk]}
+            body: dict[str, Any] = {"rollout_ids": ids[start : start + chunk]}
+            if model is not None:
+                body["model"] = model
             answer = await self.request("POST", "/api/rollouts/stats", json=body)
             out.update(_stats.validate_python(answer, extra=_NEWER))
         return out
 
     async def get_records(
-        self, rollout_ids: Sequence[str], *, chunk: int = 32
+        self, rollout_ids: Sequence[str], *, model: str | None = None, chunk: int = 32
     ) -> list[DecodedRollout]:
         """The calls and last reward of each rollout's latest attempt, as arrays: the trainer's
         read (`reins.recordbatch`; `record_of` makes each a `RolloutRecord`). `chunk` rollouts
-        per request."""
+        per request. With `model` (the policy's registered name), the calls another model
+        served are left out (`DecodedRollout.other_model_calls` counts them)."""
         ids = list(rollout_ids)
         chunks = [ids[start : start + chunk] for start in range(0, len(ids), chunk)]
         loop = asyncio.get_running_loop()
@@ -429,7 +434,10 @@ class GatewayClient:
         # the time of decoding the same chunks one after the other (512 rollouts x 32k).
         with futures.ThreadPoolExecutor(1, thread_name_prefix="reins-records") as decoder:
             for part in chunks:
-                response = await self._send("POST", "/api/records", json={"rollout_ids": part})
+                body: dict[str, Any] = {"rollout_ids": part}
+                if model is not None:
+                    body["model"] = model
+                response = await self._send("POST", "/api/records", json=body)
                 decoded.append(loop.run_in_executor(decoder, recordbatch.decode, response.content))
             out: list[DecodedRollout] = []
             for future in decoded:

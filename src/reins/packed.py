@@ -59,9 +59,10 @@ PACKED_FIELDS = (
     "response",
 )
 """The fields of a `model_request` the packed blob holds as arrays or deltas."""
-COLUMN_FIELDS = ("model_version", "status", "abandoned")
+COLUMN_FIELDS = ("model_version", "status", "abandoned", "model")
 """The fields that stay in the JSON column, where queries and the trainer's read find them
-without opening the blob; the blob's text holds every other field."""
+without opening the blob; the blob's text holds every other field (`model` was there in calls
+packed before 2026-12-07: those are read as the policy's, `samples.records.of_another_model`)."""
 _ZDICT_BYTES = 32 * 1024  # zlib's window
 _LEVEL = 6
 _BLOCKS_FROM = 2048

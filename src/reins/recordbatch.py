@@ -61,6 +61,9 @@ class CallParts:
     tokens: bool = True
     """False: the event holds no token IDs usable for training (it is counted as skipped and is
     never a base)."""
+    other_model: bool = False
+    """Served by another registered model than the one the read names (`RecordsRequest.model`):
+    laid out (a later call may be packed against it), never trained."""
 
 
 @dataclass(slots=True)
@@ -73,6 +76,9 @@ class RolloutParts:
 
 
 _LOGPROB_CODES = {"none": 0, "f4": 1, "f8": 2}
+_USABLE_OTHER_MODEL = 2
+"""A call row's `usable` code beside 0 (no token IDs) and 1: another model's call. Only sent
+when the read names its model, which a reader from before it never does."""
 
 
 def encode(rollouts: Sequence[RolloutParts]) -> bytes:
@@ -105,7 +111,7 @@ def encode(rollouts: Sequence[RolloutParts]) -> bytes:
                     call.status,
                     call.abandoned,
                     call.model_version,
-                    int(call.tokens),
+                    _USABLE_OTHER_MODEL if call.other_model and call.tokens else int(call.tokens),
                     size,
                 ]
             )
@@ -133,6 +139,7 @@ class DecodedRollout:
     """The calls `rollout_from_events` keeps, prompts and responses as views of one buffer."""
     skipped_calls: int
     abandoned_calls: int
+    other_model_calls: int = 0
 
 
 def decode(body: bytes) -> list[DecodedRollout]:
@@ -162,7 +169,7 @@ def decode(body: bytes) -> list[DecodedRollout]:
         answers = np.empty(sum(row[4] for row in rows), dtype=np.float32)
         answered = 0
         calls: list[Call] = []
-        skipped = abandoned = 0
+        skipped = abandoned = other = 0
         for index, row in enumerate(rows):
             seq, base, keep, tail, resp, lp, status, gave_up, version, usable, stream = row
             start, length = regions[index]
@@ -181,6 +188,9 @@ def decode(body: bytes) -> list[DecodedRollout]:
             if gave_up is True or status != 200 or not usable or not resp or not keep + tail:
                 skipped += 1
                 continue
+            if usable == _USABLE_OTHER_MODEL:
+                other += 1
+                continue
             calls.append(
                 Call(
                     prompt=buffer[start : prefix_at + tail],
@@ -198,6 +208,7 @@ def decode(body: bytes) -> list[DecodedRollout]:
                 calls,
                 skipped,
                 abandoned,
+                other,
             )
         )
     return out
@@ -239,5 +250,6 @@ def record_of(
         attempt_id=decoded.attempt_id,
         skipped_calls=decoded.skipped_calls,
         abandoned_calls=decoded.abandoned_calls,
+        other_model_calls=decoded.other_model_calls,
         metrics=metrics,
     )

@@ -58,9 +58,10 @@ def _calls() -> dict[str, list[dict[str, Any]]]:
 
 def _same_record(a: RolloutRecord, b: RolloutRecord) -> None:
     assert (a.rollout_id, a.reward, a.attempt_id) == (b.rollout_id, b.reward, b.attempt_id)
-    assert (a.skipped_calls, a.abandoned_calls, a.metrics) == (
+    assert (a.skipped_calls, a.abandoned_calls, a.other_model_calls, a.metrics) == (
         b.skipped_calls,
         b.abandoned_calls,
+        b.other_model_calls,
         b.metrics,
     )
     assert [c.seq for c in a.calls] == [c.seq for c in b.calls]
@@ -220,3 +221,37 @@ async def test_rollout_stats_give_the_latest_attempts_serving_versions(gateway: 
         ).status_code
         == 401
     )
+
+
+async def test_calls_another_model_served_are_left_out_of_the_policys_records_and_stats(
+    gateway: Gateway,
+) -> None:
+    """A harness that calls a judge registered as a second model: the judge's calls were trained
+    as the policy's, and its version (0, its own engine's) made every group look stale. A later
+    policy call packed against the judge's call still reads back whole; a call recorded without
+    a model is the policy's."""
+    main = conversation(4, seed=9)
+    judge = {**main[1], "model": "judge", "model_version": 0}  # main[2] continues it: its base
+    unnamed = {k: v for k, v in main[3].items() if k != "model"}
+    datas = [main[0], judge, main[2], unnamed]
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        await client.create_rollouts([RolloutSpec(rollout_id="judged")])
+        await client.open_attempt("judged", attempt_id=1)
+        for n, data in enumerate(datas):
+            event = EventIn(type="model_request", data=data, idempotency_key=f"c{n}")
+            await client.post_events("judged", 1, [event])
+        await client.post_events("judged", 1, [EventIn(type="reward", data={"value": 1.0})])
+        (policy,) = await client.get_records(["judged"], model="policy")
+        (every,) = await client.get_records(["judged"])
+        events = await client.get_events("judged")
+        stats = await client.rollout_stats(["judged"], model="policy")
+        unfiltered = await client.rollout_stats(["judged"])
+    record = record_of(policy)
+    assert [c.seq for c in record.calls] == [events[0].seq, events[2].seq, events[3].seq]
+    assert (record.other_model_calls, record.skipped_calls) == (1, 0)
+    assert np.array_equal(record.calls[1].prompt, main[2]["prompt_token_ids"])
+    _same_record(record, rollout_from_events(events, model="policy"))
+    assert rollout_from_events(events, model="policy").other_model_calls == 1
+    assert len(record_of(every).calls) == 4 and record_of(every).other_model_calls == 0
+    assert (stats["judged"].min_version, stats["judged"].max_version) == (1, 1)
+    assert (unfiltered["judged"].min_version, unfiltered["judged"].max_version) == (0, 1)

@@ -136,11 +136,12 @@ def build_batch(
     owner: list[int] = []
     per_rollout: list[int] = []
     splits: list[Split] = []
-    call_tokens = calls = dedup = skipped = 0
+    call_tokens = calls = dedup = skipped = other_model = 0
     for r, rec in enumerate(rollouts):
         kept = dedup_calls(rec.calls)
         dedup += len(rec.calls) - len(kept)
         skipped += rec.skipped_calls
+        other_model += rec.other_model_calls
         calls += len(kept)
         call_tokens += sum(c.prompt.size + c.response.size for c in kept)
         seqs, rsplits = merge_calls(kept, rollout_id=rec.rollout_id, decode=decode, elide=elide)
@@ -223,6 +224,7 @@ def build_batch(
         calls=calls,
         dedup_calls=dedup,
         skipped_calls=skipped,
+        other_model_calls=other_model,
         minibatches=plans,
     )
     return Batch(sequences=sequences, minibatches=plans, splits=splits, metrics=metrics)

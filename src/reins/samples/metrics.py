@@ -31,6 +31,8 @@ class SampleMetrics:
     """Calls dropped as retries of a later call with the same prompt."""
     skipped_calls: int = 0
     """``model_request`` events the converter skipped (failed, or no tokens)."""
+    other_model_calls: int = 0
+    """Calls another registered model served (a judge on its own engine): not the policy's."""
     call_tokens: int = 0
     """Sum over kept calls of prompt + response tokens: the cost of training each call alone."""
     trained_tokens: int = 0
@@ -72,6 +74,7 @@ def compute_metrics(
     dedup_calls: int,
     skipped_calls: int,
     minibatches: Sequence[MiniBatchPlan],
+    other_model_calls: int = 0,
 ) -> SampleMetrics:
     """Aggregate one batch's figures; ``sequences_per_rollout`` has one count per rollout."""
     nonempty = [n for n in sequences_per_rollout if n > 0]
@@ -95,6 +98,7 @@ def compute_metrics(
         calls=calls,
         dedup_calls=dedup_calls,
         skipped_calls=skipped_calls,
+        other_model_calls=other_model_calls,
         call_tokens=call_tokens,
         trained_tokens=trained,
         response_tokens=sum(s.response_tokens for s in sequences),

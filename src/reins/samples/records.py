@@ -156,12 +156,22 @@ def call_state(data: Mapping[str, Any]) -> CallState | None:
     return CallState(read.status, read.abandoned, read.model_version)
 
 
+def of_another_model(data: Mapping[str, Any], model: str | None) -> bool:
+    """Whether a `model_request` was served by another registered model than `model` (None:
+    any model is the policy). Its recorded `model` is the registered name that served it (the
+    proxy sends a name it does not know to the first registered model, and records that one's);
+    a call recorded without one is taken as the policy's."""
+    served = data.get("model")
+    return model is not None and isinstance(served, str) and served != model
+
+
 def call_of(data: Any, seq: int) -> tuple[Call | None, bool]:
     """The call a `model_request`'s data gives the trainer (None: skipped), and whether it was
     abandoned. The one rule of both readers: `rollout_from_events` and the gateway's binary
     read (`reins.recordbatch`). A call is kept when its status is 200, it is not abandoned,
     and both its prompt and response are non-empty token IDs (`token_ids`); its logprobs are
-    kept when they are one number per response token (`response_logprobs`)."""
+    kept when they are one number per response token (`response_logprobs`). Of the calls kept,
+    the readers leave out those another model served (`of_another_model`)."""
     if not isinstance(data, Mapping):
         return None, False
     state = call_state(data)
@@ -192,6 +202,9 @@ class RolloutRecord:
     abandoned_calls: int = 0
     """Of those, the calls whose harness hung up or timed out before the answer (``abandoned``):
     the harness never used their answer, its retry (a later call) is the one trained on."""
+    other_model_calls: int = 0
+    """Calls another registered model served (``of_another_model``), which would have been kept
+    (not counted in ``skipped_calls``): not the policy's actions, never trained."""
     metrics: dict[str, float] = field(default_factory=dict)
     """The agent's own numbers about the episode, from the last ``reward`` event."""
 
@@ -241,6 +254,7 @@ def rollout_from_events(
     group_id: str | None = None,
     attempt_id: int | None = None,
     missing_reward: float | None = None,
+    model: str | None = None,
 ) -> RolloutRecord:
     """Build the record of one rollout attempt from its gateway events.
 
@@ -249,7 +263,8 @@ def rollout_from_events(
     - ``model_request`` events are kept when ``status == 200``, they are not ``abandoned`` and
       both prompt and response token IDs are non-empty (``call_of``, the gateway's binary read's
       rule too); the others are counted in ``skipped_calls`` (and the abandoned ones in
-      ``abandoned_calls`` too). An abandoned call
+      ``abandoned_calls`` too). With ``model`` (the policy's registered name), the kept calls
+      another model served are left out and counted in ``other_model_calls``. An abandoned call
       is never kept: dedup keeps the last of identical prompts, which would otherwise be
       whichever finished last, not the answer the harness went on with.
     - The reward is the value of the last ``reward`` event (highest seq). With none, or one that
@@ -268,7 +283,7 @@ def rollout_from_events(
     if attempt_id is None:
         attempt_id = max((e.attempt_id for e in evs), default=1)
     calls: list[Call] = []
-    skipped = abandoned = 0
+    skipped = abandoned = other = 0
     reward_data: Any = None
     for ev in evs:
         if ev.attempt_id != attempt_id:
@@ -278,6 +293,8 @@ def rollout_from_events(
             abandoned += gave_up
             if call is None:
                 skipped += 1
+            elif of_another_model(ev.data, model):
+                other += 1
             else:
                 calls.append(call)
         elif ev.type == REWARD:
@@ -291,5 +308,6 @@ def rollout_from_events(
         attempt_id=attempt_id,
         skipped_calls=skipped,
         abandoned_calls=abandoned,
+        other_model_calls=other,
         metrics=metrics,
     )

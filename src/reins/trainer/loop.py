@@ -206,8 +206,13 @@ class Trainer:
         lineage: Sequence[int] = (),
         pending: Sequence[int] = (),
         versions: VersionLedger | None = None,
+        policy_model: str | None = None,
     ) -> None:
         self.config = config
+        self.policy_model = policy_model
+        """The name the policy is registered under at the gateway: the calls another model
+        served (a judge the harness calls on its own engine) are not read as the policy's
+        (None: every call is)."""
         self.client = client
         self.backend = backend
         self.publisher = publisher
@@ -363,7 +368,9 @@ class Trainer:
         if version == self._checked_version:
             return groups
         try:
-            stats = await self.client.rollout_stats([r for g in groups for r in g.rollout_ids])
+            stats = await self.client.rollout_stats(
+                [r for g in groups for r in g.rollout_ids], model=self.policy_model
+            )
         except GatewayError as error:
             if error.status_code != 404:
                 raise
@@ -558,7 +565,10 @@ class Trainer:
             kept.append((group, rollouts))
         # One binary read for the step (`reins.recordbatch`), not a JSON read per rollout.
         ids = [rollout.rollout_id for _, rollouts in kept for rollout in rollouts]
-        read = dict(zip(ids, await self.client.get_records(ids), strict=True)) if ids else {}
+        read = {}
+        if ids:
+            decoded = await self.client.get_records(ids, model=self.policy_model)
+            read = dict(zip(ids, decoded, strict=True))
         for group, rollouts in kept:
             # Every rollout is read, so each one without a reward is counted, not only a
             # group's first; one missing drops the group (`_record` says when).
@@ -723,10 +733,12 @@ class Trainer:
             record["samples/response_tokens"] = sample_metrics.response_tokens
             record["samples/merge_token_saving"] = sample_metrics.merge_token_saving
             record["samples/mixed_version_sequences"] = sample_metrics.mixed_version_sequences
-            # Calls left out (retries and unused choices; failed or empty ones), and sequences
+            # Calls left out (retries and unused choices; failed or empty ones; those another
+            # registered model served), and sequences
             # past the micro-batch bound (each ran alone): none of these is an error.
             record["samples/dedup_calls"] = sample_metrics.dedup_calls
             record["samples/skipped_calls"] = sample_metrics.skipped_calls
+            record["samples/other_model_calls"] = sample_metrics.other_model_calls
             record["samples/oversize_sequences"] = sample_metrics.oversize_sequences
             record.update(stats.as_metrics())
             record["samples/zero_advantage_skipped"] = stats.skipped_sequences

@@ -663,6 +663,7 @@ async def _train_locked(
             lineage=lineage,
             pending=pending,
             versions=versions,
+            policy_model=name,
         )
         if on_serving is not None:
             on_serving()

@@ -31,6 +31,9 @@ MAX_BATCH = 10_000
 
 class StatsRequest(BaseModel):
     rollout_ids: list[Identifier] = Field(min_length=1, max_length=MAX_BATCH)
+    model: Identifier | None = None
+    """The policy's registered name: the versions of the calls another model served (a judge
+    on its own engine) are left out, as the trainer leaves those calls out."""
 
 
 @router.post("")
@@ -90,7 +93,7 @@ async def rollout_stats(body: StatsRequest, store: StoreDep, _: Admin) -> dict[s
     them, last reward, times), computed in the database without reading the events out: what
     the dashboard's table shows, and how the trainer finds the running groups that are already
     too stale to train. 404 when a rollout does not exist."""
-    stats = await store.rollout_stats(body.rollout_ids)
+    stats = await store.rollout_stats(body.rollout_ids, body.model)
     missing = next((rid for rid in body.rollout_ids if rid not in stats), None)
     if missing is not None:
         raise NotFound(f"rollout {missing!r} does not exist")

@@ -120,8 +120,12 @@ class Store(Protocol):
     async def query_rollouts(self, query: RolloutQuery) -> tuple[list[Rollout], int]:
         """One page of rollouts in the query's order, and how many match in all."""
 
-    async def rollout_stats(self, rollout_ids: Sequence[str]) -> dict[str, RolloutStats]:
-        """Calls, tokens, weight versions, reward and times of each rollout's latest attempt."""
+    async def rollout_stats(
+        self, rollout_ids: Sequence[str], model: str | None = None
+    ) -> dict[str, RolloutStats]:
+        """Calls, tokens, weight versions, reward and times of each rollout's latest attempt.
+        With `model`, the versions are those of the calls that model served (and of calls
+        recorded without a model)."""
 
     async def count_rollouts(self) -> dict[tuple[str, str], int]:
         """How many rollouts are in each (state, mode); absent pairs are 0."""
@@ -194,9 +198,12 @@ class Store(Protocol):
         long rollout's prompts as lists are millions of ints, which the garbage collector then
         walks, holding up every thread)."""
 
-    async def record_parts(self, rollout_ids: Sequence[str]) -> list[RolloutParts]:
+    async def record_parts(
+        self, rollout_ids: Sequence[str], model: str | None = None
+    ) -> list[RolloutParts]:
         """The calls (packed as stored) and last reward of each rollout's latest attempt, for
-        the trainer's binary read (`reins.recordbatch`); NotFound for an unknown rollout."""
+        the trainer's binary read (`reins.recordbatch`); NotFound for an unknown rollout. With
+        `model`, the calls another registered model served are marked so (never trained)."""
 
     async def get_packed_events(
         self,

@@ -43,7 +43,7 @@ from reins.packed import (
     unpack,
 )
 from reins.recordbatch import CallParts, RolloutParts
-from reins.samples.records import call_state, response_logprobs, token_ids
+from reins.samples.records import call_state, of_another_model, response_logprobs, token_ids
 from reins.schemas import MODEL_REQUEST, REWARD, Event, PackedEvent
 
 logger = logging.getLogger(__name__)
@@ -401,9 +401,11 @@ def fetch_parts(conn: sa.Connection, rollout_ids: Sequence[str]) -> FetchedParts
     return FetchedParts(list(rollout_ids), found, list(conn.execute(query)))
 
 
-def parts_of(fetched: FetchedParts) -> list[RolloutParts]:
+def parts_of(fetched: FetchedParts, model: str | None = None) -> list[RolloutParts]:
     """The calls and last reward of each rollout's latest attempt, as `reins.recordbatch`
-    carries them: packed calls as stored (no prompt is rebuilt here), whole ones as arrays."""
+    carries them: packed calls as stored (no prompt is rebuilt here), whole ones as arrays.
+    With `model` (the policy's registered name), the calls another model served are marked
+    (`of_another_model`: a packed call keeps its `model` in the JSON column)."""
     found = fetched.attempts
     parts = {rid: RolloutParts(rid, found[rid], None) for rid in found}
     index: dict[int, int] = {}  # seq -> index of the call in its rollout's list
@@ -437,6 +439,7 @@ def parts_of(fetched: FetchedParts) -> list[RolloutParts]:
             )
         else:
             call = _whole_call(seq, data, status, gave_up, version)
+        call.other_model = of_another_model(data, model)
         if call.tokens:
             index[seq] = len(rollout.calls)
         rollout.calls.append(call)

@@ -198,6 +198,15 @@ class DashboardReads:
         # NUMERIC, not a double: a version past 2**53 stays exact (SQLite's are 64-bit ints).
         return sa.case((is_number, sa.cast(value.as_string(), sa.Numeric)))
 
+    def _json_text(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[Any]:
+        """`column[key]` when it is a JSON string, else NULL."""
+        if self.is_sqlite:
+            path = f'$."{key}"'
+            is_text = sa.func.json_type(column, path) == "text"
+            return sa.case((is_text, sa.func.json_extract(column, path)))
+        value = nul_free(column)[key]
+        return sa.case((sa.func.json_typeof(value) == "string", value.as_string()))
+
     def _json_missing(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[bool]:
         if self.is_sqlite:
             return sa.func.json_type(column, f'$."{key}"').is_(None)
@@ -237,7 +246,9 @@ class DashboardReads:
         column = events.c[f"{part}_tokens"]
         return sa.func.coalesce(column, self._json_length(events.c.data, f"{part}_token_ids"))
 
-    async def rollout_stats(self, rollout_ids: Sequence[str]) -> dict[str, RolloutStats]:
+    async def rollout_stats(
+        self, rollout_ids: Sequence[str], model: str | None = None
+    ) -> dict[str, RolloutStats]:
         ids = list(dict.fromkeys(rollout_ids))
         if not ids:
             return {}
@@ -261,6 +272,9 @@ class DashboardReads:
             self._token_count("prompt") > 0,
             self._token_count("response") > 0,
         )
+        if model is not None:  # another model's calls are not trained either (`of_another_model`)
+            served = self._json_text(events.c.data, "model")
+            trained = sa.and_(trained, sa.or_(served.is_(None), served == model))
         version = sa.case((trained, self._json_number(events.c.data, "model_version")))
         calls = (
             sa.select(

@@ -1083,12 +1083,14 @@ class SqlStore(DashboardReads):
         query = _EventsQuery(rollout_id, attempt_id, all_attempts, tuple(types), after, limit)
         return await self._read(_fetch_rows, _packed_events, query)
 
-    async def record_parts(self, rollout_ids: Sequence[str]) -> list[RolloutParts]:
+    async def record_parts(
+        self, rollout_ids: Sequence[str], model: str | None = None
+    ) -> list[RolloutParts]:
         ids = list(rollout_ids)
         unnamed = [rid for rid in ids if names_no_row(rid)]
         if unnamed:
             raise NotFound(f"rollouts {unnamed[:5]} do not exist")
-        return await self._read(fetch_parts, parts_of, ids)
+        return await self._read(fetch_parts, partial(parts_of, model=model), ids)
 
     async def _read(
         self,
