@@ -170,3 +170,16 @@ def report_from_a_thread(task: dict[str, Any]) -> None:
 
     atexit.register(Path(task["atexit_file"]).write_text, "ran")
     threading.Thread(target=later).start()
+
+
+def return_numpy_int(task: dict[str, Any]) -> Any:
+    """A reward counted with numpy (`np.sum` of a boolean array is an `np.int64`)."""
+    import numpy as np
+
+    return np.sum(np.array([True, False, True]))
+
+
+def return_numpy_float32(task: dict[str, Any]) -> Any:
+    import numpy as np
+
+    return np.float32(0.5)

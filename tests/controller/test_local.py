@@ -293,6 +293,34 @@ async def test_async_functions_self_reports_and_bad_return_values(
         assert says in agent_log.data["tail"]
 
 
+@pytest.mark.parametrize("preload", [True, False], ids=["forked", "fresh"])
+async def test_a_numpy_number_returned_is_the_reward(
+    client: GatewayClient, gateway_url: str, tmp_path: Path, preload: bool
+) -> None:
+    """A reward computed with numpy (`np.int64`, `np.float32`) was refused as "not a number":
+    the attempt crashed and its rollout failed with no reward."""
+    specs = {
+        "r-np-int": (f"{AGENTS}:return_numpy_int", 2.0),
+        "r-np-f32": (f"{AGENTS}:return_numpy_float32", 0.5),
+    }
+    await client.create_rollouts(
+        [
+            RolloutSpec(rollout_id=rid, input={}, config=RolloutConfig(agent=agent))
+            for rid, (agent, _) in specs.items()
+        ]
+    )
+    reconciler = LocalReconciler(
+        f"{AGENTS}:succeed", 2, tmp_path / "logs", workdir=ROOT, preload=preload
+    )
+    ctl = Controller(client, reconciler, gateway_url=gateway_url, max_attempts=1)
+    async with running(ctl):
+        rollouts = await wait_terminal(client, specs)
+    for rid, (_, reward) in specs.items():
+        assert rollouts[rid].status.state == "succeeded", rollouts[rid].status.reason
+        events = await client.get_events(rid, types=[REWARD])
+        assert [e.data for e in events] == [{"value": reward, "source": "agent"}]
+
+
 async def test_no_more_agents_run_at_once_than_max_parallel(
     client: GatewayClient, gateway_url: str, tmp_path: Path
 ) -> None:

@@ -23,7 +23,7 @@ import openai
 import pytest
 import torch
 
-from reins.engine.api import WEIGHT_VERSION_HEADER
+from reins.engine.api import WEIGHT_VERSION_HEADER, create_engine_app
 from reins.engine.chat import (
     TOOL_CALL_OPEN,
     parse_tool_calls,
@@ -34,6 +34,7 @@ from reins.engine.embedded import EmbeddedEngine, Token
 from reins.engine.prepare import prepare_default_model
 from reins.engine.sampling import SamplingParams
 from reins.engine.scheduler import Sequence
+from reins.serving import BackgroundServer
 from tests.embedded_support import (
     FEW_SHOT_TOOL_USE,
     WEATHER_TOOL,
@@ -462,6 +463,110 @@ def test_chat_prompt_is_the_models_own_chat_template(embedded: ServedEngine) -> 
     )
     assert answer["prompt_token_ids"] == ids(embedded, rendered)
     assert rendered.endswith("<|im_start|>assistant\n")
+
+
+PREFILLED = [
+    {"role": "user", "content": "Name a fruit."},
+    {"role": "assistant", "content": "The fruit I name is"},
+]
+
+
+def test_continue_final_message_continues_the_assistants_prefill(embedded: ServedEngine) -> None:
+    """vLLM's `continue_final_message` (with `add_generation_prompt: false`) was ignored: the
+    prefill was closed and a new assistant turn answered after it."""
+    fields = {"add_generation_prompt": False, "continue_final_message": True}
+    answer = chat(embedded, PREFILLED, temperature=0, max_tokens=3, **fields)
+    rendered = (
+        "<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\nThe fruit I name is"
+    )
+    assert embedded.tokenizer.decode(answer["prompt_token_ids"]).endswith(rendered)
+    counted = httpx.post(
+        f"{embedded.server.url}/tokenize", json={"messages": PREFILLED, **fields}, timeout=60
+    )
+    assert counted.json()["tokens"] == answer["prompt_token_ids"]
+    closed = chat(embedded, PREFILLED, temperature=0, max_tokens=3, add_generation_prompt=False)
+    assert embedded.tokenizer.decode(closed["prompt_token_ids"]).endswith(
+        "The fruit I name is<|im_end|>\n"
+    )
+    both = post(
+        embedded, "/chat/completions", {"messages": PREFILLED, "continue_final_message": True}
+    )
+    assert_openai_error(both, 400, "`continue_final_message: true` needs `add_generation_prompt")
+
+
+THINKING_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+)
+"""Qwen3's switch, as its chat template reads it: `enable_thinking: false` opens the answer with
+an empty thought."""
+
+
+@pytest.fixture(scope="module")
+def thinking() -> Iterator[ServedEngine]:
+    """A tiny random Llama whose tokenizer has `THINKING_TEMPLATE` as its chat template and
+    adds a BOS (`<|endoftext|>`) when asked for special tokens, as Llama's tokenizers do."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(prepare_default_model())
+    tokenizer.chat_template = THINKING_TEMPLATE
+    tokenizer.bos_token = "<|endoftext|>"
+    tokenizer.add_bos_token = True
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    engine = EmbeddedEngine(LlamaForCausalLM(config).eval(), tokenizer, name="thinking")
+    server = BackgroundServer(create_engine_app(engine)).start()
+    yield ServedEngine(engine, server)
+    server.stop()
+    engine.close()
+
+
+def test_chat_template_kwargs_reach_the_chat_template(thinking: ServedEngine) -> None:
+    """vLLM's `chat_template_kwargs` (Qwen3's `enable_thinking: false`) was ignored: the model
+    was prompted to think whatever the harness asked."""
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    answer = chat(thinking, OPEN_QUESTION, max_tokens=2, **off)
+    text = thinking.tokenizer.decode(answer["prompt_token_ids"])
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    counted = httpx.post(
+        f"{thinking.server.url}/tokenize", json={"messages": OPEN_QUESTION, **off}, timeout=60
+    )
+    assert counted.json()["tokens"] == answer["prompt_token_ids"]
+    plain = chat(thinking, OPEN_QUESTION, max_tokens=2)
+    assert thinking.tokenizer.decode(plain["prompt_token_ids"]).endswith("assistant\n")
+    body = {"messages": OPEN_QUESTION, "chat_template_kwargs": {"tokenize": True}}
+    refused = post(thinking, "/chat/completions", body)
+    assert_openai_error(refused, 400, "`chat_template_kwargs` may not set 'tokenize'")
+    # A template of the request's own was ignored too: refused, as vLLM refuses it by default.
+    own = {"messages": OPEN_QUESTION, "chat_template": "{{ messages[0]['content'] }}"}
+    assert_openai_error(post(thinking, "/chat/completions", own), 400, "not taken")
+
+
+def test_a_text_prompt_gets_its_special_tokens_as_vllm_adds_them(thinking: ServedEngine) -> None:
+    """vLLM's `add_special_tokens` (true by default for a text completion, false for a chat,
+    whose template writes its own) was ignored: a text prompt never had its tokenizer's BOS."""
+    bos, text = thinking.tokenizer.bos_token_id, ids(thinking, "Once upon a time")
+    completed = complete(thinking, "Once upon a time", max_tokens=1)
+    assert completed["choices"][0]["prompt_token_ids"] == [bos, *text]
+    bare = complete(thinking, "Once upon a time", max_tokens=1, add_special_tokens=False)
+    assert bare["choices"][0]["prompt_token_ids"] == text
+    counted = httpx.post(
+        f"{thinking.server.url}/tokenize", json={"prompt": "Once upon a time"}, timeout=60
+    )
+    assert counted.json()["tokens"] == [bos, *text]
+    plain = chat(thinking, OPEN_QUESTION, max_tokens=1)["prompt_token_ids"]
+    assert plain[0] != bos
+    marked = chat(thinking, OPEN_QUESTION, max_tokens=1, add_special_tokens=True)
+    assert marked["prompt_token_ids"] == [bos, *plain]
 
 
 # -- tools ------------------------------------------------------------------------------------

@@ -119,6 +119,14 @@ def test_a_cache_of_zero_bytes_is_off() -> None:
     assert cache.lookup(tokens(range(0, 41)), version=0) is None
 
 
+@pytest.mark.parametrize("size", [float("inf"), float("nan"), -1.0])
+def test_a_cache_size_that_cannot_be_is_refused_before_the_model_loads(size: float) -> None:
+    """`reins engine --prefix-cache-gb inf` ended in an OverflowError's traceback and `nan` in
+    "cannot convert float NaN to integer", both after loading the model."""
+    with pytest.raises(ValueError, match="prefix_cache_gb must be a finite number >= 0"):
+        EmbeddedEngine.load("/nonexistent-model-folder", prefix_cache_gb=size)
+
+
 # -- engines on one model: the cache on and off -----------------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import math
 import os
 import platform
 import signal
@@ -181,6 +182,16 @@ def test_wall_limit_kills_a_sleeper(sandbox: Sandbox) -> None:
     assert result.limit == "wall time" and result.exit_code is None
     assert result.output == "before\n\n[killed: wall time limit 1 s]"
     assert 1 <= result.seconds < 3
+
+
+@pytest.mark.parametrize("seconds", [math.nan, math.inf, 0.0, -1.0])
+def test_a_wall_limit_that_is_no_time_is_refused(sandbox: Sandbox, seconds: float) -> None:
+    """`run(timeout_s=nan)` ran the command with no wall limit at all (every comparison with
+    NaN is false); 0 and below were a kill before it started, reported as a wall-time limit."""
+    with pytest.raises(ValueError, match="must be a finite number of seconds above 0"):
+        sandbox.run("echo not run", timeout_s=seconds)
+    with pytest.raises(ValueError, match="wall_s must be a finite number"):
+        SandboxLimits(wall_s=seconds)
 
 
 def test_file_size_limit_stops_a_large_write(sandbox: Sandbox) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import numbers
 import os
 import reprlib
 import signal
@@ -86,7 +87,10 @@ def call_agent(agent: str, function: Callable[[Any], Any]) -> int:
         return 1
     if result is None:
         return 0
-    if isinstance(result, bool) or not isinstance(result, int | float):
+    # Any real number: numpy's scalars (`np.float32`, `np.int64`: a reward summed or averaged
+    # over numpy arrays) are `numbers.Real` without being Python floats or ints; a bool is no
+    # reward.
+    if isinstance(result, bool) or not isinstance(result, numbers.Real):
         print(
             f"reins: agent {agent} returned {type(result).__name__} {result!r}; return a "
             "number (the reward) or None (the agent reported its reward itself)",

@@ -26,8 +26,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -115,6 +117,19 @@ class ChatRequest(_Request):
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     """The most likely tokens listed at each position, most likely first (OpenAI's bounds)."""
+    add_generation_prompt: bool = True
+    """vLLM's: the template's header of a new assistant turn ends the prompt."""
+    continue_final_message: bool = False
+    """vLLM's: the prompt ends inside the last message (an assistant's prefill), whose text the
+    answer continues; it needs `add_generation_prompt: false`, as vLLM checks."""
+    add_special_tokens: StrictBool = False
+    """vLLM's: the tokenizer's special tokens (a BOS) added around the rendered prompt (the
+    template writes its own, so false by default, as in vLLM)."""
+    chat_template: Any = None
+    """vLLM's template of the request's own: refused, as vLLM refuses it unless started with
+    `--trust-request-chat-template` (taken and ignored, it rendered another prompt than asked)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM's: more variables for the chat template (`{"enable_thinking": false}` for Qwen3)."""
     reins_prefix_token_ids: list[StrictInt] | None = None
     """Token reuse (the gateway's `token_reuse`): an earlier call's prompt and response IDs; when
     the messages' rendering starts with their text, the prompt is those IDs + the tokens of the
@@ -125,6 +140,47 @@ class ChatRequest(_Request):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("`top_logprobs` needs `logprobs: true`")
         return self
+
+    @model_validator(mode="after")
+    def _one_way_to_end_the_prompt(self) -> ChatRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError(
+                "`continue_final_message: true` needs `add_generation_prompt: false` (as vLLM "
+                "checks): the prompt either continues the last message or opens a new turn"
+            )
+        return self
+
+    @field_validator("chat_template")
+    @classmethod
+    def _no_template_of_its_own(cls, template: Any) -> Any:
+        if template is not None:
+            raise ValueError(
+                "a chat template of the request's own is not taken (vLLM refuses one too unless "
+                "started with --trust-request-chat-template): the engine renders with its "
+                "model's template; give template variables in `chat_template_kwargs`"
+            )
+        return template
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, variables: dict[str, Any] | None) -> Any:
+        """The template's own variables, not the renderer's arguments (`tokenize`, `tools`...),
+        which the engine sets itself (two of them are fields of their own)."""
+        for name in variables or {}:
+            if name in RENDER_ARGUMENTS:
+                raise ValueError(
+                    f"`chat_template_kwargs` may not set {name!r}, which the engine sets itself"
+                    + (" (give it as a field of the request)" if name in cls.model_fields else "")
+                )
+        return variables
+
+    @field_validator("add_generation_prompt", "continue_final_message", mode="before")
+    @classmethod
+    def _json_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        """True or false only: pydantic's lax mode read `"no"` or `0` as a boolean."""
+        if not isinstance(value, bool):
+            raise ValueError(f"`{info.field_name}` must be true or false (a JSON boolean)")
+        return value
 
     @field_validator("tools")
     @classmethod
@@ -142,6 +198,16 @@ class ChatRequest(_Request):
         return tools
 
 
+RENDER_ARGUMENTS = frozenset(
+    {"messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt"}
+    | {"continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation"}
+    | {"max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask"}
+    | {"tokenizer_kwargs"}
+)
+"""`apply_chat_template`'s own arguments (and `messages`, the conversation's name in the
+template): a request's `chat_template_kwargs` cannot set them."""
+
+
 class CompletionRequest(_Request):
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     """Token IDs are integers only: pydantic's lax mode would read `true` or `1.0` as an ID."""
@@ -149,6 +215,9 @@ class CompletionRequest(_Request):
     """The most likely tokens listed at each position, with the sampled one (OpenAI's legacy
     API: up to `logprobs + 1` of them)."""
     echo: bool | None = False
+    add_special_tokens: StrictBool = True
+    """vLLM's: a text prompt gets the tokenizer's special tokens (a BOS, for tokenizers that add
+    one), true by default as in vLLM; token-ID prompts are taken as they are."""
 
 
 class EngineError(Exception):
@@ -256,14 +325,15 @@ class _Api:
                 messages = prepare_messages(
                     chat.messages, tools, native_tools=self.native_tools, sampled=self.sampled
                 )
-                generation_prompt = body.get("add_generation_prompt", True)
-                if not isinstance(generation_prompt, bool):
-                    raise EngineError(
-                        400, "`add_generation_prompt` must be true or false (a JSON boolean)"
-                    )
-                tokens = self._render(messages, tools, generation_prompt=generation_prompt)
+                text = self._render_text(messages, tools, chat)
+                tokens = self._tokens(text, special=chat.add_special_tokens)
             elif isinstance(body.get("prompt"), str):
-                tokens = self._completion_prompt(body["prompt"])
+                special = body.get("add_special_tokens", True)
+                if not isinstance(special, bool):
+                    raise EngineError(
+                        400, "`add_special_tokens` must be true or false (a JSON boolean)"
+                    )
+                tokens = self._completion_prompt(body["prompt"], special=special)
             else:
                 raise EngineError(400, "send `messages` (a chat) or `prompt` (a string)")
         except ValidationError as error:
@@ -301,11 +371,11 @@ class _Api:
             messages = prepare_messages(
                 body.messages, tools, native_tools=self.native_tools, sampled=self.sampled
             )
-            text = self._render_text(messages, tools)
+            text = self._render_text(messages, tools, body)
             prompt_ids = self._reuse(body.reins_prefix_token_ids, text)
             reused = prompt_ids is not None
             if prompt_ids is None:
-                prompt_ids = self._tokens(text)
+                prompt_ids = self._tokens(text, special=body.add_special_tokens)
             parallel = body.parallel_tool_calls is not False
             grammar = response_grammar(
                 body.response_format,
@@ -340,7 +410,7 @@ class _Api:
             self._check_model(body)
             if body.echo:
                 raise EngineError(400, "`echo` is not supported by the embedded engine")
-            prompt_ids = self._completion_prompt(body.prompt)
+            prompt_ids = self._completion_prompt(body.prompt, special=body.add_special_tokens)
             grammar = format_grammar(body.response_format, body.structured_outputs)
             await self._check(grammar)
             params = self._params(body, len(prompt_ids), grammar=grammar)
@@ -369,39 +439,31 @@ class _Api:
                 "NotFoundError",
             )
 
-    def _render(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        *,
-        generation_prompt: bool = True,
-    ) -> list[int]:
-        return self._tokens(self._render_text(messages, tools, generation_prompt=generation_prompt))
-
     def _render_text(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        *,
-        generation_prompt: bool = True,
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, body: ChatRequest
     ) -> str:
+        """The chat template's prompt: ending with a new assistant turn's header, or inside the
+        last message (`continue_final_message`, vLLM's prefill), or after it."""
         try:
             return str(
                 self.engine.tokenizer.apply_chat_template(
                     messages,
                     tools=tools if self.native_tools else None,
-                    add_generation_prompt=bool(generation_prompt),
+                    add_generation_prompt=body.add_generation_prompt,
+                    continue_final_message=body.continue_final_message,
                     tokenize=False,
+                    **(body.chat_template_kwargs or {}),
                 )
             )
         except Exception as error:  # the template's own error (jinja) says what is wrong
             message = f"the chat template cannot render these messages: {error}"
             raise EngineError(400, message) from error
 
-    def _tokens(self, text: str) -> list[int]:
+    def _tokens(self, text: str, *, special: bool = False) -> list[int]:
+        """`text`'s tokens; with `special`, the tokenizer's special tokens around them (a BOS)."""
         # No unpaired surrogate reaches here (`_json` refuses the body): the tokenizer failed
         # on one with a TypeError (a 500).
-        return list(self.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.engine.tokenizer(text, add_special_tokens=special)["input_ids"])
 
     def _reuse(self, prefix_ids: list[int] | None, text: str) -> list[int] | None:
         """The prompt continuing `prefix_ids` (token reuse), or None: none asked, or the
@@ -422,17 +484,17 @@ class _Api:
         return extend_prompt(prefix_ids, text, decode, self._tokens)
 
     def _completion_prompt(
-        self, prompt: str | list[int] | list[str] | list[list[int]]
+        self, prompt: str | list[int] | list[str] | list[list[int]], *, special: bool
     ) -> list[int]:
         if isinstance(prompt, str):
-            return self._tokens(prompt)
+            return self._tokens(prompt, special=special)
         if prompt and all(isinstance(item, int) for item in prompt):
             vocab = len(self.engine.tokenizer)
             if any(not 0 <= item < vocab for item in prompt):  # type: ignore[operator]
                 raise EngineError(400, f"prompt token IDs must be in [0, {vocab})")
             return list(prompt)  # type: ignore[arg-type]
         if isinstance(prompt, list) and len(prompt) == 1:
-            return self._completion_prompt(prompt[0])  # type: ignore[arg-type]
+            return self._completion_prompt(prompt[0], special=special)  # type: ignore[arg-type]
         raise EngineError(400, "`prompt` must be one string or one list of token IDs (no batches)")
 
     def _params(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
@@ -87,10 +88,7 @@ class EmbeddedEngine:
         max_model_len: int | None = None,
         prefix_cache_gb: float = DEFAULT_PREFIX_CACHE_GB,
     ) -> None:
-        if prefix_cache_gb < 0:
-            raise ValueError(
-                f"prefix_cache_gb must be >= 0 (0 turns it off), not {prefix_cache_gb}"
-            )
+        cache_bytes = prefix_cache_bytes(prefix_cache_gb)
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -106,7 +104,7 @@ class EmbeddedEngine:
         self.token_texts = TokenTexts(tokenizer)
         """Each token's text and bytes, as logprobs show them."""
         self._weights_lock = threading.Lock()
-        self.prefix_cache = PrefixCache(int(prefix_cache_gb * 2**30))
+        self.prefix_cache = PrefixCache(cache_bytes)
         self.scheduler = BatchScheduler(
             model,
             eos_token_ids=self.eos_token_ids,
@@ -135,6 +133,8 @@ class EmbeddedEngine:
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        # Checked before the model loads (seconds): a size that cannot be is told at once.
+        prefix_cache_bytes(options.get("prefix_cache_gb", DEFAULT_PREFIX_CACHE_GB))
         if path is None:
             from reins.engine.prepare import prepare_default_model
 
@@ -276,6 +276,17 @@ class EmbeddedEngine:
 
     def close(self) -> None:
         self.scheduler.stop()
+
+
+def prefix_cache_bytes(gigabytes: float) -> int:
+    """The prefix cache's capacity in bytes for `gigabytes` GiB; ValueError unless it is a
+    finite number >= 0 (`inf` was an OverflowError's traceback, NaN "cannot convert float NaN
+    to integer")."""
+    if not math.isfinite(gigabytes) or gigabytes < 0:
+        raise ValueError(
+            f"prefix_cache_gb must be a finite number >= 0 (0 turns it off), not {gigabytes}"
+        )
+    return int(gigabytes * 2**30)
 
 
 def _eos_token_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -29,6 +29,7 @@ import codecs
 import contextlib
 import errno
 import logging
+import math
 import os
 import re
 import select
@@ -75,6 +76,16 @@ class SandboxLimits:
     """Largest file a command may write (RLIMIT_FSIZE)."""
     output_chars: int = 8000
     """Output kept per command: head and tail, the middle elided with a note."""
+
+    def __post_init__(self) -> None:
+        _check_wall(self.wall_s, "wall_s")
+
+
+def _check_wall(seconds: float, name: str) -> None:
+    """A wall limit is a finite number of seconds above 0: NaN compared false with every time
+    spent, so a command ran on with no wall limit at all."""
+    if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{name} must be a finite number of seconds above 0, not {seconds!r}")
 
 
 @dataclass(frozen=True)
@@ -484,6 +495,8 @@ class Sandbox:
         raises for the command's own failure (one no shell can take, with a NUL byte or an
         unpaired surrogate, is answered exit code 2 and says so). One command at a time: a
         second call waits for the first."""
+        if timeout_s is not None:
+            _check_wall(timeout_s, "timeout_s")
         env = {**self.env, **(env or {})}
         for key, value in env.items():
             if not _ENV_NAME.fullmatch(key) or "\0" in value:
