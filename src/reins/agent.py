@@ -27,6 +27,7 @@ every call they would make beyond the proxy (updates, telemetry, model lists, pl
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import re
 import time
@@ -256,7 +257,9 @@ def report_reward(
 def _number(what: str, value: Any) -> float:
     """`value` as a float; a TypeError for what is no number (a bool, a string: `run_agent`
     refuses a returned bool too), a ValueError for an int past a float's range."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    # Any real number: numpy's scalars (`np.float32`, `np.int64`: a reward computed over
+    # arrays) are `numbers.Real` without being Python floats or ints (`run_agent` too).
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} is {value!r}, not a number")
     try:
         return float(value)

@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from reins import agent, retry
@@ -135,6 +136,18 @@ def test_tool_uses_and_reward_metrics_are_posted_as_given(gateway_url: str) -> N
     with pytest.raises(TypeError, match="metric name 3 is not a string"):
         report_reward(1, metrics={3: 1.0}, context=context)  # type: ignore[dict-item]
     assert len(events(gateway_url, "r-1")) == 3  # none of them posted
+
+
+def test_numpy_numbers_are_rewards_and_metrics(gateway_url: str) -> None:
+    """A reward computed over numpy arrays (`np.float32`, `np.int64`) was refused as "not a
+    number"; numpy's bool still is not one."""
+    context = context_for(gateway_url)
+    report_reward(np.float32(0.5), metrics={"passed": np.int64(2)}, context=context)
+    assert events(gateway_url, "r-1") == [
+        {"type": "reward", "data": {"value": 0.5, "source": "agent", "metrics": {"passed": 2.0}}}
+    ]
+    with pytest.raises(TypeError, match=r"the reward is .*True.*, not a number"):
+        report_reward(np.bool_(True), context=context)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

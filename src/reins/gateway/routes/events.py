@@ -43,7 +43,7 @@ async def append_events(
     ],
     store: StoreDep,
     caller: AttemptCaller,
-    idempotency_key: Annotated[str | None, Header(max_length=MAX_KEY_LENGTH)] = None,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=MAX_KEY_LENGTH)] = None,
 ) -> EventAck | list[EventAck]:
     """Append one event or a list; answered with the stored events' seqs and keys, no data.
 
