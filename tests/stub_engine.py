@@ -12,6 +12,8 @@ Controls, in the request body: `stub_status` (answer with this error status), `s
 until the test calls `StubEngine.release(name)`, so a call stays in flight however slow the
 machine is). `app.state.chunk_delay_s`
 slows every stream that does not say otherwise (a wire API's request carries no stub controls);
+`app.state.hold` holds every call that names no hold of its own, `app.state.reply` is the chat
+reply of every call that names none;
 `app.state.usage = False` answers without `usage`, as some engines do; `app.state.error =
 (status, message)` answers every call with that error, `app.state.raw` with that JSON text.
 """
@@ -65,14 +67,17 @@ def create_stub_app(weight_version: int | None = None) -> FastAPI:
     app.state.error = None
     app.state.raw = None
     app.state.holds = {}
+    app.state.hold = None
+    app.state.reply = DEFAULT_REPLY
 
     async def _common(request: Request) -> tuple[dict[str, Any], Response | None]:
         body = await request.json()
         app.state.requests.append(body)
         if body.get("stub_delay_s"):
             await asyncio.sleep(float(body["stub_delay_s"]))
-        if body.get("stub_hold"):
-            released = app.state.holds.setdefault(str(body["stub_hold"]), threading.Event())
+        hold = body.get("stub_hold") or app.state.hold
+        if hold:
+            released = app.state.holds.setdefault(str(hold), threading.Event())
             deadline = time.monotonic() + 60
             while not released.is_set():
                 if time.monotonic() > deadline:
@@ -106,7 +111,7 @@ def create_stub_app(weight_version: int | None = None) -> FastAPI:
         if error is not None:
             return error
         prompt = encode(render_chat(body.get("messages", [])))
-        reply = body.get("stub_reply", DEFAULT_REPLY)
+        reply = body.get("stub_reply", app.state.reply)
         n = int(body.get("n") or 1)
         replies = [reply if i == 0 else f"{reply} #{i}" for i in range(n)]
         if body.get("stream"):

@@ -299,6 +299,76 @@ def test_an_engine_that_stays_down_is_a_502_and_is_recorded(gateway: Gateway) ->
     assert calls(gateway)[0]["status"] == 502
 
 
+@pytest.mark.parametrize("bad", ["http://127.0.0.1:99999/v1", "http://[::1/v1"])
+def test_an_endpoint_that_is_no_url_is_a_recorded_502_in_each_api(
+    gateway: Gateway, bad: str
+) -> None:
+    """The registry takes any `http://...` text: one no request can go to was a bare 500 (an
+    uncaught `InvalidURL`), and the call was not recorded."""
+    gateway.http.post("/api/models", json={"model": "policy", "endpoint": bad})
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
+    admin = {"Authorization": f"Bearer {gateway.api_key}"}
+    chat = httpx.post(
+        f"{proxy(gateway)}/chat/completions", json={"messages": MESSAGES}, headers=admin
+    )
+    assert chat.status_code == 502
+    assert f"endpoint {bad} is not a URL" in chat.json()["error"]["message"]
+    message = httpx.post(
+        f"{proxy(gateway).removesuffix('/openai/v1')}/anthropic/v1/messages",
+        json={"model": "policy", "max_tokens": 5, "messages": MESSAGES},
+        headers=admin,
+    )
+    assert message.status_code == 502
+    assert message.json()["error"]["type"] == "api_error"
+    recorded = calls(gateway)
+    assert [(c["kind"], c["status"], c["endpoint"]) for c in recorded] == [
+        ("chat", 502, bad),
+        ("messages", 502, bad),
+    ]
+
+
+def test_an_endpoint_that_is_no_url_gives_way_to_the_models_next(
+    gateway: Gateway, stub: StubEngine
+) -> None:
+    from reins.gateway.proxy import sticky_index
+
+    bad = "http://127.0.0.1:99999/v1"
+    gateway.http.post(
+        "/api/models",
+        json=[{"model": "policy", "endpoint": bad}, {"model": "policy", "endpoint": stub.base_url}],
+    )
+    endpoints = gateway.http.get("/api/models").json()[0]["endpoints"]
+    # A rollout whose calls go to the bad endpoint first.
+    rollout = next(f"b{i}" for i in range(100) if endpoints[sticky_index(f"b{i}", 2)] == bad)
+    gateway.http.post("/api/rollouts", json=[{"rollout_id": rollout}])
+    response = httpx.post(
+        f"{proxy(gateway, rollout)}/chat/completions",
+        json={"messages": MESSAGES},
+        headers={"Authorization": f"Bearer {gateway.api_key}"},
+    )
+    assert response.status_code == 200
+    assert [c["endpoint"] for c in calls(gateway, rollout)] == [stub.base_url]
+
+
+@pytest.mark.parametrize("path", ["chat/completions", "completions"])
+@pytest.mark.parametrize("stream", ["false", "true", 1])
+def test_a_stream_flag_that_is_no_boolean_is_refused_as_openai_refuses_it(
+    gateway: Gateway, stub: StubEngine, token: str, path: str, stream: object
+) -> None:
+    """The engine reads `"false"` as false and answered whole, while the proxy, taking the
+    string for a stream, relayed nothing and answered 502 blaming the engine (which the SDKs
+    retried, generating again)."""
+    body = {"messages": MESSAGES} if path == "chat/completions" else {"prompt": "Hi"}
+    response = httpx.post(
+        f"{proxy(gateway)}/{path}",
+        json={**body, "stream": stream},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"].startswith("stream: must be true or false")
+    assert stub.requests == []
+
+
 def test_no_registered_model_is_a_clear_404(gateway: Gateway) -> None:
     gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
     response = httpx.post(

@@ -5,8 +5,12 @@ not a stream is a recorded failure, not a silent pass-through."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import sqlite3
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,12 +21,15 @@ import openai
 import pytest
 import sqlalchemy as sa
 
+from reins.gateway import GatewaySettings
 from reins.gateway.admission import AdmissionGate
+from reins.gateway.capture import SamplingPolicy
 from reins.gateway.proxy import LLMProxy, UnrecordableAnswer
 from reins.gateway.store import Conflict
 from reins.gateway.store.sql import SqlStore
+from reins.gateway.wire import messages as messages_api
 from reins.schemas import AttemptCreate, ModelRequest, RolloutSpec, RolloutUpdate
-from tests.conftest import Gateway
+from tests.conftest import ADMIN_KEY, Gateway, serve
 from tests.stub_engine import StubEngine, encode
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -125,6 +132,53 @@ def test_the_sdks_do_not_retry_a_call_on_a_closed_attempt(
             else:
                 chat.responses.create(model="m", input="hi", store=False)
     assert len(sent) == 1, sent
+
+
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_the_sdks_do_not_retry_a_call_whose_attempt_closed_while_it_ran(
+    gateway: Gateway, token: str, stub: StubEngine, api: str
+) -> None:
+    """The 409 of a call whose attempt was superseded while the engine answered it says so as
+    the door's 409 does (`x-should-retry: false`): the SDKs sent it again, to meet that 409."""
+    stub.app.state.hold = "engine"
+    sent: list[str] = []
+    hooks: Any = {"request": [lambda request: sent.append(request.url.path)]}
+    base = f"{gateway.url}/proxy/rollout/r/attempt/1/mode/train"
+    failures: list[Exception] = []
+
+    def call() -> None:
+        try:
+            if api == "messages":
+                http = anthropic.DefaultHttpxClient(event_hooks=hooks)
+                sdk = anthropic.Anthropic(
+                    base_url=f"{base}/anthropic", api_key=token, http_client=http
+                )
+                sdk.messages.create(model="m", messages=MESSAGES, max_tokens=8)  # type: ignore[arg-type]
+            else:
+                http = openai.DefaultHttpxClient(event_hooks=hooks)
+                chat = openai.OpenAI(base_url=f"{base}/openai/v1", api_key=token, http_client=http)
+                if api == "chat":
+                    chat.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+                else:
+                    chat.responses.create(model="m", input="hi", store=False)
+        except Exception as error:
+            failures.append(error)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 30
+    while not stub.requests:
+        assert time.monotonic() < deadline, "the call never reached the engine"
+        time.sleep(0.01)
+    gateway.http.post("/api/rollouts/r/attempts", json={"reason": "agent timed out"})
+    stub.release("engine")
+    caller.join(timeout=60)
+    assert not caller.is_alive()
+    (failure,) = failures
+    assert isinstance(failure, (openai.ConflictError, anthropic.ConflictError)), failure
+    assert "was superseded" in str(failure)
+    assert len(sent) == 1, sent
+    assert calls(gateway, 1) == []
 
 
 def failed_response_stream(client: openai.OpenAI, on_event: Callable[[str], object]) -> Any:
@@ -542,3 +596,83 @@ async def test_an_answer_its_record_cannot_hold_is_recorded_as_a_failed_call(
         assert observed == [502]  # nor a call its closed attempt refused
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("api", ["chat", "messages"])
+async def test_a_call_cancelled_while_its_model_is_looked_up_leaves_the_admission_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: str
+) -> None:
+    """A harness that hangs up while its admitted call reads the model registry (a store read,
+    slow while the database is busy) cancels the call there: its admission slot must be given
+    back, or every later drain of the gate (the trainer's, before each weight update) waits for
+    a call that no longer exists."""
+    store = SqlStore(f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}")
+    await store.init()
+    gate = AdmissionGate(10.0)
+    proxy = LLMProxy(store, gate, {"train": SamplingPolicy()})
+    looking, never = asyncio.Event(), asyncio.Event()
+
+    async def slow_models() -> list[Any]:
+        looking.set()
+        await never.wait()
+        return []
+
+    monkeypatch.setattr(store, "list_models", slow_models)
+    try:
+        if api == "chat":
+            work = proxy.forward("chat", "r", 1, "train", {"messages": MESSAGES})
+        else:
+            body = {"model": "m", "max_tokens": 8, "messages": MESSAGES}
+            work = proxy.forward_wire(messages_api, "r", 1, "train", body)
+        call = asyncio.ensure_future(work)
+        await asyncio.wait_for(looking.wait(), 10)
+        assert gate.status().in_flight == 1
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        assert gate.status().in_flight == 0
+        assert await gate.drain(timeout_s=1)
+    finally:
+        await proxy.close()
+        await store.close()
+
+
+@pytest.mark.parametrize("api", ["chat", "messages"])
+def test_a_stream_left_while_the_database_is_down_still_frees_its_slot(
+    gateway_settings: GatewaySettings,
+    stub: StubEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    api: str,
+) -> None:
+    """The record of a stream whose harness left cannot be written while the database is down:
+    that failure must not keep the stream's admission slot (every later drain would wait for
+    it) nor its engine connection."""
+    # 250 chunks, 25 s: the harness leaves long before the stream's end.
+    stub.app.state.reply, stub.app.state.chunk_delay_s = "word " * 200, 0.1
+    with serve(gateway_settings) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        admin.post("/api/models", json={"model": "policy", "endpoint": stub.base_url})
+        admin.post("/api/rollouts", json=[{"rollout_id": "r"}])
+        token = admin.post("/api/rollouts/r/attempts").json()["token"]
+        store = server.server.config.app.state.proxy.store
+
+        async def database_down(*_: Any, **__: Any) -> None:
+            raise ConnectionError("the database is down")
+
+        base = f"{url}/proxy/rollout/r/attempt/1/mode/train"
+        if api == "chat":
+            path, body = "/openai/v1/chat/completions", {"messages": MESSAGES, "stream": True}
+        else:
+            path = "/anthropic/v1/messages"
+            body = {"model": "policy", "max_tokens": 64, "messages": MESSAGES, "stream": True}
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.stream("POST", base + path, json=body, headers=headers, timeout=30) as response:
+            assert response.status_code == 200
+            next(response.iter_lines())
+            monkeypatch.setattr(store, "record_calls", database_down)
+        deadline = time.monotonic() + 10
+        while admin.get("/api/admission").json()["in_flight"] != 0:
+            assert time.monotonic() < deadline, "the stream kept its admission slot"
+            time.sleep(0.05)
+        admin.close()

@@ -336,7 +336,7 @@ async def test_a_refused_connection_is_a_connection_error(client: EngineClient) 
 
 
 async def test_urls_it_cannot_call_are_refused(client: EngineClient) -> None:
-    for url in ("ftp://127.0.0.1/v1", "http:///v1", "http://127.0.0.1:99999/v1"):
+    for url in ("ftp://127.0.0.1/v1", "http:///v1", "http://127.0.0.1:99999/v1", "http://[::1/v1"):
         with pytest.raises(aiohttp.InvalidURL):
             await client.post(url, BODY, JSON)
 

@@ -242,7 +242,7 @@ def test_calls_after_an_assistant_message_join_its_turn() -> None:
         {"name": "apply_patch", "arguments": json.dumps({"input": "*** Begin"})},
     ]
     assert [(m["tool_call_id"], m["content"]) for m in messages[2:]] == [("a", "x"), ("b", "done")]
-    assert "1 reasoning item(s) in `input` dropped" in translation.notes
+    assert any("1 reasoning item(s) in `input` dropped" in note for note in translation.notes)
 
 
 def test_a_custom_tool_becomes_a_function_with_one_string_input() -> None:
@@ -548,6 +548,34 @@ def test_engine_reasoning_becomes_a_reasoning_item_before_the_message() -> None:
     assert isinstance(reasoning, ResponseReasoningItem) and reasoning.content is not None
     assert reasoning.content[0].text == "Six times seven." and reasoning.summary == []
     assert isinstance(message, ResponseOutputMessage)
+
+
+def test_reasoning_sent_back_is_its_assistant_turns_reasoning_content_again() -> None:
+    """A harness sends the output items back as it got them (the Agents SDK, Codex): the engine's
+    reasoning must come back as the turn's `reasoning_content`, as Messages sends a `thinking`
+    block, not be dropped: a template that renders earlier reasoning (Qwen3's, within a tool
+    loop) would otherwise prompt the next call with other text than was sampled."""
+    answer = chat_answer("Let me look.", calls=[call("exec_command", '{"cmd": "ls"}', "c1")])
+    answer["choices"][0]["message"]["reasoning_content"] = "List the files first."
+    first = Response.model_validate(translate(body(tools=[EXEC])).answer(answer))
+    sent_back = [item.model_dump(exclude_none=True) for item in first.output]
+    assert [item["type"] for item in sent_back] == ["reasoning", "message", "function_call"]
+    items = [
+        {"role": "user", "content": "What is here?"},
+        *sent_back,
+        {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
+        {"type": "reasoning", "id": "rs_2", "summary": [], "encrypted_content": "opaque"},
+    ]
+    translation = translate(body(input=items, tools=[EXEC]))
+    messages = translation.chat_request()["messages"]
+    assert messages[1] == {
+        "role": "assistant",
+        "content": "Let me look.",
+        "reasoning_content": "List the files first.",
+        "tool_calls": [call("exec_command", '{"cmd": "ls"}', "c1")],
+    }
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert any("1 reasoning item(s) in `input` dropped" in note for note in translation.notes)
 
 
 # --- streams ----------------------------------------------------------------------------------

@@ -115,9 +115,14 @@ OPENAI_RANGES = {
 
 
 def out_of_range(body: dict[str, Any]) -> str | None:
-    """Why OpenAI would refuse the request's sampling fields, if it would: refused here in
-    every mode, so a harness meets the same errors in training (where the train policy then
-    replaces those fields) as when deployed."""
+    """Why OpenAI would refuse the request's sampling fields or its `stream`, if it would:
+    refused here in every mode, so a harness meets the same errors in training (where the train
+    policy then replaces those fields) as when deployed."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        # An engine reads `"false"` as false and answers whole, where the proxy, taking any
+        # other value for a stream, relayed nothing and blamed the engine (a 502).
+        return f"stream: must be true or false, not {_sample(stream)}"
     for name, (least, most) in OPENAI_RANGES.items():
         value = body.get(name)
         if value is None:

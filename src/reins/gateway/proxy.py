@@ -9,7 +9,6 @@ before the harness's call completes, so a trainer that sees the rollout finished
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -114,6 +113,9 @@ class UnrecordableAnswer(Exception):
     wire conversion decoded an escaped lone surrogate out of a tool call's arguments): the call
     stands recorded as failed (502), and the harness is told so (`LLMProxy._record`)."""
 
+
+_NOT_STORED: tuple[type[Exception], ...] = (*OUTAGES, UnrecordableAnswer)
+"""What `_record` raises when the call could not be stored as it was (`_record_unheard`)."""
 
 _NO_MODEL = "no model is registered at the gateway; the trainer registers one: POST /api/models"
 
@@ -443,7 +445,14 @@ class LLMProxy:
             await self.gate.enter()
         except AdmissionTimeout as timeout:
             return failure(503, f"{timeout}; retry later", code="paused")
-        target = await self.directory.target(requested, rollout_id)
+        try:
+            target = await self.directory.target(requested, rollout_id)
+        except BaseException:
+            # Cancelled (the harness hung up during a store read) or failed: the slot is given
+            # back here, since the caller's `finally` is not reached; a leaked one holds every
+            # later drain of the gate.
+            self.gate.exit()
+            raise
         if target is None:
             self.gate.exit()
             return failure(404, _NO_MODEL, code="model_not_found")
@@ -617,10 +626,12 @@ class LLMProxy:
         generation again, and wait as long again).
         """
         failure = ""
-        endpoint = target.endpoints[0]
+        endpoints = list(target.endpoints)
+        endpoint = endpoints[0]
         payloads: dict[str, bytes] = {}
-        for attempt in range(self.retries + 1):
-            endpoint = target.endpoints[attempt % len(target.endpoints)]
+        attempt = 0
+        while attempt <= self.retries:
+            endpoint = endpoints[attempt % len(endpoints)]
             name = await self._served_name(endpoint, target.model.model)
             if name not in payloads:
                 # The token reuse prefix is an int32 array (`ReuseMemory.prefix_for`).
@@ -647,8 +658,20 @@ class LLMProxy:
                     f"the engine at {endpoint} could not be reached or closed the connection "
                     f"before answering: {error!r}"
                 )
+            except aiohttp.InvalidURL:
+                # A registered endpoint no request can go to (port 99999, `http://[::1/v1`):
+                # not a try of the call; the model's other endpoints are tried at once.
+                failure = (
+                    f"the engine's endpoint {endpoint} is not a URL a request can be sent to; "
+                    "register the model with a valid one (POST /api/models)"
+                )
+                endpoints.remove(endpoint)
+                if not endpoints:
+                    break
+                continue
             if attempt < self.retries:
                 await asyncio.sleep(self.backoff_s * 2**attempt)
+            attempt += 1
         return None, endpoint, failure
 
     def _relay(
@@ -878,8 +901,7 @@ class LLMProxy:
         if facts.api is not None:
             for record in records:
                 record.response = {}
-        with contextlib.suppress(Conflict):  # the attempt closed meanwhile: nothing to add
-            await self._record(rollout_id, attempt_id, records)
+        await self._record_unheard(rollout_id, attempt_id, records)
 
     async def _fail(
         self,
@@ -902,8 +924,7 @@ class LLMProxy:
         if facts.api is not None:
             for record in records:
                 record.response = {}
-        with contextlib.suppress(Conflict):  # the attempt closed meanwhile: nothing to add
-            await self._record(rollout_id, attempt_id, records)
+        await self._record_unheard(rollout_id, attempt_id, records)
 
     async def unless_abandoned(
         self,
@@ -931,9 +952,12 @@ class LLMProxy:
             result = await unless_client_leaves(receive, work)
         except Conflict as closed:
             message = f"{closed}; this call's answer was not recorded and is not returned"
+            # The attempt stays closed: the SDKs' retry of a 409 cannot succeed (as at the door,
+            # `routes.proxy.forward_call`).
+            no_retry = {"x-should-retry": "false"}
             if wire is not None:
-                return JSONResponse(wire.error_body(409, message), 409)
-            return openai_error(409, message, "invalid_request_error")
+                return JSONResponse(wire.error_body(409, message), 409, headers=no_retry)
+            return openai_error(409, message, "invalid_request_error", headers=no_retry)
         except UnrecordableAnswer as failed:
             if wire is not None:
                 return JSONResponse(wire.error_body(502, str(failed)), 502)
@@ -959,8 +983,7 @@ class LLMProxy:
             stream=body.get("stream") is True,
             api=None if wire is None else wire.KIND,
         )
-        with contextlib.suppress(Conflict):  # the attempt closed meanwhile: nothing to add
-            await self._record(rollout_id, attempt_id, abandoned_records(facts, []))
+        await self._record_unheard(rollout_id, attempt_id, abandoned_records(facts, []))
         return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it
 
     async def _record(self, rollout_id: str, attempt_id: int, records: list[ModelRequest]) -> None:
@@ -1002,6 +1025,21 @@ class LLMProxy:
             self._observe(failed)
             raise UnrecordableAnswer(message) from refused
         self._observe(records)
+
+    async def _record_unheard(
+        self, rollout_id: str, attempt_id: int, records: list[ModelRequest]
+    ) -> None:
+        """Records a call whose outcome nobody can be told of any more (its harness left, or its
+        stream is cut or ends in an error event already): an attempt closed meanwhile adds
+        nothing, and a store that fails the write is logged rather than raised, so the call's
+        admission slot and engine connection are still given back."""
+        try:
+            await self._record(rollout_id, attempt_id, records)
+        except Conflict:
+            pass
+        except _NOT_STORED as failure:
+            first = str(failure).splitlines()[0] if str(failure) else repr(failure)
+            log.warning("a call of rollout %s could not be recorded: %s", rollout_id, first)
 
     def _observe(self, records: list[ModelRequest]) -> None:
         """The metrics count calls as recorded: not a call whose attempt closed (409) or whose
@@ -1162,6 +1200,8 @@ class _ReleasingStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if isinstance(self.body_iterator, _StreamedCall):
-                await self.body_iterator.settle()
-            await self._release()
+            try:
+                if isinstance(self.body_iterator, _StreamedCall):
+                    await self.body_iterator.settle()
+            finally:
+                await self._release()  # whatever settling met: a kept slot holds every drain

@@ -69,13 +69,13 @@ class EngineClient:
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> EngineResponse:
         """Sends the request and returns once the answer's headers are in; its body is read
         from the response (`read`, `content.iter_any`), which must then be released or closed."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise aiohttp.InvalidURL(url)
         try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
+            parts = urlsplit(url)  # ValueError: `http://[::1/v1`, an unclosed IPv6 address
+            port = parts.port or (443 if parts.scheme == "https" else 80)  # ValueError: 99999
         except ValueError as error:
             raise aiohttp.InvalidURL(url) from error
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise aiohttp.InvalidURL(url)
         target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), _SAFE)
         lines = [
             f"POST {target} HTTP/1.1",

@@ -13,8 +13,10 @@ Invariants and decisions:
   `function_call`/`custom_tool_call` joins the preceding assistant message's `tool_calls` (or
   opens an assistant turn); its output becomes a `tool` message and must answer a call earlier in
   the same input, so the next request maps a call id back to the same chat `tool_call_id`.
-  `reasoning` items are dropped with a note (the engine's template decides what earlier
-  reasoning the model sees).
+  A `reasoning` item's own text (its `reasoning_text` content, as this gateway answers the
+  engine's `reasoning_content`) is the next assistant turn's `reasoning_content`, as a Messages
+  `thinking` block is, so the engine's template decides what earlier reasoning the model sees;
+  one with only a summary or encrypted content is dropped with a note.
 - Tool names. `function` tools keep their names. A `custom` (freeform) tool becomes a function
   with one string parameter `input`; its grammar is described, not enforced. A function or custom
   tool nested in a `namespace` tool is the chat function `{namespace}__{name}` (the separator of
@@ -436,19 +438,30 @@ def _history(items: list[Any], notes: list[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     called: set[str] = set()
     dropped = 0
+    reasoning: list[str] = []
+    """The text of reasoning items not yet given to the assistant turn they precede."""
     for index, item in enumerate(items):
         path = f"input[{index}]"
         if not isinstance(item, dict):
             raise _bad(path, f"`{path}` must be an object, not {_show(item)}")
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
-            out.append(_message(item, path))
+            message = _message(item, path)
+            if message["role"] == "assistant":
+                _give_reasoning(message, reasoning)
+            elif reasoning:  # no assistant turn followed it
+                dropped += len(reasoning)
+                reasoning.clear()
+            out.append(message)
         elif kind in ("function_call", "custom_tool_call"):
             call = _call(item, path)
             if out and out[-1]["role"] == "assistant":
-                out[-1].setdefault("tool_calls", []).append(call)
+                turn = out[-1]
+                turn.setdefault("tool_calls", []).append(call)
             else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                turn = {"role": "assistant", "content": None, "tool_calls": [call]}
+                out.append(turn)
+            _give_reasoning(turn, reasoning)
             called.add(call["id"])
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = _need(item, "call_id", path)
@@ -462,8 +475,14 @@ def _history(items: list[Any], notes: list[str]) -> list[dict[str, Any]]:
             output = item.get("output")
             content = _text("" if output is None else output, f"{path}.output")
             out.append({"role": "tool", "tool_call_id": call_id, "content": content})
+            dropped += len(reasoning)
+            reasoning.clear()
         elif kind == "reasoning":
-            dropped += 1
+            text = _reasoning_text(item, path)
+            if text:
+                reasoning.append(text)
+            else:  # a summary or encrypted content only: not the model's own text
+                dropped += 1
         elif kind == "item_reference":
             raise _bad(path, f"`{path}` is an item_reference: no items are stored; send the item")
         else:
@@ -472,9 +491,31 @@ def _history(items: list[Any], notes: list[str]) -> list[dict[str, Any]]:
                 f"`{path}` has the type {_show(kind)}, which this gateway cannot serve: it "
                 "serves messages, function and custom tool calls and their outputs",
             )
+    dropped += len(reasoning)
     if dropped:
-        notes.append(f"{dropped} reasoning item(s) in `input` dropped")
+        notes.append(
+            f"{dropped} reasoning item(s) in `input` dropped (no reasoning_text content, or no "
+            "assistant turn after them)"
+        )
     return out
+
+
+def _reasoning_text(item: dict[str, Any], path: str) -> str:
+    """A reasoning item's own text (its `reasoning_text` content, as the gateway answers it);
+    empty for one with only a summary or encrypted content."""
+    content = item.get("content")
+    return _text(content, f"{path}.content") if content else ""
+
+
+def _give_reasoning(turn: dict[str, Any], reasoning: list[str]) -> None:
+    """The reasoning items before an assistant turn, as its chat `reasoning_content`, where the
+    engine's answer had it: a chat template that renders earlier reasoning (Qwen3's, within a
+    tool-calling turn) then renders the turn as it was sampled, as for a Messages `thinking`
+    block."""
+    if reasoning:
+        earlier = turn.get("reasoning_content")
+        turn["reasoning_content"] = "\n".join([earlier, *reasoning] if earlier else reasoning)
+        reasoning.clear()
 
 
 def _call(item: dict[str, Any], path: str) -> dict[str, Any]:
