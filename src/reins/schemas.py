@@ -9,8 +9,17 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    ValidationError,
+)
 
 RolloutState = Literal["queuing", "running", "succeeded", "failed"]
 AttemptState = Literal["running", "succeeded", "failed"]
@@ -292,11 +301,28 @@ def parse_reward(data: Any) -> Reward | str:
         return f"{field}: {first['msg']}"
 
 
+def _reachable_url(url: str) -> str:
+    """An endpoint a request can be sent to: a host, and a port in range when one is given
+    (`http://[::1/v1` or port 99999 passed the pattern, and every call to the model failed)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # a ValueError past 65535 or for a port that is no number
+    except ValueError as error:
+        raise ValueError(f"{url!r} is not a URL a request can be sent to: {error}") from None
+    if not parts.hostname:
+        raise ValueError(f"{url!r} names no host")
+    return url
+
+
 class ModelEndpointIn(_Wire):
     """``POST /api/models`` body (or a list of them), as in Agent Lightning v1.0."""
 
     model: Identifier
-    endpoint: Annotated[str, StringConstraints(pattern=r"^https?://\S+$", max_length=2000)]
+    endpoint: Annotated[
+        str,
+        StringConstraints(pattern=r"^https?://\S+$", max_length=2000),
+        AfterValidator(_reachable_url),
+    ]
     """Base URL of an OpenAI-compatible server, e.g. ``http://127.0.0.1:8000/v1``."""
     engine: str = Field(default="openai", max_length=100)
     """`embedded`, `vllm`, `sglang` or `openai` (any other compatible server)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.conftest import Gateway
 from tests.stub_engine import StubEngine
@@ -50,6 +51,20 @@ def test_an_endpoint_must_be_an_http_url(gateway: Gateway) -> None:
     response = gateway.http.post("/api/models", json={"model": "a", "endpoint": "ftp://x"})
     assert response.status_code == 422
     assert "endpoint" in response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["http://127.0.0.1:99999/v1", "http://[::1/v1", "http://127.0.0.1:port/v1", "http:///v1"],
+)
+def test_an_endpoint_no_request_can_go_to_is_refused(gateway: Gateway, endpoint: str) -> None:
+    """Registered, each made every call to its model fail (a 502 at best)."""
+    response = gateway.http.post("/api/models", json={"model": "a", "endpoint": endpoint})
+    assert response.status_code == 422, response.text
+    assert "endpoint" in response.json()["error"]
+    assert gateway.http.get("/api/models").json() == []
+    ok = gateway.http.post("/api/models", json={"model": "a", "endpoint": "http://[::1]:8000/v1"})
+    assert ok.status_code == 200
 
 
 def test_a_name_the_proxy_does_not_know_goes_to_the_first_registered_model(

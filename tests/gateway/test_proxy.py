@@ -3,6 +3,7 @@ format is vLLM's): exact token capture, streaming, routing, engine errors, auth.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -11,7 +12,10 @@ import httpx
 import openai
 import pydantic
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
 
+from reins.gateway.store import tables
 from tests.conftest import Gateway
 from tests.stub_engine import DEFAULT_REPLY, StubEngine, decode, encode, render_chat
 
@@ -299,13 +303,34 @@ def test_an_engine_that_stays_down_is_a_502_and_is_recorded(gateway: Gateway) ->
     assert calls(gateway)[0]["status"] == 502
 
 
+def register_unchecked(gateway: Gateway, model: str, endpoints: list[str]) -> None:
+    """Endpoints stored as a gateway stored them before `POST /api/models` checked them."""
+
+    async def insert() -> None:
+        engine = create_async_engine(gateway.settings.database_url)
+        now = time.time()
+        rows = [
+            {"model": model, "endpoint": endpoint, "engine": "openai", "weight_version": 0,
+             "created_at": now, "updated_at": now}
+            for endpoint in endpoints
+        ]  # fmt: skip
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(sa.insert(tables.models), rows)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(insert())
+
+
 @pytest.mark.parametrize("bad", ["http://127.0.0.1:99999/v1", "http://[::1/v1"])
 def test_an_endpoint_that_is_no_url_is_a_recorded_502_in_each_api(
     gateway: Gateway, bad: str
 ) -> None:
-    """The registry takes any `http://...` text: one no request can go to was a bare 500 (an
-    uncaught `InvalidURL`), and the call was not recorded."""
-    gateway.http.post("/api/models", json={"model": "policy", "endpoint": bad})
+    """The registry took any `http://...` text (it refuses these now; a database registered
+    before still holds them): one no request can go to was a bare 500 (an uncaught
+    `InvalidURL`), and the call was not recorded."""
+    register_unchecked(gateway, "policy", [bad])
     gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
     admin = {"Authorization": f"Bearer {gateway.api_key}"}
     chat = httpx.post(
@@ -333,10 +358,7 @@ def test_an_endpoint_that_is_no_url_gives_way_to_the_models_next(
     from reins.gateway.proxy import sticky_index
 
     bad = "http://127.0.0.1:99999/v1"
-    gateway.http.post(
-        "/api/models",
-        json=[{"model": "policy", "endpoint": bad}, {"model": "policy", "endpoint": stub.base_url}],
-    )
+    register_unchecked(gateway, "policy", [bad, stub.base_url])
     endpoints = gateway.http.get("/api/models").json()[0]["endpoints"]
     # A rollout whose calls go to the bad endpoint first.
     rollout = next(f"b{i}" for i in range(100) if endpoints[sticky_index(f"b{i}", 2)] == bad)
