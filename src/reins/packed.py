@@ -63,6 +63,15 @@ COLUMN_FIELDS = ("model_version", "status", "abandoned", "model")
 """The fields that stay in the JSON column, where queries and the trainer's read find them
 without opening the blob; the blob's text holds every other field (`model` was there in calls
 packed before 2026-12-07: those are read as the policy's, `samples.records.of_another_model`)."""
+
+
+def _in_column(key: str, value: Any) -> bool:
+    """Whether a field stays in the JSON column: `COLUMN_FIELDS`, and a `choice_index` other
+    than 0 (which choice of an `n > 1` request the call is: the trainer's read keeps the first
+    when no later call shows which one the harness took; 0, the usual one, costs nothing)."""
+    return key in COLUMN_FIELDS or (key == "choice_index" and value != 0)
+
+
 _ZDICT_BYTES = 32 * 1024  # zlib's window
 _LEVEL = 6
 _BLOCKS_FROM = 2048
@@ -236,7 +245,7 @@ def pack(data: Any, bases: Sequence[Base] = (), *, level: int = _LEVEL) -> Packe
         "fields": {
             key: value
             for key, value in data.items()
-            if key not in PACKED_FIELDS and key not in COLUMN_FIELDS
+            if key not in PACKED_FIELDS and not _in_column(key, value)
         },
     }
     try:
@@ -261,7 +270,7 @@ def pack(data: Any, bases: Sequence[Base] = (), *, level: int = _LEVEL) -> Packe
         len(token_stream),
     )
     blob = b"".join([prefix, token_stream, compressor.compress(text), compressor.flush()])
-    skeleton = {key: value for key, value in data.items() if key in COLUMN_FIELDS}
+    skeleton = {key: value for key, value in data.items() if _in_column(key, value)}
     return Packed(
         skeleton=skeleton,
         blob=blob,

@@ -61,6 +61,8 @@ class CallParts:
     tokens: bool = True
     """False: the event holds no token IDs usable for training (it is counted as skipped and is
     never a base)."""
+    choice: int = 0
+    """Its `choice_index` (`Call.choice`): which choice of an `n > 1` request it is."""
     other_model: bool = False
     """Served by another registered model than the one the read names (`RecordsRequest.model`):
     laid out (a later call may be packed against it), never trained."""
@@ -115,14 +117,18 @@ def encode(rollouts: Sequence[RolloutParts]) -> bytes:
                     size,
                 ]
             )
-        header.append(
-            {
-                "rollout_id": rollout.rollout_id,
-                "attempt_id": rollout.attempt_id,
-                "reward": rollout.reward,
-                "calls": rows,
-            }
-        )
+        entry = {
+            "rollout_id": rollout.rollout_id,
+            "attempt_id": rollout.attempt_id,
+            "reward": rollout.reward,
+            "calls": rows,
+        }
+        # Beside the rows (whose shape a reader before it unpacks): only the calls of an `n > 1`
+        # request's other choices, which are rare.
+        choices = {str(i): call.choice for i, call in enumerate(rollout.calls) if call.choice}
+        if choices:
+            entry["choices"] = choices
+        header.append(entry)
     head = orjson.dumps({"rollouts": header})
     return b"".join([MAGIC, _SIZE.pack(len(head)), head, *data])
 
@@ -153,6 +159,7 @@ def decode(body: bytes) -> list[DecodedRollout]:
     out = []
     for rollout in header["rollouts"]:
         rows = rollout["calls"]
+        choices: dict[str, int] = rollout.get("choices", {})
         # Where each call's sequence (prompt + response) lies in the rollout's buffer: right
         # after its base when the base is the last one laid out and it keeps all of it.
         regions: list[tuple[int, int]] = []
@@ -198,6 +205,7 @@ def decode(body: bytes) -> list[DecodedRollout]:
                     logprobs=logprobs,
                     seq=seq,
                     model_version=version if type(version) is int else None,
+                    choice=choices.get(str(index), 0),
                 )
             )
         out.append(

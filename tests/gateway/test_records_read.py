@@ -16,6 +16,7 @@ from reins.client import GatewayClient, GatewayError
 from reins.gateway.routes import records as records_route
 from reins.packed import unpack_events
 from reins.recordbatch import DecodedRollout, record_of
+from reins.samples import dedup_calls
 from reins.samples.records import MissingRewardError, RolloutRecord, rollout_from_events
 from reins.schemas import EventIn, RolloutSpec
 from tests.conftest import Gateway
@@ -53,6 +54,12 @@ def _calls() -> dict[str, list[dict[str, Any]]]:
         # Logprobs float32 cannot hold are stored as float64: read back as float32 all the same.
         "f8-logprobs": [main[0], {**main[1], "response_logprobs": [-1e-300] * answer}],
         "loose": loose,
+        # `n: 2` at the last call: a record per choice, the same prompt.
+        "choices": [
+            main[0],
+            {**main[1], "choice_index": 0},
+            {**main[1], "response_token_ids": main[2]["response_token_ids"], "choice_index": 1},
+        ],
     }
 
 
@@ -67,7 +74,7 @@ def _same_record(a: RolloutRecord, b: RolloutRecord) -> None:
     assert [c.seq for c in a.calls] == [c.seq for c in b.calls]
     for x, y in zip(a.calls, b.calls, strict=True):
         assert np.array_equal(x.prompt, y.prompt) and np.array_equal(x.response, y.response)
-        assert x.model_version == y.model_version
+        assert (x.model_version, x.choice) == (y.model_version, y.choice)
         if x.logprobs is None or y.logprobs is None:
             assert x.logprobs is None and y.logprobs is None
         else:
@@ -108,6 +115,11 @@ async def test_records_equal_the_events_reading(gateway: Gateway) -> None:
         assert (loose.skipped_calls, loose.abandoned_calls) == (4, 1)
         assert [c.model_version for c in loose.calls] == [1, 3, 1, 1, 1, 1]
         assert [c.logprobs is None for c in loose.calls] == [False] * 3 + [True] * 2 + [False]
+        choices = record_of(read[5])
+        assert [c.choice for c in choices.calls] == [0, 0, 1]
+        # Nothing continues the last call: the first choice is the one trained.
+        kept = dedup_calls(choices.calls)
+        assert [c.choice for c in kept] == [0, 0] and kept[-1].seq == choices.calls[1].seq
         # One result per id asked, a repeated one too.
         twice = await client.get_records(["loose", "chain", "loose"])
         assert [r.rollout_id for r in twice] == ["loose", "chain", "loose"]

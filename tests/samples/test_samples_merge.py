@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from samples_factory import call, continuing
 
@@ -28,6 +30,21 @@ def test_dedup_keeps_the_choice_the_harness_went_on_with() -> None:
     assert [c.seq for c in dedup_calls([choice_0, choice_1, went_on])] == [2, 3]
     # Nothing after them continues either (the rollout ended there): the last, as before.
     assert [c.seq for c in dedup_calls([choice_0, choice_1, call([9], [9], seq=3)])] == [2, 3]
+
+
+def test_the_last_call_of_an_n_request_keeps_its_first_choice() -> None:
+    """Nothing continues a rollout's last call: of its `n: 3` choices the last (choice 2) was
+    trained, while a harness that shows no other takes `choices[0]`. Retries (each choice 0)
+    still keep the last."""
+    choices = [replace(call([1, 2], [3 + k], seq=1 + k), choice=k) for k in range(3)]
+    assert [c.seq for c in dedup_calls(choices)] == [1]
+    earlier = call([1], [2], seq=0)
+    assert [c.seq for c in dedup_calls([earlier, *choices])] == [0, 1]
+    retries = [call([1, 2], [3 + k], seq=1 + k) for k in range(3)]
+    assert [c.seq for c in dedup_calls(retries)] == [3]
+    # A retry of an `n: 2` request: the last try's first choice.
+    tries = [replace(call([1, 2], [10 + k], seq=1 + k), choice=k % 2) for k in range(4)]
+    assert [c.seq for c in dedup_calls(tries)] == [3]
 
 
 def test_dedup_keeps_each_answer_of_a_fan_out_that_was_gone_on_with() -> None:

@@ -38,7 +38,7 @@ import numpy as np
 from reins.doctor.fixes import FIXES
 from reins.doctor.received import UnreadableAnswer, matches, received_answer
 from reins.samples import SPLIT_REASONS, Call, dedup_calls, merge_calls, shared_prefix_len
-from reins.samples.records import TokenArray
+from reins.samples.records import TokenArray, choice_of
 
 Severity = Literal["error", "warning", "info"]
 TOOL_CALL_STOP = "</tool_call>"
@@ -350,6 +350,7 @@ def _check_calls(
                 np.asarray(data["response_logprobs"], dtype=np.float32),
                 seq=index,
                 model_version=data.get("model_version"),
+                choice=choice_of(data),
             )
         )
     return trainable

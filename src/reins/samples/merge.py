@@ -67,15 +67,16 @@ class MergedSequence:
 def dedup_calls(calls: Sequence[Call]) -> list[Call]:
     """Drop retried calls (paper 3.2): of calls with identical prompts, keep those whose prompt
     + response a later call's prompt continues (of those with the same response, the last),
-    else the last.
+    else the last first choice.
 
     A retry's harness goes on with the last answer, which this keeps. The choices of one call
     with `n > 1` (one record each, the same prompt) are kept as the one the harness went on
     with, whichever it took: keeping the last alone trained a choice nobody used and cut the
-    rollout where the harness's next prompt continued another. Two threads of a harness that
-    asked the same thing (a fan-out) each went on with their own answer: both are kept (one
-    used answer was never trained). The kept calls stay in their order. Prompts are bucketed
-    by length first, so only prompts of equal length are compared.
+    rollout where the harness's next prompt continued another. When no later call shows which
+    (the rollout's last call), the first choice (`Call.choice` 0) is kept. Two threads of a
+    harness that asked the same thing (a fan-out) each went on with their own answer: both are
+    kept (one used answer was never trained). The kept calls stay in their order. Prompts are
+    bucketed by length first, so only prompts of equal length are compared.
     """
     by_len: dict[int, list[int]] = {}
     for i, call in enumerate(calls):
@@ -98,12 +99,17 @@ def dedup_calls(calls: Sequence[Call]) -> list[Call]:
 
 def _continued(calls: Sequence[Call], group: list[int]) -> set[int]:
     """Of calls `group` (indices, in order, one prompt), those a later call continues, one per
-    response (the last); the last of them when none is continued."""
+    response (the last); when none is continued, the last first choice (a retry's harness goes
+    on with the last answer; of an `n > 1` request's choices, a harness that shows no other
+    takes the first, `choices[0]`: the last choice was trained, one nobody used)."""
     kept: dict[bytes, int] = {}
     for i in group:
         if any(_continues(calls[i], call.prompt) for call in calls[i + 1 :]):
             kept[calls[i].response.tobytes()] = i
-    return set(kept.values()) or {group[-1]}
+    if kept:
+        return set(kept.values())
+    firsts = [i for i in group if calls[i].choice == 0]
+    return {(firsts or group)[-1]}
 
 
 def _continues(prev: Call, prompt: TokenArray) -> bool:

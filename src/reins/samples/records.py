@@ -57,6 +57,9 @@ class Call:
     """The ``model_request`` event's seq: provenance, and the order calls are merged in."""
     model_version: int | None = None
     """Weight version of the engine that served the call."""
+    choice: int = 0
+    """Which choice of an `n > 1` request it is (the proxy records one call per choice, all with
+    the request's prompt; `choice_index`): 0 is the first, or the only one."""
 
     def __post_init__(self) -> None:
         self.prompt = as_tokens(self.prompt)
@@ -182,7 +185,13 @@ def call_of(data: Any, seq: int) -> tuple[Call | None, bool]:
     if prompt is None or response is None or not prompt.size or not response.size:
         return None, False
     logprobs = response_logprobs(data.get("response_logprobs"), response.size)
-    return Call(prompt, response, logprobs, seq, state.model_version), False
+    return Call(prompt, response, logprobs, seq, state.model_version, choice_of(data)), False
+
+
+def choice_of(data: Mapping[str, Any]) -> int:
+    """A `model_request`'s `choice_index` (0 when absent or not a count)."""
+    choice = data.get("choice_index")
+    return choice if type(choice) is int and choice > 0 else 0
 
 
 @dataclass(slots=True)

@@ -43,7 +43,13 @@ from reins.packed import (
     unpack,
 )
 from reins.recordbatch import CallParts, RolloutParts
-from reins.samples.records import call_state, of_another_model, response_logprobs, token_ids
+from reins.samples.records import (
+    call_state,
+    choice_of,
+    of_another_model,
+    response_logprobs,
+    token_ids,
+)
 from reins.schemas import MODEL_REQUEST, REWARD, Event, PackedEvent
 
 logger = logging.getLogger(__name__)
@@ -440,6 +446,7 @@ def parts_of(fetched: FetchedParts, model: str | None = None) -> list[RolloutPar
         else:
             call = _whole_call(seq, data, status, gave_up, version)
         call.other_model = of_another_model(data, model)
+        call.choice = choice_of(data)  # a packed call keeps one but 0 in the JSON column
         if call.tokens:
             index[seq] = len(rollout.calls)
         rollout.calls.append(call)
