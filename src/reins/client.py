@@ -424,6 +424,8 @@ class GatewayClient:
         read (`reins.recordbatch`; `record_of` makes each a `RolloutRecord`). `chunk` rollouts
         per request. With `model` (the policy's registered name), the calls another model
         served are left out (`DecodedRollout.other_model_calls` counts them)."""
+        if chunk < 1:
+            raise ValueError(f"chunk must be at least 1 rollout, not {chunk}")
         ids = list(rollout_ids)
         chunks = [ids[start : start + chunk] for start in range(0, len(ids), chunk)]
         loop = asyncio.get_running_loop()
@@ -468,11 +470,13 @@ class GatewayClient:
         """Takes or renews lease `name` (`gateway.store.leases`); `granted` says whether this
         holder has it. A `GatewayError` 404 from a gateway older than leases."""
         body = {"holder": holder, "ttl_s": ttl_s}
-        answer = await self.request("POST", f"/api/leases/{name}", json=body)
+        answer = await self.request("POST", f"/api/leases/{quote(name, safe='')}", json=body)
         return Lease.model_validate(answer, extra=_NEWER)
 
     async def release_lease(self, name: str, holder: str) -> bool:
-        answer = await self.request("DELETE", f"/api/leases/{name}", params={"holder": holder})
+        answer = await self.request(
+            "DELETE", f"/api/leases/{quote(name, safe='')}", params={"holder": holder}
+        )
         return bool(answer["released"])
 
     async def healthz(self) -> bool:

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from reins.client import GatewayClient
+from reins.client import GatewayClient, GatewayError
 from tests.conftest import Gateway
 
 
@@ -69,3 +69,15 @@ def test_leases_are_the_admins(gateway: Gateway) -> None:
     wrong = {"Authorization": "Bearer wrong-key"}
     answer = httpx.post(f"{gateway.url}/api/leases/controller", json=claim, headers=wrong)
     assert answer.status_code == 401
+
+
+async def test_the_client_sends_a_lease_name_as_one_path_segment(gateway: Gateway) -> None:
+    """`claim_lease("ctl#x")` went to `/api/leases/ctl` (`#x` read as a fragment): it claimed
+    the lease `ctl`."""
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        with pytest.raises(GatewayError) as refused:
+            await client.claim_lease("ctl#x", "a", ttl_s=60)
+        assert refused.value.status_code == 422
+        assert (await client.claim_lease("ctl", "b", ttl_s=60)).granted  # not held by "a"
+        with pytest.raises(ValueError, match="chunk must be at least 1 rollout, not 0"):
+            await client.get_records(["r"], chunk=0)
