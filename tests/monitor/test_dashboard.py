@@ -462,3 +462,21 @@ def test_the_runs_list_shows_a_finished_runs_reward_and_its_training_steps(
     assert cells == ["20", dashboard._number(last_reward), "0.875", "20"]
     page = gateway.http.get("/ui/runs/done").text
     assert "<dt>steps</dt><dd>20" in page
+
+
+def test_a_run_whose_metrics_cannot_be_read_is_listed_with_why(
+    gateway: Gateway, runs_dir: Path
+) -> None:
+    """One unreadable metrics.jsonl (another user's, a failing disk) made the runs list a 500
+    for every run. Here the file reads as an I/O error: a link to the reader's own memory file,
+    which is a regular file whose first page is never mapped (the tests run as root, whom no
+    permission stops)."""
+    write_run(runs_dir, "fine", steps=3)
+    broken = runs_dir / "broken"
+    broken.mkdir()
+    (broken / "metrics.jsonl").symlink_to("/proc/self/mem")
+    answer = gateway.http.get("/ui/runs")
+    assert answer.status_code == 200
+    row = answer.text[answer.text.index('href="/ui/runs/broken"') :].split("</tr>")[0]
+    assert "cannot read metrics.jsonl: Input/output error" in row
+    assert 'href="/ui/runs/fine"' in answer.text

@@ -71,6 +71,24 @@ async def test_export_reads_calls_as_stored_and_writes_what_the_whole_events_say
         assert [c["prompt_token_ids"] for c in calls] == prompts
 
 
+async def test_export_names_calls_by_their_place_in_the_calls_it_lists(gateway: Gateway) -> None:
+    # "call N" in a sample's text counted only the calls trained on: after a failed call it
+    # named the call after the one meant.
+    user = [{"role": "user", "content": "hi"}]
+    declare(gateway, [{"rollout_id": "numbered", "input": {}}])
+    assert gateway.http.post("/api/rollouts/numbered/attempts").status_code == 200
+    failed = chat_call(user, "", status=502, error="engine unreachable")
+    post(gateway, "numbered", [failed, chat_call(user, "a"), chat_call(user, "b")])
+    out = io.StringIO()
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        assert await export_rollouts(client, out) == 1
+    calls = json.loads(out.getvalue())["attempts"][0]["calls"]
+    assert [c["sample"]["decision"] if c["sample"] else None for c in calls] == [
+        None, "retry", "first",
+    ]  # fmt: skip
+    assert calls[1]["sample"]["text"].startswith("dropped as a retry: call 3 has the same prompt")
+
+
 async def test_export_can_include_token_ids_and_filter_by_status(gateway: Gateway) -> None:
     many_rollouts(gateway, 14, run="r")
     out = io.StringIO()

@@ -88,6 +88,35 @@ def test_retried_and_failed_calls_say_why_they_are_not_trained_on() -> None:
     assert failed.response[0].text == "boom"
 
 
+def test_a_boundary_names_calls_by_the_numbers_the_page_shows_them_with() -> None:
+    # Calls were named by their place among the calls trained on: after a failed call, "call 3"
+    # named the page's call 4, and "as in call N" the call before, whatever it was.
+    invalid = chat_call([USER], "z")
+    invalid["data"]["status"] = "oops"
+    second = [USER, {"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}]
+    fresh = [{"role": "user", "content": "a new task entirely, unrelated to the first"}]
+    view = attempt_view(
+        "r",
+        1,
+        events(
+            chat_call([USER], "a"),
+            chat_call([USER], "", status=500, error="boom"),
+            invalid,
+            chat_call(second, "b"),
+            chat_call(fresh, "c"),
+            chat_call(fresh, "c"),
+        ),
+    )
+    assert [c.index for c in view.calls] == [1, 2, 4, 5, 6]
+    _, _, merged, retried, kept = view.calls
+    assert "no valid call record" in view.items[2].pretty and "call 3" in view.items[2].pretty
+    assert merged.boundary.kind == "merge"
+    assert (merged.earlier_messages, merged.previous_index) == (1, 2)  # the user turn
+    assert retried.boundary.text.startswith("dropped as a retry: call 6 ")
+    assert kept.boundary.kind == "split"
+    assert "with call 4's prompt + response" in kept.boundary.text
+
+
 def test_low_probability_tokens_are_counted_and_carry_their_logprob() -> None:
     logprobs = [math.log(0.9), math.log(0.005), math.log(0.5)]
     view = attempt_view("r", 1, events(chat_call([USER], "abc", logprobs=logprobs)))
@@ -199,6 +228,24 @@ def test_tool_uses_and_tool_calls_read_as_what_was_run_and_what_came_back() -> N
     call_message, tool_message = view.calls[1].messages[-2:]
     assert call_message.text == '→ run_shell [call_1]\n{\n "command": "wc -l data.csv"\n}'
     assert (tool_message.role, tool_message.text) == ("tool [call_1]", "12 data.csv")
+
+
+def test_tool_call_arguments_show_their_text_as_written() -> None:
+    # Arguments were shown as ASCII JSON: a model's "résumé" read "r\u00e9sum\u00e9", in
+    # every API's tool calls (a chat call's string, a Messages `tool_use` block's object).
+    asked = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "function": {"name": "write", "arguments": '{"text": "résumé 你好"}'}}
+        ],
+    }
+    chat = chat_call([USER, asked, {"role": "user", "content": "ok"}], "done")
+    block = {"type": "tool_use", "id": "t1", "name": "write", "input": {"text": "naïve ✓"}}
+    messages = wire_call("messages", {"messages": [USER]}, {"content": [block]})
+    view = attempt_view("r", 1, events(chat, messages))
+    assert view.calls[0].messages[1].text == '→ write [c1]\n{\n "text": "résumé 你好"\n}'
+    assert view.calls[1].response[0].text == '→ write [t1]\n{\n "text": "naïve ✓"\n}'
 
 
 def as_stored(whole: list[Event]) -> list[PackedEvent]:

@@ -74,7 +74,8 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         self.calls = Counter(
             "reins_proxy_calls",
-            "LLM calls through the proxy, by kind (chat, completions), mode and HTTP status",
+            "LLM calls through the proxy, by kind (chat, completions, responses, messages), mode "
+            "and HTTP status",
             ["kind", "mode", "status"],
             registry=self.registry,
         )

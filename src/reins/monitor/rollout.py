@@ -86,7 +86,7 @@ class Boundary:
 @dataclass
 class CallView:
     index: int
-    """1-based position among the attempt's calls."""
+    """1-based position among the attempt's calls (`call_numbers`)."""
     seq: int
     record: ModelRequest
     prompt_tokens: int
@@ -95,6 +95,8 @@ class CallView:
     """The prompt: only what is new since the previous call, for chat calls that continue it."""
     earlier_messages: int
     """Leading messages of the prompt not shown (the same as in the previous call)."""
+    previous_index: int | None
+    """The `index` of the call shown before this one (whose messages those are)."""
     response: list[Message]
     tokens: list[Token]
     hidden_tokens: int
@@ -199,7 +201,11 @@ def _tool_call_text(call: Any) -> str:
         # harness's own arguments of ~1,000 brackets made the rollout's page a 500).
         with contextlib.suppress(ValueError, RecursionError):
             arguments = json.loads(arguments)
-    shown = arguments if isinstance(arguments, str) else json.dumps(arguments, indent=1)
+    shown = (
+        arguments
+        if isinstance(arguments, str)
+        else json.dumps(arguments, ensure_ascii=False, indent=1)
+    )
     tag = f" [{call['id']}]" if call.get("id") else ""
     return f"→ {function.get('name', '?')}{tag}\n{shown}"
 
@@ -304,12 +310,20 @@ def _prompt(record: ModelRequest, previous: ModelRequest | None) -> tuple[list[M
     return [_message("prompt", text)], 0
 
 
+def call_numbers(events: Sequence[Event], attempt_id: int) -> dict[int, int]:
+    """The number each `model_request` event of the attempt is shown as (`call 3`), by its seq:
+    its 1-based position among the attempt's calls, failed and unreadable ones included, as
+    the rollout page and `reins export` list them."""
+    seqs = sorted(e.seq for e in events if e.attempt_id == attempt_id and e.type == MODEL_REQUEST)
+    return {seq: number for number, seq in enumerate(seqs, start=1)}
+
+
 def decisions(
     rollout_id: str, events: list[Event], attempt_id: int, decode: Decode | None
 ) -> tuple[dict[int, Boundary], int | None, dict[str, int], str | None]:
     """What the Sample Adapter does with each call of one attempt, keyed by event seq (failed and
     token-less calls are absent), the sequence count, the split counts by reason, and an error
-    when samples cannot be built (then only the error)."""
+    when samples cannot be built (then only the error). Calls are named by `call_numbers`."""
     try:
         record = rollout_from_events(
             events, rollout_id=rollout_id, attempt_id=attempt_id, missing_reward=0.0
@@ -320,7 +334,9 @@ def decisions(
     sequences, splits = merge_calls(kept, rollout_id=rollout_id, decode=decode)
     sequence_of = {seq: i + 1 for i, s in enumerate(sequences) for seq in s.call_seqs}
     split_at = {split.after_seq: split for split in splits}
-    index_of = {call.seq: i + 1 for i, call in enumerate(record.calls)}
+    # Numbered among all the attempt's calls, not only those trained on: counted among these,
+    # a failed call before it made "call 11" name the page's call 12.
+    index_of = call_numbers(events, attempt_id)
     out: dict[int, Boundary] = {}
     kept_seqs = {call.seq for call in kept}
     for call in record.calls:
@@ -411,18 +427,21 @@ def attempt_view(
     """The view of one attempt from its events (events of other attempts are ignored)."""
     mine = sorted((e for e in events if e.attempt_id == attempt_id), key=lambda e: e.seq)
     boundaries, sequences, counts, error = decisions(rollout_id, mine, attempt_id, decode)
+    numbers = call_numbers(mine, attempt_id)
     items: list[Item] = []
     calls: list[CallView] = []
     rewards: list[dict[str, Any]] = []
     logs: list[dict[str, Any]] = []
     previous: ModelRequest | None = None
+    previous_index: int | None = None
     for event in mine:
         if event.type == MODEL_REQUEST:
             try:
                 record, prompt_tokens = _record(event.data)
             except ValueError as invalid:
                 data = _with_lists(event.data)
-                items.append(Item(event.seq, "invalid", data=data, pretty=str(invalid)))
+                why = f"call {numbers[event.seq]} is no valid call record: {invalid}"
+                items.append(Item(event.seq, "invalid", data=data, pretty=why))
                 continue
             boundary = boundaries.get(event.seq)
             if boundary is None:
@@ -438,13 +457,14 @@ def attempt_view(
             tokens = _tokens(record, token_texts)
             low_min, mean, low = _stats(tokens, record)
             call = CallView(
-                index=len(calls) + 1,
+                index=numbers[event.seq],
                 seq=event.seq,
                 record=record,
                 prompt_tokens=prompt_tokens,
                 response_tokens=len(record.response_token_ids),
                 messages=messages,
                 earlier_messages=earlier,
+                previous_index=previous_index,
                 response=_response(record),
                 tokens=tokens,
                 hidden_tokens=max(0, len(record.response_token_ids) - len(tokens)),
@@ -455,7 +475,7 @@ def attempt_view(
             )
             calls.append(call)
             items.append(Item(event.seq, event.type, call=call))
-            previous = record
+            previous, previous_index = record, numbers[event.seq]
         elif event.type == REWARD:
             rewards.append({**event.data, "seq": event.seq})
             items.append(Item(event.seq, event.type, data=event.data))

@@ -68,6 +68,8 @@ class RunInfo:
     """Training steps (`is_training_step`): lines of validation alone are not steps."""
     last: dict[str, Any]
     """The latest value of each flattened key (over all lines)."""
+    problem: str | None = None
+    """Why metrics.jsonl could not be read (then no steps or values), else None."""
 
 
 LARGEST = 1e300
@@ -184,7 +186,9 @@ def load_run(path: Path, name: str | None = None) -> Run:
 
 
 def list_runs(runs_dir: Path) -> list[RunInfo]:
-    """Runs under `runs_dir` (folders holding a metrics.jsonl), the latest changed first."""
+    """Runs under `runs_dir` (folders holding a metrics.jsonl), the latest changed first. A run
+    whose file cannot be read (no permission, an I/O error) is listed with the reason: it made
+    the whole list a 500."""
     if not runs_dir.is_dir():
         return []
     infos = []
@@ -192,16 +196,14 @@ def list_runs(runs_dir: Path) -> list[RunInfo]:
         metrics = folder / METRICS_FILE
         if not metrics.is_file():
             continue
-        steps, last = summary(metrics)
-        infos.append(
-            RunInfo(
-                name=folder.name,
-                path=folder,
-                modified=metrics.stat().st_mtime,
-                steps=steps,
-                last=last,
-            )
-        )
+        problem = None
+        try:
+            steps, last = summary(metrics)
+            modified = metrics.stat().st_mtime
+        except OSError as error:
+            steps, last, modified = 0, {}, 0.0
+            problem = f"cannot read {METRICS_FILE}: {error.strerror or error}"
+        infos.append(RunInfo(folder.name, folder, modified, steps, last, problem))
     return sorted(infos, key=lambda info: info.modified, reverse=True)
 
 
