@@ -3,9 +3,10 @@
 It is an ordinary agent: it reads `OPENAI_BASE_URL` / `OPENAI_API_KEY` (the controller points them
 at the gateway's proxy for this rollout) and knows nothing of reins but `report_reward`.
 Reward (verifiable), recall first and form second: 1 when the second answer is exactly the word;
-0.5 when it names the word in a longer answer, less 0.02 per extra word (at least 0.3: "The secret
-word is vapor." 0.42), so that shorter answers stay better within a group; 0 when the word is
-missing; plus 0.1 when the first answer is exactly "OK"; at most 1.
+0.5 when it names the word (as a word of its own: "environment" does not name "iron") in a longer
+answer, less 0.02 per extra word (at least 0.3: "The secret word is vapor." 0.42), so that shorter
+answers stay better within a group; 0 when the word is missing; plus 0.1 when the first answer is
+exactly "OK"; at most 1.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def score(word: str, first: str, second: str) -> float:
     answer = normalize(second)
     if answer == word:
         reward = 1.0
-    elif word in answer:
+    elif word in re.findall(r"[a-z]+", second.lower()):  # "environment" does not name "iron"
         reward = max(0.3, 0.5 - 0.02 * (len(second.split()) - 1))
     else:
         reward = 0.0

@@ -142,7 +142,10 @@ TABLELIB = [
 
 
 def git(folder: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_DATE": DATE, "GIT_COMMITTER_DATE": DATE,
+    # Without the user's and the system's git settings: `diff.noprefix` changed every patch,
+    # `commit.gpgsign` every commit, so the files were not the same bytes on every machine.
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
+           "GIT_AUTHOR_DATE": DATE, "GIT_COMMITTER_DATE": DATE,
            "GIT_AUTHOR_NAME": "reins", "GIT_AUTHOR_EMAIL": "reins@example.invalid",
            "GIT_COMMITTER_NAME": "reins",
            "GIT_COMMITTER_EMAIL": "reins@example.invalid"}  # fmt: skip

@@ -4,6 +4,7 @@ SWE-smith's format, the repositories file, and the paper's static filters."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +16,19 @@ from tests.swe.conftest import DATA, ROOT
 
 
 def test_generation_is_deterministic_and_equals_the_committed_files(tmp_path: Path) -> None:
+    """Whatever the user's git settings: `diff.noprefix` changed every instance's patch."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text("[diff]\n\tnoprefix = true\n")
+    env = {**os.environ, "HOME": str(home)}
+    env.pop("XDG_CONFIG_HOME", None)
+    out = tmp_path / "data"
     subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "swe" / "make_tasks.py"), str(tmp_path)],
-        check=True, capture_output=True, timeout=300,
+        [sys.executable, str(ROOT / "examples" / "swe" / "make_tasks.py"), str(out)],
+        check=True, capture_output=True, timeout=300, env=env,
     )  # fmt: skip
     for name in ("instances.jsonl", "repos.json", "minilib.bundle", "tablelib.bundle"):
-        assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), name
+        assert (out / name).read_bytes() == (DATA / name).read_bytes(), name
 
 
 def test_the_static_filters_drop_what_each_one_is_built_for(shipped) -> None:  # type: ignore[no-untyped-def]

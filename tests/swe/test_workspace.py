@@ -4,7 +4,9 @@ the tests do not count."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,151 @@ def test_a_root_module_shadowing_the_runners_import_does_not_count(
     assert workspace.evaluate(instance).reward == 0.0
 
 
+FORGER = (
+    "import builtins, importlib, re, sys\n"
+    "print_ = builtins.print\n"
+    "def forge(line):\n"
+    "    count = re.fullmatch(r'(\\d+) passed, (\\d+) failed', line)\n"
+    "    if count:\n"
+    "        return f'{int(count[1]) + int(count[2])} passed, 0 failed'\n"
+    "    return line.replace('FAILED', 'PASSED')\n"
+    "builtins.print = lambda *a, **k: print_(*(forge(str(x)) for x in a), **k)\n"
+    "sys.path = [p for p in sys.path if p not in ('', '/work')]\n"
+    "del sys.modules['traceback']\n"
+    "globals().update(vars(importlib.import_module('traceback')))\n"
+)
+"""A `traceback` for the shipped runner that rewrites its FAILED lines and its count."""
+
+
+@pytest.mark.parametrize("disguise", ["link", "rename"])
+def test_a_root_link_or_a_renamed_file_shadowing_the_runners_import_does_not_count(
+    shipped: tuple[list[Instance], dict[str, RepoSource]], tmp_path: Path, disguise: str
+) -> None:
+    """Past the check on new root modules, both scored 1 without a fix: a link `traceback` to a
+    package of the agent's (git records a link, not `traceback/__init__.py`), and README.md
+    renamed to `traceback.py` (git's diff names a rename, not a new file)."""
+    needs_sandbox()
+    instances, repos = shipped
+    instance = by_id(instances, "func_pm_remove_cond__b3cb911e")
+    workspace = Workspace(tmp_path, repos[instance.repo], instance.instance_id)
+    work = workspace.checkout()
+    if disguise == "link":
+        (work / "minilib" / "support").mkdir()
+        (work / "minilib" / "support" / "__init__.py").write_text(FORGER)
+        (work / "traceback").symlink_to("minilib/support")
+    else:
+        (work / "minilib" / "support.py").write_text(FORGER)
+        readme = (work / "README.md").read_text()
+        (work / "README.md").unlink()  # mostly the same lines: a rename to git
+        (work / "traceback.py").write_text(
+            f'"""\n{readme}"""\nexec(open("/work/minilib/support.py").read())\n'
+        )
+    report = workspace.evaluate(instance)
+    assert (report.reward, report.failed_to_pass) == (0.0, list(instance.fail_to_pass))
+    assert " b/traceback" not in workspace.diff()
+    assert " b/traceback" in workspace.diff(with_tests=True)
+
+
+def test_every_new_root_module_is_left_out_as_it_shadows_installed_ones(
+    shipped: tuple[list[Instance], dict[str, RepoSource]], tmp_path: Path
+) -> None:
+    """Not only the standard library's: a root `yaml.py` is what the tests' `import yaml` loads
+    (pytest puts the root first on `sys.path` for a `tests/` package), and a root `pytest.py`
+    is what `python -m pytest` runs. Either forged what the tests compare or report."""
+    instances, repos = shipped
+    instance = by_id(instances, "func_pm_remove_cond__b3cb911e")
+    workspace = Workspace(tmp_path, repos[instance.repo], instance.instance_id)
+    work = workspace.checkout()
+    shadows = ["pytest.py", "_pytest/__init__.py", "pluggy/__init__.py", "yaml.py"]
+    shadows += ["numpy/__init__.py", "helpers.cpython-311-x86_64-linux-gnu.so"]
+    kept = ["minilib/pytest.py", "minilib/yaml.py", "pytest", "notes.txt", "my-tool.py"]
+    for name in shadows + kept:
+        (work / name).parent.mkdir(exist_ok=True)
+        (work / name).write_text("FORGED = 1\n")
+    (work / "yaml").symlink_to("minilib")  # a package of the agent's under that name
+    diff = workspace.diff()
+    assert sorted(name for name in shadows + kept if f" b/{name}\n" in diff) == sorted(kept)
+    assert " b/yaml\n" not in diff and " b/yaml\n" in workspace.diff(with_tests=True)
+
+
+FLIP_PLUGIN = (
+    "import pytest\n"
+    "@pytest.hookimpl(hookwrapper=True)\n"
+    "def pytest_runtest_makereport(item, call):\n"
+    "    report = (yield).get_result()\n"
+    "    report.outcome, report.longrepr = 'passed', None\n"
+)
+"""A pytest plugin that reports every test passed: its PASSED lines and count agree."""
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        {"pytest.toml": '[pytest]\naddopts = ["-p", "minilib.flip"]\npythonpath = ["."]\n'},
+        {".pytest.toml": '[pytest]\naddopts = ["-p", "minilib.flip"]\npythonpath = ["."]\n'},
+        {
+            "flip-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: flip\nVersion: 1.0\n",
+            "flip-1.0.dist-info/entry_points.txt": "[pytest11]\nflip = minilib.flip\n",
+        },
+        {
+            "flip.egg-info/PKG-INFO": "Metadata-Version: 2.1\nName: flip\nVersion: 1.0\n",
+            "flip.egg-info/entry_points.txt": "[pytest11]\nflip = minilib.flip\n",
+        },
+    ],
+    ids=["pytest.toml", ".pytest.toml", "dist-info", "egg-info"],
+)
+def test_pytest_configuration_that_loads_a_plugin_of_the_agents_is_left_out(
+    shipped: tuple[list[Instance], dict[str, RepoSource]], tmp_path: Path, loader: dict[str, str]
+) -> None:
+    """pytest 9 reads `pytest.toml` before every other file, and under `python -m pytest` it
+    loads the `pytest11` entry points of a `*.dist-info` at the root: either made pytest load
+    the agent's `minilib/flip.py`, which reported every test passed, count included."""
+    instances, repos = shipped
+    instance = by_id(instances, "func_pm_remove_cond__b3cb911e")
+    workspace = Workspace(tmp_path / "rollout", repos[instance.repo], instance.instance_id)
+    work = workspace.checkout()
+    (work / "minilib" / "flip.py").write_text(FLIP_PLUGIN)
+    for name, content in loader.items():
+        (work / name).parent.mkdir(exist_ok=True)
+        (work / name).write_text(content)
+    tested = tmp_path / "tested"
+    assert workspace.tested_tree(tested, workspace.diff())
+    assert (tested / "minilib" / "flip.py").is_file()  # a new module of the package: kept
+    assert sorted(p.name for p in tested.iterdir()) == [
+        "README.md", "minilib", "run_tests.py", "tests"
+    ]  # fmt: skip
+    # What the agent's files did, on the same tree: pytest read every test as passed.
+    (tmp_path / "forged").mkdir()
+    workspace.tested_tree(tmp_path / "forged", workspace.diff(with_tests=True))
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "tests"],
+        cwd=tmp_path / "forged", capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )  # fmt: skip
+    assert "FAILED" not in run.stdout and parse_summary(run.stdout) == {"passed": 39}
+
+
+def test_the_users_git_settings_do_not_change_the_reward(
+    shipped: tuple[list[Instance], dict[str, RepoSource]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With `diff.noprefix = true` in ~/.gitconfig the agent's diff had no `a/` `b/` prefixes,
+    so it did not apply to the tested tree: the gold fix scored 0."""
+    needs_sandbox()
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text("[diff]\n\tnoprefix = true\n[color]\n\tui = always\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    instances, repos = shipped
+    instance = by_id(instances, "func_pm_remove_cond__b3cb911e")
+    workspace = Workspace(tmp_path / "rollout", repos[instance.repo], instance.instance_id)
+    gold_fix(instance, workspace.checkout())
+    report = workspace.evaluate(instance)
+    assert (report.reward, report.reason) == (1.0, "all FAIL_TO_PASS and PASS_TO_PASS tests pass")
+
+
 def test_compiled_root_modules_named_as_the_standard_library_are_left_out(
     shipped: tuple[list[Instance], dict[str, RepoSource]], tmp_path: Path
 ) -> None:
@@ -119,7 +266,7 @@ def test_compiled_root_modules_named_as_the_standard_library_are_left_out(
         *("traceback.so", "traceback.abi3.so", "traceback.cpython-311-x86_64-linux-gnu.so"),
         *("pathlib.cpython-312-x86_64-linux-gnu.so", "json/__init__.abi3.so", "traceback.pyw"),
     ]
-    kept = ["minilib/traceback.so", "fastmath.so", "json/helpers.so"]
+    kept = ["minilib/traceback.so", "json/helpers.so"]
     for name in shadows + kept:
         (work / name).parent.mkdir(exist_ok=True)
         (work / name).write_bytes(b"\x7fELF compiled")
@@ -163,7 +310,7 @@ def test_the_diff_holds_new_files_and_no_tests_or_bytecode(
     (work / "tests" / "test_mine.py").write_text("def test_x():\n    pass\n")
     (work / "minilib" / "__pycache__").mkdir()
     (work / "minilib" / "__pycache__" / "text.cpython-311.pyc").write_bytes(b"\0bytecode")
-    # What configures the test run, and root modules named as the standard library's: left
+    # What configures the test run, and new root modules: left
     # out (a conftest hook reported every test passed; a root `traceback.py` rewrote the
     # runner's lines). A module of the package named so is the package's own: kept.
     configuring = [

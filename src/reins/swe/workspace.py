@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -52,21 +51,30 @@ _SUMMARY_COUNT = re.compile(
 _SUMMARY_TIME = re.compile(r"\s+in\s+[\d.]+\s*(?:s|seconds)(?:\s+\(\S+\))?$")
 RUN_CONFIGURATION = (
     "conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", ".pytest.ini",
-    "sitecustomize.py", "usercustomize.py", "*.pth",
+    "pytest.toml", ".pytest.toml", "sitecustomize.py", "usercustomize.py", "*.pth",
+    "*.dist-info", "*.egg-info",
 )  # fmt: skip
-"""Files (at any depth) that configure how the tests run rather than what they test: the
-agent's changes to them are left out of the tested tree (a root `conftest.py` hook can report
-every test passed, `pytest.ini` can load a plugin of the agent's)."""
+"""Files and folders (at any depth) that configure how the tests run rather than what they
+test: the agent's changes to them are left out of the tested tree (a root `conftest.py` hook
+can report every test passed; `pytest.ini`, or pytest 9's `pytest.toml`, can load a plugin of
+the agent's; so can a `*.dist-info` folder's `pytest11` entry point, which pytest loads from
+the root under `python -m pytest`)."""
 
 
 class WorkspaceError(RuntimeError):
     """The task's repository could not be checked out (a setup problem, not the agent's)."""
 
 
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+"""git without the user's and the system's settings: a `diff.noprefix`, `color.diff = always` or
+`diff.external` there changed the diff's form, so that no agent's change applied to the tested
+tree (the gold fix scored 0)."""
+
+
 def _git(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> bytes:
     done = subprocess.run(
         ["git", "-c", "core.hooksPath=/dev/null", *args], capture_output=True, cwd=cwd,
-        env={**os.environ, **(env or {})}, timeout=300, check=False,
+        env={**os.environ, **GIT_ENV, **(env or {})}, timeout=300, check=False,
     )  # fmt: skip
     if done.returncode != 0:
         raise WorkspaceError(
@@ -138,19 +146,35 @@ _IMPORT_SUFFIXES = (*importlib.machinery.all_suffixes(), ".pyw", ".pyd", ".so")
 whichever Python runs the tests), and Windows' `.pyw`/`.pyd`."""
 
 
-def _shadows_stdlib(path: str) -> bool:
-    """A module or package at the repository's root named as one of the standard library's
-    (`traceback.py`, `traceback.cpython-311-x86_64-linux-gnu.so`, `json/__init__.pyc`): the root
-    is on `sys.path` first for a runner script there and for `python -m pytest`. Deeper,
-    `pkg/types.py` is `pkg.types`, no shadow."""
+def _new_root_module(path: str, *, link: bool = False) -> bool:
+    """A module or package at the repository's root (`yaml.py`, `traceback.so`,
+    `json/__init__.pyc`, or a `link` named `yaml`, which is a package when it leads to a folder
+    with an `__init__.py`). The root comes first on `sys.path` for a runner script there, for
+    `python -m pytest`, and, once pytest collects a `tests/` folder with an `__init__.py`, for
+    the tests themselves: a new root module is what `import NAME` loads in place of the
+    standard library's or the installed one (`traceback` rewriting the runner's FAILED lines, a
+    `yaml.py` whose `safe_load` answers what the test compares with, `pytest.py`). A fix of the
+    package never needs one. Deeper, `pkg/types.py` is `pkg.types`, no shadow."""
     parts = PurePosixPath(path).parts
     if len(parts) == 1:
         module, file = parts[0].split(".")[0], parts[0]
+        if link and file == module:
+            return module.isidentifier()
     elif len(parts) == 2 and parts[1].split(".")[0] == "__init__":
         module, file = parts
     else:
         return False
-    return module in sys.stdlib_module_names and file.endswith(_IMPORT_SUFFIXES)
+    return module.isidentifier() and file.endswith(_IMPORT_SUFFIXES)
+
+
+def _added(env: dict[str, str]) -> Iterator[tuple[str, bool]]:
+    """(path, is a symbolic link) for each file the index adds to HEAD. Renames are not looked
+    for: a file renamed to `traceback.py` is a new `traceback.py`, not a change of the old one's
+    (it went past the check on new files)."""
+    raw = _git("diff", "--cached", "--raw", "-z", "--no-renames", "--diff-filter=A", "HEAD",
+               env=env).decode(errors="surrogateescape").split("\0")  # fmt: skip
+    for status, path in zip(raw[0::2], raw[1::2], strict=False):
+        yield path, status.split()[1] == "120000"
 
 
 @dataclass
@@ -208,18 +232,24 @@ class Workspace:
     def diff(self, *, with_tests: bool = False) -> str:
         """The agent's change to the work tree as a binary git diff (new files included); left
         out unless `with_tests`: the repository's test paths, the files that configure the test
-        run (`RUN_CONFIGURATION`), and new files named as a standard library module (a new
-        `traceback.py` beside a runner script is what that script imports)."""
+        run (`RUN_CONFIGURATION`), and new (or renamed) modules and packages at the root, which
+        shadow what the runner and the tests import (`_new_root_module`)."""
         env = self._tree_env()
         _git("read-tree", "HEAD", env=env)
         _git("add", "--all", env=env)
         excluded = []
         if not with_tests:
             excluded = [f":(exclude){path}" for path in self.repo.test_paths]
-            excluded += [f":(exclude,glob)**/{name}" for name in RUN_CONFIGURATION]
-            added = _git("diff", "--cached", "--name-only", "-z", "--diff-filter=A", "HEAD",
-                         env=env).decode(errors="surrogateescape").split("\0")  # fmt: skip
-            excluded += [f":(exclude,literal){path}" for path in added if _shadows_stdlib(path)]
+            excluded += [  # a name's files, and a folder's (`x.dist-info/entry_points.txt`)
+                f":(exclude,glob)**/{name}{inside}"
+                for name in RUN_CONFIGURATION
+                for inside in ("", "/**")
+            ]
+            excluded += [
+                f":(exclude,literal){path}"
+                for path, link in _added(env)
+                if _new_root_module(path, link=link)
+            ]
         return _git("diff", "--cached", "--binary", "HEAD", "--", ".", *excluded, env=env).decode(
             errors="surrogateescape"
         )
