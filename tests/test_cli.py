@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import PostgresServer, free_port, running_gateway
+from tests.support import PostgresServer, alive, free_port, running_gateway
 
 
 def test_gateway_command_serves_with_flags(tmp_path: Path) -> None:
@@ -464,3 +464,98 @@ def test_a_port_in_use_is_one_line_before_any_start_up_work(command: str, tmp_pa
     said = " ".join(result.stderr.split())
     assert f"reins {command}: cannot listen on 127.0.0.1:{port}: Address already in use" in said
     assert "loading the model" not in said and not (tmp_path / "g.db").exists()
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_reins_train_at_once_and_its_agents_end(tmp_path: Path) -> None:
+    """asyncio's handler raised KeyboardInterrupt wherever the first Ctrl-C's cleanup was: the
+    process hung (SIGKILL needed) or aborted ("terminate called without an active exception",
+    exit -6), and the first Ctrl-C said nothing until a model load ended."""
+    from tests.trainer.conftest import make_tiny_model
+    from tests.trainer.test_sigkill import start, stuck_run, wait_for
+
+    (tmp_path / "pids").mkdir()
+    model = make_tiny_model(tmp_path / "model")
+    config, output = stuck_run(tmp_path, model, "twice", "tests.trainer.paced_agents:stuck")
+    trainer = start(config, output)
+    try:
+        wait_for(lambda: len(list((tmp_path / "pids").glob("twice.*"))) == 4, trainer, output, 120)
+        agents = [
+            int(pid) for p in (tmp_path / "pids").glob("twice.*") for pid in p.read_text().split()
+        ]
+        trainer.send_signal(signal.SIGINT)
+        wait_for(lambda: "Ctrl-C again to stop at once" in output.read_text(), trainer, output, 30)
+        trainer.send_signal(signal.SIGINT)
+        trainer.wait(timeout=30)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+    text = output.read_text()
+    assert trainer.returncode == 130, text
+    assert "stopped at once by a second Ctrl-C" in text
+    assert "terminate called" not in text and "Traceback" not in text
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in agents) and time.monotonic() < deadline:
+        time.sleep(0.02)  # polling /proc, bounded by the deadline
+    assert not [pid for pid in agents if alive(pid)]
+
+
+@pytest.mark.slow
+def test_ctrl_c_before_any_checkpoint_does_not_advise_resume(tmp_path: Path) -> None:
+    """It said "go on with `reins train CONFIG --resume`", which is refused without a
+    checkpoint (and `reins demo` has no CONFIG to give it)."""
+    from tests.trainer.conftest import make_tiny_model
+    from tests.trainer.test_sigkill import start, stuck_run, wait_for
+
+    (tmp_path / "pids").mkdir()
+    model = make_tiny_model(tmp_path / "model")
+    config, output = stuck_run(tmp_path, model, "once", "tests.trainer.paced_agents:stuck")
+    trainer = start(config, output)
+    try:
+        wait_for(lambda: len(list((tmp_path / "pids").glob("once.*"))) == 4, trainer, output, 120)
+        trainer.send_signal(signal.SIGINT)
+        trainer.wait(timeout=60)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+    text = " ".join(output.read_text().split())
+    assert trainer.returncode == 130, text
+    run_dir = tmp_path / "runs" / "once"
+    advice = "it made no checkpoint to go on from: run it again under another run_name"
+    assert f"{advice}, or delete {run_dir} first" in text
+    assert "--resume" not in text
+
+
+def test_engine_on_port_0_says_the_port_it_serves_on(tmp_path: Path) -> None:
+    """It printed `http://127.0.0.1:0/v1`, and its quiet log told the port nowhere."""
+    from tests.trainer.conftest import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "model")
+    command = [sys.executable, "-m", "reins", "engine", "--port", "0", "--model", str(model)]
+    engine = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        assert engine.stderr is not None
+        url = ""
+        for line in engine.stderr:
+            if line.startswith("serving "):
+                url = line.split(" at ")[1].strip()
+                break
+        assert url.startswith("http://127.0.0.1:") and not url.startswith("http://127.0.0.1:0/")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                answer = httpx.get(f"{url}/models")
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the engine did not answer at the port it said"
+                time.sleep(0.05)
+        assert answer.status_code == 200
+    finally:
+        engine.send_signal(signal.SIGINT)
+        try:
+            engine.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+            engine.wait()

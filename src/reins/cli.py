@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import typing
 from pathlib import Path
 from typing import Annotated
@@ -52,9 +53,11 @@ def model_prepare(
     print(folder)
 
 
-def _exit_unless_port_free(command: str, host: str, port: int) -> None:
-    """Ends the command at once, in one line, when its port is taken: uvicorn says so only
-    after the model is loaded or the app started, in its log, and exits 3."""
+def _exit_unless_port_free(command: str, host: str, port: int) -> int:
+    """The port to serve on: `port`, or a free one for 0 (`reins engine --port 0` printed
+    `:0`, and its log is quiet, so the port it served on was told nowhere). Ends the command at
+    once, in one line, when the port is taken: uvicorn says so only after the model is loaded
+    or the app started, in its log, and exits 3."""
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -66,6 +69,7 @@ def _exit_unless_port_free(command: str, host: str, port: int) -> None:
             reason = error.strerror or str(error)
             console.print(error_line(f"reins {command}: cannot listen on {host}:{port}: {reason}"))
             raise typer.Exit(1) from None
+        return int(probe.getsockname()[1])
 
 
 @app.command()
@@ -130,7 +134,7 @@ def engine(
     if dtype not in dtypes:  # a usage mistake, told before the model loads, as --device's
         console.print(error_line(f"--dtype {dtype!r}: give one of {', '.join(dtypes)}"))
         raise typer.Exit(2)
-    _exit_unless_port_free("engine", host, port)
+    port = _exit_unless_port_free("engine", host, port)
     try:
         with console.status("loading the model..."):
             loaded = EmbeddedEngine.load(
@@ -200,7 +204,7 @@ def gateway(
         console.print(
             f"[bold]admin key[/bold] (set REINS_API_KEY to choose one): {settings.api_key}"
         )
-    _exit_unless_port_free("gateway", host, port)
+    port = _exit_unless_port_free("gateway", host, port)
     shown = make_url(settings.database_url).render_as_string(hide_password=True)
     console.print(f"store: {shown}")
     try:
@@ -340,10 +344,13 @@ def train(
     except ConfigError as error:
         console.print(error_line(f"{error}"))
         raise typer.Exit(2) from error
-    _run_training(loaded, resume=resume)
+    sets = [arg for item in set_ or [] for arg in ("--set", item)]
+    command = shlex.join(["reins", "train", str(config), *sets, "--resume"])
+    _run_training(loaded, resume=resume, resume_command=command)
 
 
-def _run_training(config: object, *, resume: bool) -> None:
+def _run_training(config: object, *, resume: bool, resume_command: str) -> None:
+    """`resume_command`: the command that goes on with this run (said after a Ctrl-C)."""
     import asyncio
     import logging
     import signal
@@ -353,6 +360,7 @@ def _run_training(config: object, *, resume: bool) -> None:
 
     from reins.client import GatewayError
     from reins.serving import freeze_startup_objects
+    from reins.trainer import checkpoint
     from reins.trainer.config import TrainConfig
     from reins.trainer.fleet import FleetError
     from reins.trainer.runtime import ConsoleReporter, configure_allocator, train
@@ -365,26 +373,46 @@ def _run_training(config: object, *, resume: bool) -> None:
         f"{config.tasks_per_step} tasks x {config.group_size} rollouts per step; "
         f"files in {config.run_dir}"
     )
-    terminated = False
+    stopped_by: str | None = None
 
-    async def until_terminated(work: Coroutine[Any, Any, object]) -> object:
-        """`work`, cancelled by SIGTERM (`kill`, a service manager's stop) as asyncio.run cancels
-        it on Ctrl-C, so the run ends the same way: its rollouts in flight failed, its agents
-        and their children killed. By default SIGTERM ended the process at once: the rollouts
-        stayed `running` at the gateway and the agents' own children were left behind. A sharded
-        run's ranks keep the default: torchrun stops them with it."""
+    async def until_stopped(work: Coroutine[Any, Any, object]) -> object:
+        """`work`, cancelled by the first Ctrl-C or SIGTERM (`kill`, a service manager's stop),
+        so the run ends the same way: its rollouts in flight failed, its agents and their
+        children killed. A second Ctrl-C ends the process at once, as a SIGKILL would (agents
+        are still ended by their reaper; `--resume` fails what was left running): asyncio's
+        own handler raised KeyboardInterrupt wherever the cleanup was, which hung the process
+        or aborted it ("terminate called without an active exception"). A second SIGTERM is
+        ignored, so that it does not cut the cleanup. A sharded run's ranks keep the default:
+        torchrun stops them with it."""
         main = asyncio.current_task()
         loop = asyncio.get_running_loop()
 
-        def stop() -> None:
-            nonlocal terminated
-            if not terminated and main is not None:  # once: a second one must not cut cleanup
-                terminated = True
+        def stop(signum: int, _frame: object) -> None:
+            nonlocal stopped_by
+            if stopped_by is None and main is not None:
+                stopped_by = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+                console.print(
+                    "stopping: failing the run's rollouts in flight and ending its agents "
+                    "(Ctrl-C again to stop at once)"
+                )
                 main.cancel()
+                loop.call_soon_threadsafe(lambda: None)  # wake a loop waiting in select()
+            elif signum == signal.SIGINT:
+                os.write(
+                    2,
+                    b"\nstopped at once by a second Ctrl-C: agents are ended by their reaper; "
+                    b"the rollouts left running are failed by `--resume`\n",
+                )
+                os._exit(128 + signal.SIGINT)
 
-        if config.backend == "torch":
-            loop.add_signal_handler(signal.SIGTERM, stop)
-        return await work
+        if config.backend != "torch":
+            return await work
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return await work
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     try:
         with ConsoleReporter(console, config.steps, 0) as reporter:
@@ -393,21 +421,29 @@ def _run_training(config: object, *, resume: bool) -> None:
             # call and the engine stopped), every minute or two of a run.
             serving = freeze_startup_objects
             asyncio.run(
-                until_terminated(
-                    train(config, resume=resume, reporter=reporter, on_serving=serving)
-                )
+                until_stopped(train(config, resume=resume, reporter=reporter, on_serving=serving))
             )
     except (asyncio.CancelledError, KeyboardInterrupt) as stopped:
-        if isinstance(stopped, asyncio.CancelledError) and not terminated:
+        if isinstance(stopped, asyncio.CancelledError) and stopped_by is None:
             raise
         if config.backend != "torch":
             raise  # a sharded run's ranks end as torchrun expects
-        by = "SIGTERM" if terminated else "Ctrl-C"
+        by = stopped_by or "Ctrl-C"
+        if checkpoint.latest(config.run_dir) is not None:
+            advice = f"go on with `{resume_command}`"
+        else:
+            # --resume is refused without a checkpoint, and so is a new run of the same name
+            # once its gateway holds rollouts of it.
+            advice = (
+                "it made no checkpoint to go on from: run it again under another run_name, "
+                f"or delete {config.run_dir} first"
+            )
         console.print(
             f"stopped by {by}: the run's rollouts in flight were failed and its agents ended; "
-            "go on with `reins train CONFIG --resume` (from its last checkpoint, if it made one)"
+            + advice,
+            markup=False,
         )
-        raise typer.Exit(128 + (signal.SIGTERM if terminated else signal.SIGINT)) from None
+        raise typer.Exit(128 + (signal.SIGTERM if by == "SIGTERM" else signal.SIGINT)) from None
     except (FileExistsError, ValueError, FleetError) as error:  # FleetError: an engine_url
         console.print(error_line(f"{error}"))
         _end_rank(config, 1)
@@ -488,7 +524,9 @@ def demo(
     except ConfigError as error:
         console.print(error_line(f"{error}"))
         raise typer.Exit(2) from error
-    _run_training(loaded, resume=False)
+    sets = [arg for item in [f"run_name={name}", *(set_ or [])] for arg in ("--set", item)]
+    command = shlex.join(["reins", "train", str(config), *sets, "--resume"])
+    _run_training(loaded, resume=False, resume_command=command)
 
 
 def demo_config(example: str) -> Path | None:
