@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import shlex
 import typing
@@ -577,21 +578,28 @@ def export(
         if state not in states:
             console.print(error_line(f"--status {state!r}: give one of {', '.join(states)}"))
             raise typer.Exit(2)
+    # Written beside the file and moved onto it once whole: opened under its name, a file of an
+    # earlier export was emptied by an export that then failed (a wrong key, the gateway down),
+    # and an interrupted one left a short file under the final name.
+    partial = out.with_name(f".{out.name}.partial")
     try:
-        handle = sys.stdout if str(out) == "-" else out.open("w", encoding="utf-8")
+        if out.is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        handle = sys.stdout if str(out) == "-" else partial.open("w", encoding="utf-8")
     except OSError as error:  # a missing folder, a directory, no permission: not a traceback
         console.print(error_line(f"cannot write {out}: {error.strerror or error}"))
         raise typer.Exit(2) from error
+    done = False
     try:
         GatewayClient.check(gateway_url, api_key)
-    except ValueError as error:
-        console.print(error_line(f"{error}"))
-        raise typer.Exit(2) from None
-    try:
         count = export_to(
             gateway_url, api_key, handle, run=run, states=status or (), mode=mode, search=search,
             tokens=tokens,
         )  # fmt: skip
+        done = True
+    except ValueError as error:
+        console.print(error_line(f"{error}"))
+        raise typer.Exit(2) from None
     except (GatewayError, DatabaseChanged) as error:
         console.print(error_line(f"{error}"))
         raise typer.Exit(1) from error
@@ -604,6 +612,10 @@ def export(
     finally:
         if handle is not sys.stdout:
             handle.close()
+            if done:
+                partial.replace(out)
+            else:
+                partial.unlink(missing_ok=True)
     console.print(f"exported {count} rollouts" + ("" if str(out) == "-" else f" to {out}"))
 
 

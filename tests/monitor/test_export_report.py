@@ -131,7 +131,8 @@ async def test_export_reads_every_page_of_a_gateway_with_small_pages(gateway: Ga
 
 def test_export_command_writes_a_file(gateway: Gateway, tmp_path: Path) -> None:
     many_rollouts(gateway, 3, run="cli")
-    out = tmp_path / "rollouts.jsonl"
+    (tmp_path / "exports").mkdir()
+    out = tmp_path / "exports" / "rollouts.jsonl"
     result = subprocess.run(
         [sys.executable, "-m", "reins.cli", "export", "--run", "cli", "-o", str(out),
          "--gateway", gateway.url, "--api-key", gateway.api_key],
@@ -140,6 +141,15 @@ def test_export_command_writes_a_file(gateway: Gateway, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "exported 3 rollouts" in result.stderr
     assert len(out.read_text().splitlines()) == 3
+    # A failed export (a wrong key) leaves the earlier file as it was: it was emptied.
+    failed = subprocess.run(
+        [sys.executable, "-m", "reins.cli", "export", "--run", "cli", "-o", str(out),
+         "--gateway", gateway.url, "--api-key", "wrong"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert failed.returncode == 1, failed.stderr
+    assert len(out.read_text().splitlines()) == 3
+    assert sorted(p.name for p in out.parent.iterdir()) == ["rollouts.jsonl"]  # no part left
 
 
 def test_export_to_a_reader_that_went_away_ends_quietly_as_sigpipe_does(gateway: Gateway) -> None:

@@ -177,3 +177,28 @@ def test_a_gpu_named_by_index_under_several_ranks_is_refused() -> None:
 
     with pytest.raises(ValueError, match="puts every rank on that one GPU: set device to cuda"):
         rank_device("cuda:0", {"LOCAL_RANK": "1", "WORLD_SIZE": "2"})
+
+
+def test_the_config_a_run_keeps_reads_back_from_its_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tasks given relative to where the command ran were saved so: read back from the run
+    folder's `config.yaml` (relative paths are read against the file's folder), `--resume`
+    looked for `RUN_DIR/data/train.jsonl`."""
+    import yaml
+
+    from reins.trainer.runtime import saved_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text('{"input": 1}\n')
+    config = load_config(None, ["tasks=data/train.jsonl", "agent=mod:fn", "runs_dir=runs"])
+    run_dir = tmp_path / "runs" / "x"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved_config(config)))
+    again = load_config(run_dir / "config.yaml")
+    assert again.tasks == tmp_path / "data" / "train.jsonl"
+    assert again.runs_dir == tmp_path / "runs"
+    assert again.model_dump(exclude={"tasks", "runs_dir"}) == config.model_dump(
+        exclude={"tasks", "runs_dir"}
+    )

@@ -160,6 +160,18 @@ def load_policy(
     return model, tokenizer, Path(folder)
 
 
+def saved_config(config: TrainConfig) -> dict[str, Any]:
+    """The config as the run folder keeps it (`config.yaml`), its paths absolute: relative ones
+    are read against the file's own folder (`load_config`), so `reins train
+    RUN_DIR/config.yaml --resume` looked for `RUN_DIR/examples/recall/train.jsonl`."""
+    data = config.model_dump(mode="json")
+    for name in ("tasks", "val_tasks", "model", "runs_dir"):
+        value = getattr(config, name)
+        if value is not None:
+            data[name] = str(Path(value).expanduser().resolve())
+    return data
+
+
 async def _refuse_a_taken_run_name(
     client: GatewayClient, config: TrainConfig, gateway_url: str
 ) -> None:
@@ -493,7 +505,7 @@ async def _train_locked(
             metrics.close()
             _tell(reporter, f"run {config.run_name} is finished ({start} steps): nothing to do")
             return []
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved_config(config)))
     shortfall = config.async_parallel_shortfall()
     if shortfall is not None:
         _tell(reporter, shortfall)

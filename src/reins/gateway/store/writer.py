@@ -329,7 +329,15 @@ class _ForkServer:
             self._control.close()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._process = subprocess.Popen(
-            [sys.executable, "-c", f"import {__name__} as w; w.fork_server({theirs.fileno()})"],
+            # The signals ignored before the imports (`fork_server` ignores them too): a Ctrl-C
+            # to the process group right after the gateway started killed it mid-import.
+            [
+                sys.executable,
+                "-c",
+                "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                f"import {__name__} as w; w.fork_server({theirs.fileno()})",
+            ],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
         )
