@@ -131,5 +131,5 @@ def test_the_train_command_sets_the_allocator_before_training(
     config = TrainConfig.model_validate(
         {"tasks": "tasks.jsonl", "agent": "true", "runs_dir": str(tmp_path)}
     )
-    cli._run_training(config, resume=False)
+    cli._run_training(config, resume=False, resume_command="reins train c.yaml --resume")
     assert order == ["set 1.0", "train"]
