@@ -175,6 +175,9 @@ def execute(
                 why = LIMIT_TEXT.get(result.limit, "it hit the {limit} limit")
                 why = why.format(limit=result.limit, **dataclasses.asdict(limits))
                 status = f"[error: the sandbox killed the command: {why}]"
+                if result.exit_code is not None:  # a process of it: the command ran on
+                    code = result.exit_code
+                    status = f"[exit code {code}, after the sandbox stopped part of it: {why}]"
             else:
                 status = f"[exit code {result.exit_code}]"
             text = f"{result.output.rstrip()}\n{status}".lstrip("\n")

@@ -233,6 +233,25 @@ def test_the_file_tools_refuse_paths_outside_work_without_naming_the_host_folder
         assert wrote.ok and (tmp_path / "work" / "a" / "b.txt").read_text() == "hi"
 
 
+def test_a_command_that_ran_on_after_its_child_hit_the_memory_limit_is_told_so(
+    tmp_path: Path,
+) -> None:
+    """The model was told the sandbox killed its command, though the command ran on and
+    printed `after`, with its own exit code."""
+    needs_sandbox()
+    with Sandbox(tmp_path / "work", LIMITS) as sandbox:
+        if sandbox._cgroups is None:
+            missing("no writable cgroup (v1 memory and pids, or v2): run as root on Linux")
+        hog = f"python3 -c 'data = b\"x\" * ({LIMITS.memory_mb} * 2 * 1024**2)'"
+        result = execute(sandbox, "run_shell", {"command": f"{hog}; echo after"}, LIMITS)
+    assert not result.ok and result.limit == "memory"
+    assert "after\n" in result.output
+    assert result.output.endswith(
+        f"[exit code 0, after the sandbox stopped part of it: it used more than "
+        f"{LIMITS.memory_mb} MB of memory]"
+    )
+
+
 def test_malformed_tool_calls_are_answered_with_what_is_wrong(tmp_path: Path) -> None:
     """`arguments: null` ended the episode with a TypeError; `finish` without its answer was
     told there is no tool `finish`."""

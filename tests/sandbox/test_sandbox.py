@@ -171,6 +171,24 @@ def test_memory_hog_ends_by_the_memory_limit(sandbox: Sandbox) -> None:
     assert result.output.endswith("[killed: memory limit 256 MB]")
 
 
+def test_a_command_whose_child_the_memory_limit_ended_keeps_its_own_exit_code(
+    sandbox: Sandbox,
+) -> None:
+    """The kernel ended the child at the memory limit, but the command ran on and exited by
+    itself: it was reported `exit_code=None` with `[killed: memory limit ...]`, as if the
+    sandbox had killed it, though it printed after the kill and chose its own status."""
+    needs_cgroup(sandbox)
+    hog = "python3 -c 'data = b\"x\" * (2 * 1024**3)'"
+    result = sandbox.run(f"{hog}; echo after $?; exit 3")
+    assert result.limit == "memory"
+    assert result.exit_code == 3
+    assert "after 137\n" in result.output
+    assert result.output.endswith(
+        "[memory limit 256 MB reached (a process of it was killed); the command ran on]"
+    )
+    assert not result.ok
+
+
 def test_cpu_spin_ends_by_the_cpu_limit(sandbox: Sandbox) -> None:
     result = sandbox.run("python3 -c 'while True: pass'")
     assert result.limit == "cpu time" and result.exit_code is None
@@ -223,6 +241,22 @@ def test_file_access_refuses_paths_out_of_the_folder(sandbox: Sandbox, tmp_path:
     sandbox.write_file("sub/in.txt", "inside")
     assert sandbox.read_file("sub/in.txt") == "inside"
     assert sandbox.run("cat sub/in.txt").output == "inside"
+
+
+def test_a_write_that_cannot_be_encoded_leaves_the_file_as_it_was(sandbox: Sandbox) -> None:
+    """A lone surrogate (a model's JSON can hold one) failed the write after the file had been
+    truncated: the tool said "error" and the file's old content was gone."""
+    sandbox.write_file("notes.txt", "old")
+    with pytest.raises(ValueError, match=r"the content holds '\\ud800', which has no UTF-8 form"):
+        sandbox.write_file("notes.txt", "new \ud800")
+    assert sandbox.read_file("notes.txt") == "old"
+    for path in ("bad\ud800.txt", "nul\0.txt"):
+        with pytest.raises(ValueError, match="the path holds"):
+            sandbox.write_file(path, "x")
+        with pytest.raises(ValueError, match="the path holds"):
+            sandbox.read_file(path)
+    sandbox.write_file("utf8.txt", "caf\u00e9 \U0001f642")
+    assert (sandbox.path / "utf8.txt").read_bytes() == "caf\u00e9 \U0001f642".encode()
 
 
 def test_background_process_does_not_outlive_its_command(sandbox: Sandbox) -> None:

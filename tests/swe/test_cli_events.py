@@ -3,7 +3,12 @@ events shaped as Claude Code's stream-json and Codex's `--json` write them."""
 
 from __future__ import annotations
 
-from reins.swe.cli_harness import _claude_commands, _codex_commands
+import os
+import threading
+from pathlib import Path
+
+from reins.agent import AgentContext
+from reins.swe.cli_harness import EVENTS_FILE, CliHarness, _claude_commands, _codex_commands
 
 
 def test_claude_tool_uses_are_paired_with_their_results() -> None:
@@ -57,3 +62,52 @@ def test_events_of_other_shapes_are_passed_over() -> None:
     assert _claude_commands(claude) == [("", "ok", True)]
     codex = [{"type": "item.completed", "item": "x"}, {"type": "item.completed", "item": None}]
     assert _codex_commands(codex) == []
+
+
+CODEX_EVENT = (
+    '{"type": "item.completed", "item": {"type": "command_execution", "command": "ls", '
+    '"aggregated_output": "", "exit_code": 0}}\n'
+)
+
+
+def _harness(home: Path) -> CliHarness:
+    context = AgentContext(
+        "http://127.0.0.1:9/proxy/rollout/r/attempt/1/mode/val/openai/v1",
+        *("token", "http://127.0.0.1:9", "r", 1, "val", None),
+    )
+    return CliHarness("codex", context, home, executable=Path("/bin/true"))
+
+
+def _commands_within(harness: CliHarness, seconds: float) -> list[tuple[str, str, bool]] | None:
+    """`harness.commands()`, or None when it has not returned within `seconds`."""
+    answer: list[list[tuple[str, str, bool]]] = []
+    thread = threading.Thread(target=lambda: answer.append(harness.commands()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return answer[0] if answer else None
+
+
+def test_the_events_file_is_read_as_the_session_left_it_never_through_a_link(
+    tmp_path: Path,
+) -> None:
+    """The home is writable inside the sandbox: a command of the session could replace the
+    events file with a link, which the host followed (to a host file; to `/dev/zero`, read
+    until the host's memory ran out), or with a FIFO, whose read waited forever."""
+    outside = tmp_path / "host-file.jsonl"
+    outside.write_text(CODEX_EVENT)
+    harness = _harness(tmp_path / "home")
+    events = tmp_path / "home" / EVENTS_FILE
+    try:
+        events.write_text(CODEX_EVENT)
+        assert _commands_within(harness, 10) == [("ls", "", True)]
+        events.unlink()
+        events.symlink_to(outside)
+        assert _commands_within(harness, 10) == []
+        events.unlink()
+        events.symlink_to("/dev/zero")
+        assert _commands_within(harness, 10) == []
+        events.unlink()
+        os.mkfifo(events)
+        assert _commands_within(harness, 10) == []
+    finally:
+        harness.close()

@@ -133,6 +133,9 @@ GOOD = '{"instance_id": "a", "repo": "r", "problem_statement": "", "PASS_TO_PASS
         (GOOD + ', "FAIL_TO_PASS": [1]}\n', "one.jsonl:1: FAIL_TO_PASS must be a list of test ids"),
         ((GOOD + ', "FAIL_TO_PASS": []}\n') * 2, "instance a appears twice"),
         ("[1]\n", "one.jsonl:1: an instance is a JSON object, not list"),
+        # It becomes the gateway's rollout ids and the trainer's task ids: a `/` failed both.
+        ('{"instance_id": "o/r.1", "repo": "r", "problem_statement": "", "PASS_TO_PASS": [], '
+         '"FAIL_TO_PASS": []}\n', "one.jsonl:1: instance_id 'o/r.1' may hold only"),
     ],
 )  # fmt: skip
 def test_a_bad_instance_file_says_where(tmp_path: Path, content: str, message: str) -> None:

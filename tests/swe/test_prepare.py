@@ -140,3 +140,31 @@ def test_prepare_rolls_out_the_policy_through_real_services(tmp_path: Path) -> N
     assert summary["mixed"] == rules.count("even attempts")
     assert len(result.train) + len(result.test) == rules.count("even attempts") + 1
     assert (tmp_path / "runs" / "swe-prepare" / "gateway.db").is_file()
+
+
+def test_difficulty_rollout_ids_fit_the_gateways_ids_for_a_long_instance_id(
+    tmp_path: Path,
+) -> None:
+    """`run_name.instance_id.k` was sent as is: an instance id of 200 characters made every
+    rollout declare fail with the gateway's validation error, after the policy had loaded."""
+    from reins.schemas import RolloutSpec
+    from reins.swe.prepare import _rollout_id
+
+    instance = Instance("x" * 200, "r", "", ("t",), (), {})
+    ids = [_rollout_id(config(tmp_path), instance, k) for k in range(3)]
+    assert [RolloutSpec(rollout_id=rid, input={}).rollout_id for rid in ids] == ids
+    assert len(set(ids)) == 3
+
+
+@pytest.mark.slow
+def test_rollouts_that_end_without_a_reward_are_no_verdict(tmp_path: Path) -> None:
+    """An agent that exited 0 without reporting a reward was read as a reward of 0, so a
+    policy whose agent never reported built a filter of "never solved" tasks, silently."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "run_name: unused\ntasks: unused.jsonl\nagent: tests.swe.silent_agent:run\n"
+        f"runs_dir: {tmp_path / 'runs'}\nmax_parallel: 2\nrollout_timeout_s: 60\n"
+    )
+    prepared = config(tmp_path, policy=policy, limit=2, attempts=1, test_size=1)
+    with pytest.raises(PrepareError, match="2 of 2 difficulty rollouts failed to run or ended"):
+        prepare(prepared, say=lambda line: None)

@@ -175,6 +175,28 @@ def test_every_new_root_module_is_left_out_as_it_shadows_installed_ones(
     assert " b/yaml\n" not in diff and " b/yaml\n" in workspace.diff(with_tests=True)
 
 
+def test_modules_of_a_new_root_folder_are_left_out_as_namespace_package_portions(
+    shipped: tuple[list[Instance], dict[str, RepoSource]], tmp_path: Path
+) -> None:
+    """A new root `google/protobuf/__init__.py` was kept: Python joins a root `google/` to an
+    installed namespace package `google`, the root's portion first, so the tests' `import
+    google.protobuf` loaded the agent's module."""
+    instances, repos = shipped
+    instance = by_id(instances, "func_pm_remove_cond__b3cb911e")
+    workspace = Workspace(tmp_path, repos[instance.repo], instance.instance_id)
+    work = workspace.checkout()
+    shadows = ["google/protobuf/__init__.py", "google/protobuf/message.py", "zope/interface.py"]
+    kept = ["minilib/extra/helpers.py", "notes/readme.txt", "my-tool/run.py"]
+    for name in shadows + kept:
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text("FORGED = 1\n")
+    (work / "zope" / "schema").symlink_to("../minilib")  # a package of the agent's
+    shadows.append("zope/schema")
+    diff = workspace.diff()
+    assert sorted(name for name in shadows + kept if f" b/{name}\n" in diff) == sorted(kept)
+    assert all(f" b/{name}\n" in workspace.diff(with_tests=True) for name in shadows)
+
+
 FLIP_PLUGIN = (
     "import pytest\n"
     "@pytest.hookimpl(hookwrapper=True)\n"
@@ -266,7 +288,7 @@ def test_compiled_root_modules_named_as_the_standard_library_are_left_out(
         *("traceback.so", "traceback.abi3.so", "traceback.cpython-311-x86_64-linux-gnu.so"),
         *("pathlib.cpython-312-x86_64-linux-gnu.so", "json/__init__.abi3.so", "traceback.pyw"),
     ]
-    kept = ["minilib/traceback.so", "json/helpers.so"]
+    kept = ["minilib/traceback.so", "helpers.txt"]
     for name in shadows + kept:
         (work / name).parent.mkdir(exist_ok=True)
         (work / name).write_bytes(b"\x7fELF compiled")

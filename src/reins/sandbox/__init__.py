@@ -55,6 +55,9 @@ _ETC = (
     "ssl ca-certificates"  # public CA certificates: a TLS client fails on the network, not before
 )
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "USER": "root"}
+_KILLED = (128 + signal.SIGKILL, -signal.SIGKILL)
+"""The command's status when its own last process was SIGKILLed (by the kernel's OOM killer):
+bash's and bwrap's 137, or Popen's -9."""
 _GRACE_S = 5.0  # after a kill: how long to wait for the pipe to close and the process to go
 
 
@@ -604,11 +607,21 @@ class Sandbox:
         size = {"wall time": f"{wall:g} s", "cpu time": f"{limits.cpu_s} s", "closed": "",
                 "memory": f"{limits.memory_mb} MB", "processes": str(limits.processes),
                 "file size": f"{limits.file_mb} MB"}  # fmt: skip
-        note = (
-            f"[killed: {limit} limit {size[limit]}]" if size[limit] else "[killed: sandbox closed]"
-        )
+        # The memory and process limits are seen in the cgroup's counters, which also count a
+        # child the kernel ended while the command's shell ran on to an exit of its own
+        # (`python3 big.py; echo $?`): that command was not killed, and its code is its own.
+        ran_on = killed is None and limit in ("memory", "processes") and code not in _KILLED
+        if ran_on:
+            what = "a process of it was killed" if limit == "memory" else "a fork was refused"
+            note = f"[{limit} limit {size[limit]} reached ({what}); the command ran on]"
+        elif size[limit]:
+            note = f"[killed: {limit} limit {size[limit]}]"
+        else:
+            note = "[killed: sandbox closed]"
         output = f"{text}\n{note}" if text else note
-        return CommandResult(None, output, None if limit == "closed" else limit, seconds)
+        return CommandResult(
+            code if ran_on else None, output, None if limit == "closed" else limit, seconds
+        )
 
     def _kill(self, proc: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):  # bwrap; --die-with-parent takes its init
@@ -631,6 +644,9 @@ class Sandbox:
         descriptor without following any link: a command running meanwhile may swap a folder
         for a symlink (a host read of `d/x` read a host file 4 times in 10), and an open that
         followed it would leave the folder. A FIFO or a device is refused, not waited on."""
+        unfit = _unfit(relative, "path")
+        if unfit:
+            raise ValueError(f"{unfit}: no file is named so")
         target = self._inside(relative)
         *parents, name = target.relative_to(self.path).parts or ("",)
         if not name:
@@ -661,10 +677,17 @@ class Sandbox:
 
     def write_file(self, relative: str, content: str) -> None:
         """Write `content` to `relative` in the folder (host side), creating parent folders."""
+        try:
+            # Encoded before the file is opened: content with no UTF-8 form (a lone surrogate
+            # from a model's JSON) failed after the truncation and left the file empty.
+            data = content.encode()
+        except UnicodeEncodeError as error:
+            bad = content[error.start : error.end]
+            raise ValueError(f"the content holds {bad!r}, which has no UTF-8 form") from None
         fd = self._open(relative, os.O_WRONLY | os.O_CREAT, create_parents=True)
-        with open(fd, "w") as file:  # truncated once it is known to be a regular file
+        with open(fd, "wb") as file:  # truncated once it is known to be a regular file
             file.truncate()
-            file.write(content)
+            file.write(data)
 
     def read_file(self, relative: str, max_chars: int = 100_000) -> str:
         """The first `max_chars` characters of `relative` in the folder (host side)."""

@@ -20,6 +20,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,21 +143,38 @@ class CliHarness:
 
     def commands(self) -> list[tuple[str, str, bool]]:
         """(command, output, succeeded) of each command the CLI ran, from its events."""
-        path = self.home / EVENTS_FILE
         events = []
-        if path.exists():
-            for line in path.read_text(errors="replace").splitlines():
-                if line.startswith("{"):
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(event, dict):
-                        events.append(event)
+        for line in _read_events(self.home / EVENTS_FILE).splitlines():
+            if line.startswith("{"):
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    events.append(event)
         return _claude_commands(events) if self.name == "claude" else _codex_commands(events)
 
     def close(self) -> None:
         self.door.close()
+
+
+EVENTS_MAX_BYTES = 64 * 1024 * 1024
+"""The most of the events file read back: the session writes it, so it is read bounded."""
+
+
+def _read_events(path: Path) -> str:
+    """The events file as the session left it, '' when it is no regular file. The home is
+    writable inside, so a command of the session could put a link there (`/dev/zero`, read
+    on the host until its memory ran out; a host file), or a FIFO (the read waited forever):
+    the file is opened without following a link or waiting, and read up to a bound."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # missing, or a link
+        return ""
+    with open(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            return ""
+        return file.read(EVENTS_MAX_BYTES).decode(errors="replace")
 
 
 def _claude_commands(events: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, bool]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,15 @@ SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 """mini-swe-agent's end of task: a command whose output starts with this line."""
 
 OnCommand = Callable[[str, CommandResult, list[HackAttempt]], None]
+
+
+def _limit_info(result: CommandResult) -> str:
+    """What a limit did to the command, for mini-swe-agent's `exception_info`."""
+    if result.limit is None:
+        return ""
+    if result.exit_code is None:
+        return f"stopped by the {result.limit} limit"
+    return f"the command ran on after reaching the {result.limit} limit"
 
 
 class SandboxEnvironment:
@@ -48,16 +58,16 @@ class SandboxEnvironment:
     ) -> dict[str, Any]:
         command = action if isinstance(action, str) else str(action.get("command", ""))
         if cwd and cwd not in ("/work", "."):
-            command = f"cd {cwd!r} && {command}"
+            # Shell quoting: Python's repr is not (a `'` in the path made it a "..." in which
+            # bash expanded `$`, and an escape such as `\t` stayed two characters).
+            command = f"cd {shlex.quote(cwd)} && {command}"
         result = self.sandbox.run(command, timeout_s=timeout or self.timeout_s)
         self.record(command, result)
         output: dict[str, Any] = {
             "output": result.output,
             # mini-swe-agent shows the code to the model; a command a limit stopped has none.
             "returncode": result.exit_code if result.exit_code is not None else -1,
-            "exception_info": ""
-            if result.limit is None
-            else f"stopped by the {result.limit} limit",
+            "exception_info": _limit_info(result),
         }
         self._check_finished(output)
         return output

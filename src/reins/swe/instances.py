@@ -21,6 +21,7 @@ reward step restores before running them::
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,6 +31,10 @@ from typing import Any
 REQUIRED = ("instance_id", "repo", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS")
 MAX_TESTS = 200
 """The paper drops tasks with more than 200 tests (python-jsonschema runs over 7,000)."""
+
+
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9._:-]+")
+"""What a task id and the gateway's rollout ids may hold (`reins.schemas.Identifier`)."""
 
 
 class InstanceError(ValueError):
@@ -73,6 +78,12 @@ class Instance:
         for key in ("instance_id", "repo"):
             if not isinstance(record[key], str) or not record[key]:
                 raise InstanceError(f"{where}: {key} must be a non-empty string")
+        if not _INSTANCE_ID.fullmatch(record["instance_id"]):
+            # It names the task and its rollouts, in the gateway's URL-safe ids: a `/` failed
+            # `prepare`'s rollouts after the policy had loaded, and `reins train` its tasks.
+            raise InstanceError(
+                f"{where}: instance_id {record['instance_id']!r} may hold only [A-Za-z0-9._:-]"
+            )
         statement = record["problem_statement"]
         return cls(
             instance_id=record["instance_id"],

@@ -18,6 +18,7 @@ The task files are in reins' task format; a task's input holds the instance (wit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -37,6 +38,7 @@ from reins.swe.instances import (
     static_filter,
 )
 from reins.trainer.config import ConfigError, read_config_file, validation_problems
+from reins.trainer.loop import fitted_id
 
 
 class PrepareError(ValueError):
@@ -105,6 +107,12 @@ class Difficulty:
         return sum(reward >= 1.0 for reward in self.rewards[instance_id])
 
 
+def _rollout_id(config: PrepareConfig, instance: Instance, k: int) -> str:
+    """Attempt `k`'s rollout id, within the gateway's length (a long instance id is cut and
+    a digest of it put in its place, as the trainer does)."""
+    return fitted_id(f"{config.run_name}.", instance.instance_id, f".{k}")
+
+
 async def attempt_with_policy(
     policy: Path,
     tasks: list[tuple[Instance, RepoSource]],
@@ -131,8 +139,8 @@ async def attempt_with_policy(
         client = services.client
         specs = [
             RolloutSpec(
-                rollout_id=f"{config.run_name}.{instance.instance_id}.{k}",
-                group_id=f"{config.run_name}.{instance.instance_id}",
+                rollout_id=_rollout_id(config, instance, k),
+                group_id=fitted_id(f"{config.run_name}.", instance.instance_id),
                 input=task_input(instance, repo),
                 mode="val",
                 metadata={
@@ -169,12 +177,12 @@ async def attempt_with_policy(
         for start in range(0, len(succeeded), 256):
             chunk = succeeded[start : start + 256]
             for rollout_id, decoded in zip(chunk, await client.get_records(chunk), strict=True):
-                try:
+                # An agent that exited 0 without a reward gave no verdict: counted as failed
+                # to run (and so seen when most did), not as a 0 the filter trusts.
+                with contextlib.suppress(MissingRewardError):
                     rewards[rollout_id] = record_of(decoded).reward
-                except MissingRewardError:
-                    rewards[rollout_id] = 0.0
     for instance, _ in tasks:
-        ids = [f"{config.run_name}.{instance.instance_id}.{k}" for k in range(config.attempts)]
+        ids = [_rollout_id(config, instance, k) for k in range(config.attempts)]
         result.rewards[instance.instance_id] = [rewards.get(rid, 0.0) for rid in ids]
         result.failed_rollouts += sum(rid not in rewards for rid in ids)
     result.seconds = time.monotonic() - started
@@ -259,8 +267,9 @@ def prepare(
         total = summary["rollouts"]
         if total and failed * 2 > total:
             raise PrepareError(
-                f"{failed} of {total} difficulty rollouts failed to run (not a reward of 0: no "
-                f"reward at all); see the agents' logs under the policy's run folder before "
+                f"{failed} of {total} difficulty rollouts failed to run or ended without a "
+                f"reward (not a reward of 0: no reward at all); see the agents' logs under the "
+                "policy's run folder before "
                 "trusting a filter built on them"
             )
         say(

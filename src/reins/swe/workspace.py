@@ -167,6 +167,22 @@ def _new_root_module(path: str, *, link: bool = False) -> bool:
     return module.isidentifier() and file.endswith(_IMPORT_SUFFIXES)
 
 
+def _in_new_root_package(path: str, roots: set[str], *, link: bool = False) -> bool:
+    """A module file, or a `link` (`google/protobuf` to a folder of the agent's), under a root
+    folder that HEAD does not have (`google/protobuf/__init__.py` when there was no `google/`).
+    Python joins such a folder, with or without an `__init__.py`, to an installed namespace
+    package of its name (`google`, `zope`, `sphinxcontrib`), the root's portion first: `import
+    google.protobuf` then loads the agent's. A fix of the package never needs a new root
+    folder of modules."""
+    parts = PurePosixPath(path).parts
+    return (
+        len(parts) > 1
+        and parts[0] not in roots
+        and parts[0].isidentifier()
+        and (link or parts[-1].endswith(_IMPORT_SUFFIXES))
+    )
+
+
 def _added(env: dict[str, str]) -> Iterator[tuple[str, bool]]:
     """(path, is a symbolic link) for each file the index adds to HEAD. Renames are not looked
     for: a file renamed to `traceback.py` is a new `traceback.py`, not a change of the old one's
@@ -233,7 +249,8 @@ class Workspace:
         """The agent's change to the work tree as a binary git diff (new files included); left
         out unless `with_tests`: the repository's test paths, the files that configure the test
         run (`RUN_CONFIGURATION`), and new (or renamed) modules and packages at the root, which
-        shadow what the runner and the tests import (`_new_root_module`)."""
+        shadow what the runner and the tests import (`_new_root_module`), and the modules of
+        a new root folder (`_in_new_root_package`)."""
         env = self._tree_env()
         _git("read-tree", "HEAD", env=env)
         _git("add", "--all", env=env)
@@ -245,10 +262,13 @@ class Workspace:
                 for name in RUN_CONFIGURATION
                 for inside in ("", "/**")
             ]
+            roots = set(_git("ls-tree", "--name-only", "-z", "HEAD", env=env).decode(
+                errors="surrogateescape"
+            ).split("\0"))  # fmt: skip
             excluded += [
                 f":(exclude,literal){path}"
                 for path, link in _added(env)
-                if _new_root_module(path, link=link)
+                if _new_root_module(path, link=link) or _in_new_root_package(path, roots, link=link)
             ]
         return _git("diff", "--cached", "--binary", "HEAD", "--", ".", *excluded, env=env).decode(
             errors="surrogateescape"
