@@ -437,6 +437,18 @@ def test_an_error_quoting_brackets_shows_them_as_they_are(tmp_path: Path) -> Non
     assert f"error: {folder} has no metrics.jsonl" in " ".join(result.stderr.split())
 
 
+def test_a_database_path_with_brackets_is_named_as_it_is(tmp_path: Path) -> None:
+    """`reins gateway --db 'DIR/[/y]/g.db'` that cannot be opened: the reason quotes the path,
+    whose `[/y]` rich read as markup (a MarkupError traceback in place of the reason)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = refused_gateway(f"{blocker}/[/y]/g.db")
+    assert result.returncode == 1, result.stderr
+    said = " ".join(result.stderr.split())
+    assert f"cannot open the SQLite database {blocker}/[/y]/g.db" in said, said
+    assert "Traceback" not in said
+
+
 def test_libpqs_sslmode_is_asyncpgs_ssl() -> None:
     """`?sslmode=require`, as every PostgreSQL guide writes it, was a TypeError traceback."""
     from reins.gateway.settings import database_url
@@ -552,6 +564,34 @@ def test_engine_on_port_0_says_the_port_it_serves_on(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "the engine did not answer at the port it said"
                 time.sleep(0.05)
         assert answer.status_code == 200
+    finally:
+        engine.send_signal(signal.SIGINT)
+        try:
+            engine.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+            engine.wait()
+
+
+def test_engine_says_a_served_name_with_brackets_as_it_is(tmp_path: Path) -> None:
+    """`--served-model-name 'm[/y]'`: its start line read `[/y]` as rich markup, a MarkupError
+    traceback once the model had loaded, and the engine never served."""
+    from tests.trainer.conftest import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "model")
+    command = [
+        *(sys.executable, "-m", "reins", "engine", "--port", "0", "--model", str(model)),
+        *("--served-model-name", "m[/y]"),
+    ]
+    engine = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        assert engine.stderr is not None
+        said = []
+        for line in engine.stderr:
+            said.append(line)
+            if line.startswith("serving ") or "Traceback" in line:
+                break
+        assert said and said[-1].startswith("serving m[/y] on "), "".join(said)
     finally:
         engine.send_signal(signal.SIGINT)
         try:

@@ -32,3 +32,21 @@ def test_an_unknown_example_exits_2_and_lists_the_examples(
     assert result.exit_code == 2
     assert "no example 'no-such-example'" in result.output
     assert "recall" in result.output.split("examples here:")[1]
+
+
+@pytest.mark.parametrize(
+    ("command", "variable"),
+    [
+        (["controller"], "REINS_GATEWAY_URL"),
+        (["controller"], "REINS_API_KEY"),
+        (["export"], "REINS_GATEWAY_URL"),
+        (["export"], "REINS_API_KEY"),
+    ],
+)
+def test_an_options_environment_variable_is_named_once_in_help(
+    command: list[str], variable: str
+) -> None:
+    """`reins controller --help` said "[env: REINS_GATEWAY_URL]  [env var: REINS_GATEWAY_URL]"."""
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert result.output.count(variable) == 1, result.output

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from reins.cliout import error_line
 from reins.swe.cli import swe_app
@@ -151,7 +152,8 @@ def engine(
         console.print(error_line(f"{error}"))
         raise typer.Exit(1) from error
     device_name = next(loaded.model.parameters()).device
-    console.print(f"serving [bold]{loaded.name}[/bold] on {device_name} at http://{host}:{port}/v1")
+    shown_name = escape(loaded.name)  # a served name or folder may hold `[/x]`: not markup
+    console.print(f"serving [bold]{shown_name}[/bold] on {device_name} at http://{host}:{port}/v1")
     engine_app = create_engine_app(loaded)
     freeze_startup_objects()  # torch's and transformers' objects, the model's, the app's
     try:
@@ -199,7 +201,7 @@ def gateway(
     try:
         settings = load_settings(**overrides)
     except SettingsRefused as error:  # a flag or a REINS_* variable
-        console.print(f"[red]reins gateway: {error}[/red]")
+        console.print(f"[red]reins gateway: {escape(str(error))}[/red]")
         raise typer.Exit(2) from None
     if api_key is None and "REINS_API_KEY" not in os.environ:
         console.print(
@@ -207,11 +209,13 @@ def gateway(
         )
     port = _exit_unless_port_free("gateway", host, port)
     shown = make_url(settings.database_url).render_as_string(hide_password=True)
-    console.print(f"store: {shown}")
+    console.print(f"store: {shown}", markup=False)
     try:
         asyncio.run(check_reachable(settings.database_url))
     except DatabaseUnreachable as error:
-        console.print(f"[red]reins gateway: {error}[/red]")
+        # Escaped: the message quotes the path, and a `[/x]` in it was read as markup (a
+        # MarkupError traceback in place of the reason).
+        console.print(f"[red]reins gateway: {escape(str(error))}[/red]")
         raise typer.Exit(1) from None
     gateway_app = create_app(settings)
     freeze_startup_objects()
@@ -223,11 +227,10 @@ def gateway(
 def controller(
     runner: Annotated[str, typer.Option(help="`local` (process pool) or `kubernetes` (Jobs).")],
     gateway: Annotated[
-        str, typer.Option(envvar="REINS_GATEWAY_URL", help="Gateway URL [env: REINS_GATEWAY_URL]")
+        # No "[env: ...]" in these helps: click shows `envvar` itself ("[env var: ...]").
+        str, typer.Option(envvar="REINS_GATEWAY_URL", help="Gateway URL.")
     ],
-    api_key: Annotated[
-        str, typer.Option(envvar="REINS_API_KEY", help="Admin key [env: REINS_API_KEY]")
-    ],
+    api_key: Annotated[str, typer.Option(envvar="REINS_API_KEY", help="Admin key.")],
     agent: Annotated[
         str | None,
         typer.Option(help="`module:function` or a command line (a rollout's config.agent wins)."),
@@ -469,7 +472,8 @@ def _run_training(config: object, *, resume: bool, resume_command: str) -> None:
         raise
     console.print(
         f"done: metrics in {config.run_dir / 'metrics.jsonl'}; "
-        f"plots with `reins report --run {config.run_dir}`"
+        f"plots with `reins report --run {config.run_dir}`",
+        markup=False,  # the run's folder may hold `[/x]`
     )
     _end_rank(config, 0)
 
@@ -616,7 +620,9 @@ def export(
                 partial.replace(out)
             else:
                 partial.unlink(missing_ok=True)
-    console.print(f"exported {count} rollouts" + ("" if str(out) == "-" else f" to {out}"))
+    # Not markup: a `[/x]` in the file's name made a MarkupError traceback of a whole export.
+    where = "" if str(out) == "-" else f" to {out}"
+    console.print(f"exported {count} rollouts{where}", markup=False)
 
 
 @app.command()

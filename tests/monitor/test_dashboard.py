@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html as markup
 import json
+import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -480,3 +481,43 @@ def test_a_run_whose_metrics_cannot_be_read_is_listed_with_why(
     row = answer.text[answer.text.index('href="/ui/runs/broken"') :].split("</tr>")[0]
     assert "cannot read metrics.jsonl: Input/output error" in row
     assert 'href="/ui/runs/fine"' in answer.text
+
+
+@pytest.mark.parametrize("name", ["%41", "50% a+b", "é?x=1#y"])
+def test_login_comes_back_to_the_page_asked_for_whatever_its_name(
+    gateway: Gateway, runs_dir: Path, name: str
+) -> None:
+    """A run folder named `%41` came back after the login as `/ui/runs/%41`: run `A`'s page."""
+    write_run(runs_dir, name, steps=3)
+    write_run(runs_dir, "A", steps=3)
+    browser = gateway.client()
+    asked = f"/ui/runs/{quote(name, safe='')}?live=1"
+    to_login = browser.get(asked, follow_redirects=False)
+    assert to_login.status_code == 303
+    form = browser.get(to_login.headers["location"]).text
+    found = re.search(r'name="next" value="([^"]*)"', form)
+    assert found is not None, form
+    logged_in = browser.post(
+        "/ui/login",
+        data={"key": gateway.api_key, "next": markup.unescape(found.group(1))},
+        follow_redirects=False,
+    )
+    assert logged_in.status_code == 303
+    assert logged_in.headers["location"] == asked
+    page = browser.get(logged_in.headers["location"])
+    assert f'Run <span class="mono">{markup.escape(name)}</span>' in page.text
+
+
+def test_a_run_folder_whose_name_is_not_utf8_leaves_the_pages_readable(
+    gateway: Gateway, runs_dir: Path
+) -> None:
+    """A folder named in Latin-1 (`caf\\xe9`) made /ui and /ui/runs a 500: its name, read with a
+    surrogate for the byte, could not be written into a page."""
+    write_run(runs_dir, "fine", steps=3)
+    write_run(runs_dir, os.fsdecode(b"caf\xe9 run"), steps=3)
+    assert "fine" in gateway.http.get("/ui").text
+    listing = gateway.http.get("/ui/runs")
+    assert listing.status_code == 200
+    assert 'href="/ui/runs/fine"' in listing.text
+    assert "caf\ufffd run" in listing.text
+    assert "its folder&#39;s name is not UTF-8 text" in listing.text

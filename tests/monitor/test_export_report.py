@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from reins.cli import app
 from reins.client import GatewayClient
 from reins.monitor.export import export_rollouts, rollout_line
-from reins.monitor.report import MAX_SLUG, ReportError, write_report
+from reins.monitor.report import MAX_SLUG, OVERVIEW_CHARTS, ReportError, plain, write_report
 from tests import required
 from tests.conftest import Gateway
 from tests.monitor.factory import chat_call, coding_rollout, declare, many_rollouts, post, write_run
@@ -152,6 +152,24 @@ def test_export_command_writes_a_file(gateway: Gateway, tmp_path: Path) -> None:
     assert sorted(p.name for p in out.parent.iterdir()) == ["rollouts.jsonl"]  # no part left
 
 
+def test_export_to_a_file_named_with_brackets_says_where_it_wrote(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    """The closing line read `[/y]` in the file's name as rich markup: a MarkupError traceback
+    and exit 1 after a whole export was written."""
+    many_rollouts(gateway, 2, run="cli")
+    (tmp_path / "a[").mkdir()
+    out = tmp_path / "a[" / "y]"
+    result = subprocess.run(
+        [sys.executable, "-m", "reins.cli", "export", "--run", "cli", "-o", str(out),
+         "--gateway", gateway.url, "--api-key", gateway.api_key],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"exported 2 rollouts to {out}" in " ".join(result.stderr.split())
+    assert len(out.read_text().splitlines()) == 2
+
+
 def test_export_to_a_reader_that_went_away_ends_quietly_as_sigpipe_does(gateway: Gateway) -> None:
     """`reins export | head`: the export exited 1, as if it had failed."""
     many_rollouts(gateway, 3, run="cli")
@@ -274,3 +292,35 @@ def test_report_of_metrics_with_long_names_writes_every_chart(tmp_path: Path) ->
     assert len(names) == len(set(names)) == 4  # the overview, loss, and both long ones
     assert max(len(name) for name in names) <= MAX_SLUG + len("-12345678.png")
     assert all(path.is_file() for path in written)
+
+
+def test_report_of_many_metrics_keeps_each_overview_a_usable_size(tmp_path: Path) -> None:
+    """600 metric keys made one overview of 1650 x 74,800 pixels; now the charts go on pages of
+    `OVERVIEW_CHARTS`, each at most 8 rows high, and a metric named `overview-2` keeps its own."""
+    image = required.module("matplotlib.image", "the monitor extra: pip install -e '.[dev]'")
+    run = tmp_path / "run"
+    run.mkdir()
+    keys = [f"agent/metric_{i:02d}" for i in range(OVERVIEW_CHARTS + 5)] + ["overview-2"]
+    rows = [{"step": s, **{key: s * i for i, key in enumerate(keys)}} for s in range(3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    written = write_report(run, tmp_path / "plots")
+    names = [path.name for path in written]
+    assert names[:2] == ["overview.png", "overview-2.png"]
+    assert "overview-2-.png" in names  # the metric's own chart
+    assert len(names) == len(set(names)) == 2 + len(keys)
+    for overview in written[:2]:
+        height, width = image.imread(overview).shape[:2]
+        assert height <= 8 * 3.4 * 110 + 1 and width <= 3 * 5 * 110 + 1, (overview, height)
+
+
+def test_report_of_a_metric_with_dollar_signs_draws_them_as_written(tmp_path: Path) -> None:
+    """matplotlib reads a pair of `$` as mathtext: a key `agent/cost $_$` stopped `reins report`
+    with a parse error traceback."""
+    required.module("matplotlib", "the monitor extra: pip install -e '.[dev]'")
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": s, "agent/cost $_$": s, "loss": s} for s in range(2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    written = write_report(run, tmp_path / "plots")
+    assert [path.name for path in written] == ["overview.png", "loss.png", "agent-cost.png"]
+    assert plain("cost $_$ (s)") == r"cost \$_\$ (s)"

@@ -1,7 +1,7 @@
 """`reins report`: PNG plots of a run's curves, for papers and issues (matplotlib, no display).
 
 One PNG per chart of the run page (same panels, `reins.monitor.panels`), named after the chart,
-and `overview.png` with all of them on one grid.
+and `overview.png` with them on one grid (`overview-2.png`, ... past `OVERVIEW_CHARTS`).
 """
 
 from __future__ import annotations
@@ -53,6 +53,13 @@ def slug(title: str) -> str:
     return f"{name[:MAX_SLUG].rstrip('-')}-{digest}"
 
 
+def plain(text: str) -> str:
+    """`text` as matplotlib shows it as written: a pair of `$` is mathtext to it, so a metric's
+    key such as `agent/cost $_$` stopped `reins report` with a parse error traceback, and
+    `a $x$ b` came out in italics."""
+    return text.replace("$", r"\$")
+
+
 def draw(ax: Axes, chart: Chart) -> None:
     """One chart on a matplotlib Axes, as the dashboard draws it."""
     panel = chart.panel
@@ -67,21 +74,22 @@ def draw(ax: Axes, chart: Chart) -> None:
         below = [0.0] * len(xs)
         for i, (series, top) in enumerate(zip(chart.series, tops, strict=True)):
             color = COLORS[i % len(COLORS)]
-            ax.fill_between(xs, below, top, color=color, alpha=0.55, label=series.name)
+            ax.fill_between(xs, below, top, color=color, alpha=0.55, label=plain(series.name))
             below = top
     else:
         for i, series in enumerate(chart.series):
             marker = "o" if len(series.points) <= 60 else None
             ax.plot(
                 [x for x, _ in series.points], [y for _, y in series.points],
-                color=COLORS[i % len(COLORS)], marker=marker, markersize=3, label=series.name,
+                color=COLORS[i % len(COLORS)], marker=marker, markersize=3,
+                label=plain(series.name),
             )  # fmt: skip
     if chart.total:
         ax.plot(
             [x for x, _ in chart.total.points], [y for _, y in chart.total.points],
-            color="#111827", linestyle="--", linewidth=1.2, label=chart.total.key,
+            color="#111827", linestyle="--", linewidth=1.2, label=plain(chart.total.key),
         )  # fmt: skip
-    ax.set_title(panel.title + (f" ({panel.unit})" if panel.unit else ""), fontsize=10)
+    ax.set_title(plain(panel.title + (f" ({panel.unit})" if panel.unit else "")), fontsize=10)
     ax.set_xlabel("step", fontsize=8)
     ax.tick_params(labelsize=8)
     ax.grid(alpha=0.3)
@@ -92,6 +100,31 @@ def _skipped(lines: int) -> str:
     if not lines:
         return ""
     return f"; {lines} line{'s' if lines > 1 else ''} skipped, not JSON objects"
+
+
+OVERVIEW_CHARTS = 24
+"""Charts on one overview image (8 rows of 3): a run with 600 metric keys made one grid of
+1650 x 74,800 pixels, which image viewers refuse or shrink to nothing; more charts go on
+`overview-2.png`, `overview-3.png`, ..."""
+
+
+def _overview(plt: ModuleType, title: str, shown: list[Chart], path: Path) -> Path:
+    """One overview image: the charts `shown` on a grid of 3 columns."""
+    columns = min(3, len(shown))
+    rows = math.ceil(len(shown) / columns)
+    # Constrained, not `tight_layout`: that one leaves the title out and drew it over the
+    # first row's chart titles.
+    figure, axes = plt.subplots(
+        rows, columns, figsize=(5 * columns, 3.4 * rows), squeeze=False, layout="constrained"
+    )
+    for ax, chart in zip(axes.flat, shown, strict=False):
+        draw(ax, chart)
+    for ax in list(axes.flat)[len(shown) :]:
+        ax.set_visible(False)
+    figure.suptitle(plain(title), fontsize=12)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
 
 
 def write_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
@@ -107,21 +140,16 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         )
     out_dir = out_dir or run_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
+    pages = math.ceil(len(found) / OVERVIEW_CHARTS)
     written: list[Path] = []
-    columns = min(3, len(found))
-    rows = math.ceil(len(found) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.4 * rows), squeeze=False)
-    for ax, chart in zip(axes.flat, found, strict=False):
-        draw(ax, chart)
-    for ax in list(axes.flat)[len(found) :]:
-        ax.set_visible(False)
-    figure.suptitle(f"run {run.name}: {run.training_steps} steps", fontsize=12)
-    figure.tight_layout()
-    overview = out_dir / "overview.png"
-    figure.savefig(overview, dpi=110)
-    plt.close(figure)
-    written.append(overview)
-    names = {overview.stem}  # a metric named `overview` must not overwrite the grid
+    for page in range(1, pages + 1):
+        name = "overview.png" if page == 1 else f"overview-{page}.png"
+        shown = found[(page - 1) * OVERVIEW_CHARTS : page * OVERVIEW_CHARTS]
+        steps = run.training_steps
+        title = f"run {run.name}: {steps} step{'' if steps == 1 else 's'}"
+        title += f" ({page} of {pages})" if pages > 1 else ""
+        written.append(_overview(plt, title, shown, out_dir / name))
+    names = {path.stem for path in written}  # a metric named `overview` must not overwrite it
     for chart in found:
         name = slug(chart.panel.title)
         while name in names:

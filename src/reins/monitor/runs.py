@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,9 @@ class RunInfo:
     """The latest value of each flattened key (over all lines)."""
     problem: str | None = None
     """Why metrics.jsonl could not be read (then no steps or values), else None."""
+    reachable: bool = True
+    """Whether the run's page can be asked for by `name` (not when its folder's name is not
+    UTF-8 text: `name` then shows it with U+FFFD in place of the bytes that are not)."""
 
 
 LARGEST = 1e300
@@ -195,6 +199,13 @@ def list_runs(runs_dir: Path) -> list[RunInfo]:
     for folder in runs_dir.iterdir():
         metrics = folder / METRICS_FILE
         if not metrics.is_file():
+            continue
+        if not is_text(folder.name):
+            # Not readable as UTF-8 (a folder copied from a Latin-1 system): such a name could
+            # not be written into the page, and the whole list was a 500.
+            shown = os.fsencode(folder.name).decode("utf-8", errors="replace")
+            why = "its folder's name is not UTF-8 text: rename the folder to see the run"
+            infos.append(RunInfo(shown, folder, 0.0, 0, {}, why, reachable=False))
             continue
         problem = None
         try:
@@ -328,9 +339,23 @@ def run_names(runs_dir: Path) -> list[str]:
     metrics (the rollouts page lists them on every load; a long run's file is megabytes)."""
     if not runs_dir.is_dir():
         return []
-    found = [(folder / METRICS_FILE, folder.name) for folder in runs_dir.iterdir()]
+    found = [
+        (folder / METRICS_FILE, folder.name)
+        for folder in runs_dir.iterdir()
+        if is_text(folder.name)  # no run of the rollouts table can name the others
+    ]
     dated = [(metrics.stat().st_mtime, name) for metrics, name in found if metrics.is_file()]
     return [name for _, name in sorted(dated, reverse=True)]
+
+
+def is_text(name: str) -> bool:
+    """Whether a file name read from the disk is text: a name whose bytes are not UTF-8 is
+    read with surrogates in their place, which no page, link or UTF-8 encoder takes."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def run_path(runs_dir: Path, name: str) -> Path:
