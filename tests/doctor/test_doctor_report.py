@@ -134,6 +134,80 @@ def test_a_dropped_answer_is_reported_as_intended() -> None:
     assert checks(report) == {"split:dropped": "info"}
 
 
+def rewritten_history(first_request: Any, second_request: Any, kind: str) -> list[Any]:
+    """Two calls whose token evidence is a `template` split (an earlier turn reads otherwise in
+    the second prompt: "name a red fruit" where "name a fruit" was), with these requests."""
+    first = record(FIRST_PROMPT, [*ids("kiwi"), EOS], request=first_request, kind=kind)
+    second_prompt = [USER, *ids("name a red fruit"), ASSISTANT, *ids("kiwi"), EOS, USER]
+    second = record([*second_prompt, *ids("another"), ASSISTANT], [*ids("fig"), EOS])
+    if kind == "messages":  # the recorded answers in the Messages API's shape
+        first["response"] = {"content": [{"type": "text", "text": "kiwi"}]}
+        second["response"] = {"content": [{"type": "text", "text": "fig"}]}
+    return [first, {**second, "request": second_request, "kind": kind}]
+
+
+def chat(*messages: tuple[str, str]) -> dict[str, Any]:
+    return {"model": "policy", "messages": [{"role": r, "content": c} for r, c in messages]}
+
+
+def test_a_harness_that_rewrites_its_history_is_told_apart_from_the_template() -> None:
+    """`split:template` covered both: its fix said "either the harness changed an earlier
+    message or the template renders it differently". The requests say which: the harness that
+    changed its first message is `edited`, with a fix of its own; the one that sent its history
+    back unchanged leaves the template."""
+    asked = ("user", "name a fruit")
+    edited = rewritten_history(
+        chat(asked),
+        chat(("user", "name a red fruit"), ("assistant", "kiwi"), ("user", "another")),
+        "chat",
+    )
+    unchanged = rewritten_history(
+        chat(asked), chat(asked, ("assistant", "kiwi"), ("user", "another")), "chat"
+    )
+    report = build_report([run(edited, "r1"), run(unchanged, "r2")], DETOK)
+    assert report.splits == {"template": 1, "edited": 1}
+    assert [r.splits for r in report.rollouts] == [["edited"], ["template"]]
+    assert report.split_examples["edited"].rollout_id == "r1"
+    findings = {f.check: f for f in report.findings}
+    assert set(findings) == {"split:template", "split:edited"}
+    assert findings["split:edited"].severity == "warning"
+    assert "the harness changed" in findings["split:edited"].fix
+    assert "sent its history back unchanged" in findings["split:template"].fix
+    assert "edited 1" in render_text(report, "agent")
+
+
+def test_markers_and_spellings_of_the_same_messages_are_no_edit() -> None:
+    """Claude Code moves its `cache_control` marker to the last message on every call, and an
+    API may spell one message as a string or as text blocks: the engine is asked the same
+    conversation, so a split there is the template's, not an edit."""
+    marker = {"type": "ephemeral"}
+    first = {
+        "model": "policy",
+        "max_tokens": 8,
+        "system": [{"type": "text", "text": "be brief", "cache_control": marker}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": marker}]}
+        ],
+    }
+    second = {
+        **first,
+        "system": "be brief",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "text", "text": "kiwi"}]},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "more", "cache_control": marker}],
+            },
+        ],
+    }
+    report = build_report([run(rewritten_history(first, second, "messages"))], DETOK)
+    assert report.splits == {"template": 1}
+    changed = {**second, "system": "be very brief"}
+    report = build_report([run(rewritten_history(first, changed, "messages"))], DETOK)
+    assert report.splits == {"edited": 1}
+
+
 def test_calls_without_token_ids_or_logprobs_cannot_be_trained() -> None:
     no_ids = record([], [], error="the engine returned no token IDs", finish_reason="length")
     no_logprobs = record(FIRST_PROMPT, [*ids("kiwi"), EOS], response_logprobs=None)

@@ -75,3 +75,17 @@ def test_an_engine_without_tokenize_is_a_502_for_count_tokens(gateway: Gateway) 
     assert raised.value.status_code == 502
     assert raised.value.body["error"]["type"] == "api_error"  # type: ignore[index]
     assert "could not count tokens" in raised.value.body["error"]["message"]  # type: ignore[index]
+
+
+def test_a_count_without_a_model_is_anthropics_400_and_asks_no_engine(gateway: Gateway) -> None:
+    """Anthropic's `count_tokens` requires `model`: a count without one (or with a number) was
+    answered with the default model's count."""
+    with sdk_on_engine(gateway, 200) as (sdk, asked):
+        for body in ({"messages": MESSAGES}, {"model": 7, "messages": MESSAGES}):
+            with pytest.raises(anthropic.BadRequestError) as raised:
+                sdk.post("/v1/messages/count_tokens", body=body, cast_to=object)
+            error = raised.value.body
+            assert error["type"] == "error"  # type: ignore[index]
+            assert error["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+            assert error["error"]["message"].startswith("model: required")  # type: ignore[index]
+    assert asked == []

@@ -188,7 +188,21 @@ def test_count_tokens_request_is_the_conversation_and_tools_without_max_tokens()
     assert set(chat) == {"messages", "tools", "tool_choice"}
     called = translate({**sent, "max_tokens": 1}).chat_request()
     assert chat == {key: called[key] for key in ("messages", "tools", "tool_choice")}
-    assert count_tokens_request({"messages": [user()]}) == {"messages": [user()]}
+    assert count_tokens_request({"model": "m", "messages": [user()]}) == {"messages": [user()]}
+
+
+@pytest.mark.parametrize("model", [None, 7, {"name": "m"}], ids=repr)
+def test_count_tokens_requires_a_model_name_as_the_call_does(model: Any) -> None:
+    """Anthropic's `count_tokens` requires `model` (a 400 without it), as the call does: it was
+    counted without one."""
+    sent = {"messages": [user()]} | ({} if model is None else {"model": model})
+    for refused in (
+        lambda: count_tokens_request(sent),
+        lambda: translate({**sent, "max_tokens": 1}),
+    ):
+        with pytest.raises(WireError, match="model's name") as raised:
+            refused()
+        assert raised.value.param == "model"
 
 
 @pytest.mark.parametrize(
@@ -230,26 +244,61 @@ def test_an_empty_last_assistant_message_is_no_prefill_and_is_dropped(empty: Any
 @pytest.mark.parametrize(
     "last",
     [
+        "The answer is",
         [{"type": "text", "text": "The answer is"}],
-        [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {}}],
-        [{"type": "thinking", "thinking": "hm", "signature": ""}],
+        [
+            {"type": "thinking", "thinking": "hm", "signature": ""},
+            {"type": "text", "text": "The answer is"},
+        ],
     ],
-    ids=["text", "tool_use", "thinking"],
+    ids=["string", "text-block", "thinking-then-text"],
 )
-def test_a_last_assistant_message_with_content_is_still_a_refused_prefill(last: Any) -> None:
-    with pytest.raises(WireError, match="prefill"):
-        translate(body(user(), {"role": "assistant", "content": last}))
+def test_a_last_assistant_message_with_text_is_a_prefill_the_engine_continues(last: Any) -> None:
+    """A prefill (Anthropic continues the last assistant message's text) is asked of the engine
+    as vLLM's `continue_final_message`, the prompt ending inside that message (it was a 400,
+    though both engines can continue one)."""
+    chat = translate(body(user(), {"role": "assistant", "content": last})).chat_request()
+    assert chat["messages"][-1]["content"] == "The answer is"
+    assert (chat["continue_final_message"], chat["add_generation_prompt"]) == (True, False)
 
 
-def test_an_empty_assistant_message_after_an_assistant_one_is_still_a_refused_prefill() -> None:
+def test_a_conversation_ending_with_a_user_message_opens_a_new_turn() -> None:
+    chat = translate(body(user())).chat_request()
+    assert "continue_final_message" not in chat and "add_generation_prompt" not in chat
+
+
+def test_an_empty_assistant_message_after_an_assistant_one_leaves_that_one_the_prefill() -> None:
+    """Anthropic joins consecutive messages of one role: the empty last one adds nothing, and
+    the text before it is what the answer continues."""
     assistant = {"role": "assistant", "content": "The answer is"}
-    with pytest.raises(WireError, match="prefill"):
-        translate(body(user(), assistant, {"role": "assistant", "content": ""}))
+    translation = translate(body(user(), assistant, {"role": "assistant", "content": ""}))
+    chat = translation.chat_request()
+    assert chat["messages"][-1] == {"role": "assistant", "content": "The answer is"}
+    assert chat["continue_final_message"] is True
+    assert translation.notes == ["messages[2]: an empty last assistant message dropped"]
+
+
+@pytest.mark.parametrize(
+    ("last", "says"),
+    [
+        ([{"type": "tool_use", "id": "t1", "name": "Bash", "input": {}}], "tool_result"),
+        ([{"type": "thinking", "thinking": "hm", "signature": ""}], "no text to continue"),
+        ("The answer is ", "trailing whitespace"),
+        ([{"type": "text", "text": "The answer is\n"}], "trailing whitespace"),
+    ],
+    ids=["tool_use", "thinking-alone", "trailing-space", "trailing-newline"],
+)
+def test_a_last_assistant_message_that_cannot_be_continued_is_refused(last: Any, says: str) -> None:
+    """A tool_use waits for its result and a thinking block has no text to continue; a prefill
+    that ends with whitespace is a 400 at Anthropic too."""
+    with pytest.raises(WireError, match=says) as raised:
+        translate(body(user(), {"role": "assistant", "content": last}))
+    assert raised.value.param == "messages[1]"
 
 
 def test_count_tokens_refuses_a_bad_thinking_field_as_the_call_does() -> None:
     with pytest.raises(WireError, match="thinking"):
-        count_tokens_request({"messages": [user()], "thinking": "x"})
+        count_tokens_request({"model": "m", "messages": [user()], "thinking": "x"})
 
 
 # ---- requests: each rule ---------------------------------------------------------------------
@@ -453,10 +502,10 @@ BAD_REQUESTS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
         "messages[0].content[0]",
         "text models",
     ),
-    "prefill": (
-        lambda b: b["messages"].append({"role": "assistant", "content": "The answer is"}),
+    "prefill ending with whitespace": (
+        lambda b: b["messages"].append({"role": "assistant", "content": "The answer is "}),
         "messages[1]",
-        "prefill",
+        "trailing whitespace",
     ),
     "tool_choice naming no tool": (
         lambda b: b.update(tools=[BASH], tool_choice={"type": "tool", "name": "Nope"}),
@@ -1023,6 +1072,30 @@ def test_a_length_finish_short_of_max_tokens_is_the_context_windows_end(stream: 
     assert stop_reason(64000, made) == "max_tokens"  # a mode's limit met
     assert stop_reason(64000, made + 1) == "model_context_window_exceeded"
     assert stop_reason(made, None) == "max_tokens"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream"])
+def test_an_answer_the_engine_cut_at_its_tool_calls_is_max_tokens_not_the_context(
+    stream: bool,
+) -> None:
+    """The embedded engine keeps a turn's whole tool calls and drops a next call that
+    `max_tokens` cut short: `length`, with fewer tokens than the limit and its `stop_reason`
+    naming where it cut. That is `max_tokens` (it was `model_context_window_exceeded`: Claude
+    Code would take a small prompt for a full context)."""
+    translation = translate(body(stream=stream, max_tokens=40, tools=[BASH]))
+    call = ("call_1", "Bash", '{"command": "ls"}')
+    if stream:
+        piece = {"index": 0, "id": "call_1", "function": {"name": "Bash", "arguments": call[2]}}
+        last = chunk({"tool_calls": [piece]}, "length", usage={"completion_tokens": 35})
+        last["choices"][0]["stop_reason"] = "</tool_call>"
+        datas, final = check_stream(translation, [chunk({"role": "assistant"}), last])
+        answer = final.model_dump(exclude_none=True)
+        assert datas[-2]["delta"]["stop_reason"] == "max_tokens"
+    else:
+        engine = engine_answer(None, calls=[call], finish="length", stop_reason="</tool_call>")
+        answer = translation.answer({**engine, "usage": {"completion_tokens": 35}})
+    assert answer["stop_reason"] == "max_tokens"
+    assert [block["type"] for block in answer["content"]] == ["tool_use"]
 
 
 def test_streamed_reasoning_is_a_thinking_block_before_the_text_when_enabled() -> None:

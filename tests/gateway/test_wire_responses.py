@@ -398,6 +398,10 @@ def test_plain_text_asks_for_no_response_format(text: Any) -> None:
         ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice", "web_search_preview"),
         ({"tool_choice": "required"}, "tool_choice", "required"),
         ({"input": []}, "input", "required"),
+        # OpenAI's 400 too (a request without one was answered by the default model, with
+        # `model: ""` in the Response).
+        ({"model": None}, "model", "`model` is required"),
+        ({"model": 7}, "model", "`model` is required"),
         ({"text": "json"}, "text", "`text` must be an object"),
         ({"text": {"format": {"type": "yaml"}}}, "text.format", "yaml"),
         (

@@ -190,6 +190,61 @@ def test_an_empty_last_assistant_message_is_answered_as_a_new_turn(val_rollout: 
     assert with_empty["prompt_token_ids"] == without["prompt_token_ids"]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_a_prefill_is_continued_and_the_answer_is_only_the_continuation(
+    val_rollout: Rollout, stream: bool
+) -> None:
+    """A last assistant message is continued, as Anthropic does (it was a 400): the engine's
+    prompt ends with the prefill's text, with no end of turn and no new assistant header after
+    it, and the SDK receives only what the model wrote next, as recorded."""
+    sdk = client(val_rollout)
+    prefill = "The capital of France is"
+    request: dict[str, Any] = {
+        "model": val_rollout.model,
+        "messages": [
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": prefill},
+        ],
+        "max_tokens": 8,
+        "extra_body": {"temperature": 0},
+    }
+    if stream:
+        with sdk.messages.stream(**request) as events:
+            message = events.get_final_message()
+    else:
+        message = sdk.messages.create(**request)
+    assert message.stop_reason in ("end_turn", "max_tokens")
+    val_rollout.assert_recorded_as_received([received_of(message)], kind="messages")
+    (call,) = val_rollout.calls()
+    decode = val_rollout.engine.engine.tokenizer.decode
+    prompt = decode(call["prompt_token_ids"], skip_special_tokens=False)
+    assert prompt.endswith(f"<|im_start|>assistant\n{prefill}")
+    assert not received_of(message).content.startswith(prefill)
+
+
+def test_tool_calls_kept_whole_before_a_call_max_tokens_cut_are_max_tokens(
+    val_rollout: Rollout,
+) -> None:
+    """Forced to call a tool, the model (greedy) writes one whole call and starts a second that
+    `max_tokens` cuts; the engine keeps the whole call only (35 of the 40 tokens it sampled).
+    That is `max_tokens`, not the context's end: the prompt is 146 tokens, far from it (it
+    was `model_context_window_exceeded`, on which Claude Code reports a full context)."""
+    message = client(val_rollout).messages.create(
+        model=val_rollout.model,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "any"},
+        max_tokens=40,
+        extra_body={"temperature": 0},
+    )
+    (call,) = val_rollout.calls()
+    assert (call["finish_reason"], call["stop_reason"]) == ("length", "</tool_call>")
+    assert len(call["response_token_ids"]) < 40
+    assert message.stop_reason == "max_tokens"
+    assert [block.type for block in message.content] == ["tool_use"]
+    val_rollout.assert_recorded_as_received([received_of(message)], kind="messages")
+
+
 def test_bad_input_is_a_recorded_400_in_anthropic_shape(rollout: Rollout) -> None:
     sdk = client(rollout)
     with pytest.raises(anthropic.BadRequestError) as raised:

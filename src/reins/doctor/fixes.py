@@ -71,12 +71,16 @@ FIXES: dict[str, str] = {
         "the tokens it sampled, only the shared prompt is trained again"
     ),
     "split:template": (
-        "an earlier turn reads differently in the next prompt: either the harness changed, "
-        "removed or reordered an earlier message (its system prompt included: a template then "
-        "fills in its default one) or the chat template renders earlier turns differently from "
-        "how they were sampled (e.g. it drops `<think>` blocks once a new user turn follows); "
-        "compare the two sides of the split example: keep the history as sent, or use a template "
-        "that keeps earlier turns as sampled, or accept one split per user turn"
+        "the harness sent its history back unchanged, but the chat template renders an earlier "
+        "turn differently from how it was sampled (e.g. it drops `<think>` blocks once a new "
+        "user turn follows): compare the two sides of the split example; use a template that "
+        "keeps earlier turns as sampled, or accept one split per user turn"
+    ),
+    "split:edited": (
+        "the harness changed, removed or reordered an earlier message of its history between "
+        "calls (its system prompt included: without one a template fills in its default one; a "
+        "date or a counter rewritten each call does the same): keep the messages already sent "
+        "as they were, and put what changes in the new messages"
     ),
     "split:transformed": (
         "the harness changed the answer before sending it back (stripped or reformatted text, "

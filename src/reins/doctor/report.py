@@ -19,7 +19,12 @@ data (in event order) and how its process ended are all the report reads. What i
   on both sides of the first token that differs), tool-call round trips (a call answered with
   tool calls whose next call merged), calls that ended at a stop string and whether the next call
   merged. Splits are warnings (training stays correct; the shared prompt is trained again) except
-  `dropped`, `compacted` and `branch`, which a harness does on purpose (info).
+  `dropped`, `compacted` and `branch`, which a harness does on purpose (info). A `template` split
+  (an earlier turn reads differently in the next prompt) is told apart by the harness's own
+  requests: when the next request does not start with the previous one's conversation, message
+  for message (as the engine was asked: `cache_control` markers, text split into parts, or one
+  API's spelling of a message do not count), the harness rewrote its history (`edited`); else the
+  chat template rendered the same history differently (`template`).
 
 Without a tokenizer (`Detokenizer`) fidelity is not checked and split reasons come from token
 evidence only (`branch`, `dropped` or `unknown`).
@@ -47,6 +52,15 @@ EXAMPLE_TOKENS = 6
 """Tokens shown on each side of a split's boundary."""
 INTENDED_SPLITS = frozenset({"dropped", "compacted", "branch"})
 """Split reasons a harness causes on purpose: reported, not warned about."""
+EDITED = "edited"
+"""The doctor's own split reason: a `template` split whose next request changed, removed or
+reordered a message of the previous request's conversation (the harness rewrote its history)."""
+REPORTED_SPLITS = tuple(
+    reason
+    for split in SPLIT_REASONS
+    for reason in ((split, EDITED) if split == "template" else (split,))
+)
+"""The split reasons the report names, in the order it lists them."""
 
 
 @dataclass(frozen=True)
@@ -251,6 +265,7 @@ def build_report(runs: Sequence[HarnessRun], detok: Detokenizer | None = None) -
         report.sequences += len(sequences)
         report.one_sequence_rollouts += len(sequences) == 1
         split_after = {s.before_seq: s for s in splits}
+        split_reasons: dict[int, str] = {s.before_seq: s.reason for s in splits}
         for position, call in enumerate(kept[:-1]):
             data = run.calls[call.seq]
             split = split_after.get(call.seq)
@@ -260,9 +275,11 @@ def build_report(runs: Sequence[HarnessRun], detok: Detokenizer | None = None) -
             if _stopped_at_string(data):
                 report.stop_followed_by_split += split is not None
             if split is not None:
-                reasons[split.reason] += 1
-                if split.reason not in report.split_examples:
-                    report.split_examples[split.reason] = _example(
+                reason = _reported_reason(split.reason, data, run.calls[split.after_seq])
+                split_reasons[split.before_seq] = reason
+                reasons[reason] += 1
+                if reason not in report.split_examples:
+                    report.split_examples[reason] = _example(
                         run.rollout_id, call, kept[position + 1], detok
                     )
         failed = sum(1 for c in run.calls if not _abandoned(c) and c.get("status", 200) != 200)
@@ -274,10 +291,10 @@ def build_report(runs: Sequence[HarnessRun], detok: Detokenizer | None = None) -
                 len(run.calls),
                 failed,
                 len(sequences),
-                [s.reason for s in splits],
+                [split_reasons[s.before_seq] for s in splits],
             )
         )
-    report.splits = {reason: reasons[reason] for reason in SPLIT_REASONS if reasons[reason]}
+    report.splits = {reason: reasons[reason] for reason in REPORTED_SPLITS if reasons[reason]}
     report.unserved_requests = dict(unserved.most_common())
     report.findings = _findings(report, tally, detok)
     return report
@@ -354,6 +371,56 @@ def _check_calls(
             )
         )
     return trainable
+
+
+def _reported_reason(reason: str, previous: dict[str, Any], following: dict[str, Any]) -> str:
+    """`edited` for a `template` split whose harness changed the previous request's
+    conversation in the next request; else the merge's reason."""
+    if reason != "template":
+        return reason
+    before, after = _conversation(previous), _conversation(following)
+    if before is None or after is None:
+        return reason  # a request the doctor cannot read: the tokens' reason stands
+    return reason if after[: len(before)] == before else EDITED
+
+
+def _conversation(call: dict[str, Any]) -> list[Any] | None:
+    """The chat messages a call's request asked the engine for (a Messages or Responses request
+    as the proxy translates it, so that markers such as `cache_control` and one API's spellings
+    of the same message compare equal); None when it cannot be read."""
+    # Imported here: `reins.gateway` imports the dashboard, which imports this module.
+    from reins.gateway.wire import messages as messages_api
+    from reins.gateway.wire import responses as responses_api
+
+    request = call.get("request")
+    if not isinstance(request, dict):
+        return None
+    kind = call.get("kind") or "chat"
+    try:
+        if kind == messages_api.KIND:
+            chat = messages_api.count_tokens_request(request)
+        elif kind == responses_api.KIND:
+            chat = responses_api.translate(request).chat_request()
+        elif kind == "chat":
+            chat = request
+        else:
+            return None
+    except Exception:  # a request the translation refuses (it was answered 400: no split)
+        return None
+    messages = chat.get("messages")
+    return [_plain(message) for message in messages] if isinstance(messages, list) else None
+
+
+def _plain(message: Any) -> Any:
+    """A chat message with its content's text parts joined, as the engine joins them."""
+    if not isinstance(message, dict):
+        return message
+    content = message.get("content")
+    if isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" for part in content
+    ):
+        return {**message, "content": "\n".join(str(part.get("text")) for part in content)}
+    return message
 
 
 def _answered_with_tools(data: dict[str, Any]) -> bool:

@@ -25,10 +25,13 @@ Request, block by block:
   than `custom`) are dropped with a note: the engine cannot run them.
 - `thinking` (enabled/adaptive/disabled) is passed as `chat_template_kwargs.enable_thinking`, the
   switch of templates that have one; a template without it (the default model's) ignores it
-  (noted). A last message from the assistant (a prefill to continue) is refused: engines start
-  a new turn; an empty one after a user message (nothing to continue; Anthropic accepts it) is
-  dropped, noted. `output_config.format` (structured output, a JSON schema) is the chat
-  `response_format`, which the engine enforces. Fields this engine cannot honour
+  (noted). A last message from the assistant is a prefill: the engine is asked to continue its
+  text (`continue_final_message`, `add_generation_prompt: false`, as vLLM and the embedded
+  engine take them), and the answer is only the continuation, as Anthropic's; one that ends
+  with whitespace is refused (as Anthropic refuses it), and one without text (a `tool_use`
+  awaiting its result, a thinking block alone) too. An empty last assistant message (Anthropic
+  accepts one) is dropped, noted. `output_config.format` (structured output, a JSON schema) is
+  the chat `response_format`, which the engine enforces. Fields this engine cannot honour
   (`output_config.effort`, `context_management`, `mcp_servers`, unknown ones) are noted;
   `metadata` (an object, else refused), `service_tier`, `container` are ignored.
 - What Anthropic's API refuses with a 400 is refused here too, so a harness meets the same
@@ -40,7 +43,9 @@ Request, block by block:
 
 Answer: an answer the engine ended for its length with fewer tokens than the limit it got
 (`sent_to_engine`: the harness's `max_tokens` or a mode's lower one) met the context's end:
-`stop_reason: model_context_window_exceeded`, as Anthropic's newer models say; else `max_tokens`.
+`stop_reason: model_context_window_exceeded`, as Anthropic's newer models say; else `max_tokens`
+(also when the engine names a stop it cut the answer at: the embedded engine drops a tool call
+that `max_tokens` cut short after whole ones, so the answer has fewer tokens than it sampled).
 The engine's call ids are kept as the `tool_use` ids (the harness sends them back and the
 next request maps them to the same `tool_call_id`); an engine call without an id gets `toolu_...`.
 Tool arguments that are not a JSON object are shown as text, with a note. The engine's reasoning
@@ -169,9 +174,7 @@ def translate(body: dict[str, Any]) -> Translation:
     if not isinstance(body, dict):
         raise WireError("the request body must be a JSON object")
     notes: list[str] = []
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise _fail("required: the model's name, a string", "model")
+    model = _model(body)
     max_tokens = body.get("max_tokens")
     if not _is_int(max_tokens) or max_tokens < 1:
         raise _fail("required: a positive integer (the most tokens to generate)", "max_tokens")
@@ -180,11 +183,10 @@ def translate(body: dict[str, Any]) -> Translation:
         raise _fail("must be an object (its `user_id`), or null", "metadata")
     chat = _prompt(body, notes)
     if chat["messages"][-1].get("role") == "assistant":
-        raise _fail(
-            "the last message is the assistant's (a prefill to continue); the engine can only "
-            "start a new turn: end with a user message",
-            f"messages[{len(body['messages']) - 1}]",
-        )
+        # A prefill: the prompt ends inside that message and the answer continues its text
+        # (vLLM's and the embedded engine's `continue_final_message`), as Anthropic answers it.
+        chat["add_generation_prompt"] = False
+        chat["continue_final_message"] = True
     chat["max_tokens"] = max_tokens
     budget = _thinking_budget(body.get("thinking"))
     if budget is not None and max_tokens <= budget:
@@ -236,31 +238,72 @@ def count_tokens_request(body: dict[str, Any]) -> dict[str, Any]:
     the embedded engine), without the sampling ones. No `max_tokens` is needed there."""
     if not isinstance(body, dict):
         raise WireError("the request body must be a JSON object")
+    _model(body)  # required here too, as Anthropic's API and the call itself require it
     chat = _prompt(body, [])
     chat.pop("parallel_tool_calls", None)  # a sampling constraint: the prompt is the same
     return chat
 
 
+def _model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise _fail("required: the model's name, a string", "model")
+    return model
+
+
 def _prompt(body: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """The fields of the chat request that make its prompt: the conversation, the tools and
     tool choice, the thinking switch."""
-    chat: dict[str, Any] = {"messages": _conversation(body, notes)}
-    raw = body["messages"]
-    if (
-        len(raw) > 1
-        and raw[-1].get("role") == "assistant"
-        and raw[-2].get("role") == "user"
-        and chat["messages"][-1] == {"role": "assistant", "content": ""}
-    ):
-        # An empty last assistant message (Anthropic accepts one) has nothing to continue: the
-        # answer is the new turn the engine starts anyway.
-        chat["messages"].pop()
-        notes.append(f"messages[{len(raw) - 1}]: an empty last assistant message dropped")
+    raw = body.get("messages")
+    last = len(raw) - 1 if isinstance(raw, list) else -1
+    empty_last = isinstance(raw, list) and last > 0 and _empty_assistant(raw[last])
+    chat: dict[str, Any] = {"messages": _conversation(body, notes, drop_last=empty_last)}
+    if empty_last:
+        # An empty last assistant message (Anthropic accepts one) adds nothing to the prompt:
+        # the assistant message before it, if any, is the prefill; else a new turn starts.
+        notes.append(f"messages[{last}]: an empty last assistant message dropped")
+    final = chat["messages"][-1]
+    if final.get("role") == "assistant":
+        _check_prefill(final, f"messages[{last - empty_last}]")
     _tools_and_choice(body, chat, notes)
     thinking = _thinking(body.get("thinking"), notes)
     if thinking is not None:
         chat["chat_template_kwargs"] = {"enable_thinking": thinking}
     return chat
+
+
+def _empty_assistant(message: Any) -> bool:
+    """An assistant message with nothing in it: no content, or only empty text blocks."""
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return False
+    content = message.get("content")
+    if content == "":
+        return True
+    return isinstance(content, list) and all(
+        isinstance(block, dict) and block.get("type") == "text" and block.get("text") == ""
+        for block in content
+    )
+
+
+def _check_prefill(message: dict[str, Any], where: str) -> None:
+    """A last assistant message is continued from its text: refused, as Anthropic refuses it,
+    when the text ends with whitespace; and when there is no text to continue (a tool_use waits
+    for its result, a thinking block alone has no text)."""
+    if message.get("tool_calls"):
+        raise _fail(
+            "the last message is the assistant's and holds a tool_use: answer it with a "
+            "tool_result in a user message; only text can be continued (a prefill)",
+            where,
+        )
+    text = message.get("content")
+    if not text:
+        raise _fail(
+            "the last message is the assistant's and has no text to continue (a prefill); "
+            "end with a user message, or give the assistant's text to continue",
+            where,
+        )
+    if text != text.rstrip():
+        raise _fail("final assistant content cannot end with trailing whitespace", where)
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
@@ -350,8 +393,11 @@ def _note_ignored(body: dict[str, Any], notes: list[str]) -> None:
 # ---- the conversation ---------------------------------------------------------------------
 
 
-def _conversation(body: dict[str, Any], notes: list[str]) -> list[dict[str, Any]]:
-    """`system` and `messages` as chat messages, checked."""
+def _conversation(
+    body: dict[str, Any], notes: list[str], *, drop_last: bool = False
+) -> list[dict[str, Any]]:
+    """`system` and `messages` as chat messages, checked (`drop_last`: without the last
+    message, an empty assistant one)."""
     out: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None:
@@ -363,6 +409,9 @@ def _conversation(body: dict[str, Any], notes: list[str]) -> list[dict[str, Any]
         raise _fail("required: a list of messages", "messages")
     if not raw:
         raise _fail("at least one message is required", "messages")
+    final = len(raw) - 1  # the optional final assistant message's index, as Anthropic checks
+    if drop_last:
+        raw = raw[:-1]
     turns: list[tuple[str, list[tuple[str, Any]]]] = []
     """Each turn's role and its messages' (position, content): a user or assistant turn's
     content is its blocks."""
@@ -380,13 +429,13 @@ def _conversation(body: dict[str, Any], notes: list[str]) -> list[dict[str, Any]
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
             raise _fail("must be a string or a list of content blocks", f"{where}.content")
-        if not content and not (role == "assistant" and i == len(raw) - 1):
+        if not content and not (role == "assistant" and i == final):
             raise _fail(
                 "all messages must have non-empty content except for the optional final "
                 "assistant message",
                 where,
             )
-        if i < len(raw) - 1 or role == "user":
+        if i < final or role == "user":
             _no_empty_text(blocks, f"{where}.content")
         if turns and turns[-1][0] == role:
             # Anthropic combines consecutive messages of one role into one turn: so does the
@@ -629,6 +678,9 @@ class Translation:
         self._stop: str | None = None
         self._dropped_reasoning = False
         self._stop_string: str | None = None
+        self._cut_at_stop = False
+        """The engine named where it cut the answer (its `stop_reason`: a stop string, the end
+        of a tool-call turn): it may have sampled more tokens than the answer keeps."""
         self._input_tokens: int | None = None
         self._output_tokens: int | None = None
         self._token_count = 0
@@ -721,6 +773,7 @@ class Translation:
             if choice.get("finish_reason"):
                 self._finish = choice["finish_reason"]
                 self._stop_string = self._stop_string_of(choice)
+                self._cut_at_stop = choice.get("stop_reason") is not None
                 events += self._flush_calls()
         return events
 
@@ -789,9 +842,14 @@ class Translation:
         if self._finish == "length":
             # Fewer tokens than the limit: the context's end stopped it. Anthropic's newer models
             # say so, and Claude Code then reports the context's limit, not an answer longer
-            # than `max_tokens` (it asks for 32k-64k, whatever the model's context).
+            # than `max_tokens` (it asks for 32k-64k, whatever the model's context). Unless the
+            # engine cut the answer at a stop it names: the embedded engine keeps a turn's whole
+            # tool calls and drops a next one that `max_tokens` cut short, so fewer tokens than
+            # it sampled are the answer's.
             short = self._limit is not None and self._output_count() < self._limit
-            return "model_context_window_exceeded" if short else "max_tokens"
+            return (
+                "model_context_window_exceeded" if short and not self._cut_at_stop else "max_tokens"
+            )
         if any(block["type"] == "tool_use" for block in self._blocks):
             return "tool_use"
         if self._stop_string is not None:

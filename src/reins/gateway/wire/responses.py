@@ -126,6 +126,11 @@ def translate(body: dict[str, Any]) -> Translation:
     for key, problem in _STATEFUL.items():
         if body.get(key) not in (None, False):
             raise _bad(key, f"`{key}` cannot be served: {problem}")
+    if not isinstance(body.get("model"), str):  # OpenAI's 400 too: the answer names its model
+        raise _bad(
+            "model",
+            f"`model` is required: the model's name, a string, not {_show(body.get('model'))}",
+        )
     notes: list[str] = []
     chat_tools, tools = _tools(body.get("tools"), notes)
     choice, chat_tools = _tool_choice(body.get("tool_choice"), chat_tools, tools, notes)
@@ -274,7 +279,7 @@ def _echo(body: dict[str, Any]) -> dict[str, Any]:
         "instructions": body.get("instructions"),
         "max_output_tokens": body.get("max_output_tokens"),
         "metadata": metadata or {},
-        "model": body["model"] if isinstance(body.get("model"), str) else "",
+        "model": body["model"],
         "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
         "previous_response_id": None,
         "reasoning": body["reasoning"] if isinstance(body.get("reasoning"), dict) else None,
