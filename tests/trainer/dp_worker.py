@@ -35,8 +35,11 @@ def main() -> None:
     )
     assert all(plan.micro_batches[rank] for plan in batch.minibatches), "a rank got no data"
     gradient = stepped_gradient(backend, batch)
+    # The old logprobs a correction weighs: each rank computes its own micro-batches', and
+    # every rank gets all of them (lr 0: the weights are the initial ones still).
+    shared = backend._recomputed_old_logprobs(batch, share=True)
     if rank == 0:
-        torch.save(gradient, out)
+        torch.save({"gradient": gradient, "old_logprobs": shared}, out)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -10,8 +10,10 @@ adapters only, the whole weights with the adapters merged in.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,33 @@ def step(backend: TorchBackend, batch: Batch) -> tuple[StepStats, list[torch.Ten
     return stats, taken
 
 
+@contextlib.contextmanager
+def counting_recompute_passes(backend: TorchBackend) -> Iterator[list[int]]:
+    """Counts the forwards of the no-grad pass that recomputes the old logprobs."""
+    passes = [0]
+    recompute, forward = backend._recomputed_old_logprobs, backend._response_logprobs
+    inside = [False]
+
+    def counting_forward(*args: Any, **kwargs: Any) -> Any:
+        passes[0] += inside[0]
+        return forward(*args, **kwargs)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        inside[0] = True
+        try:
+            return recompute(*args, **kwargs)
+        finally:
+            inside[0] = False
+
+    backend._recomputed_old_logprobs = counted  # type: ignore[method-assign]
+    backend._response_logprobs = counting_forward  # type: ignore[method-assign]
+    try:
+        yield passes
+    finally:
+        backend._recomputed_old_logprobs = recompute  # type: ignore[method-assign]
+        backend._response_logprobs = forward  # type: ignore[method-assign]
+
+
 def _whole(tensor: Any) -> torch.Tensor:
     full = getattr(tensor, "full_tensor", None)  # a shard (DTensor): every rank gathers it
     return (full() if full is not None else tensor).detach().clone()
@@ -88,10 +117,20 @@ def main() -> None:
             for plan in batch.minibatches
         ]
         assert any(len(counts) > 1 for counts in uneven), "no rank ran an idle pass"
-    results: dict[str, Any] = {"losses": [], "gradients": []}
+    results: dict[str, Any] = {"losses": [], "gradients": [], "recompute_passes": []}
     if mode == "train":
         for index, batch in enumerate(plans):
-            stats, gradient = step(backend, batch)
+            with counting_recompute_passes(backend) as passes:
+                stats, gradient = step(backend, batch)
+            # Each rank recomputes the old logprobs of its own micro-batches only (a pass as
+            # long as the rank with the most), not every sequence of the batch.
+            own = sum(
+                max(len(backend._with_gradient(batch, micro)) for micro in plan.micro_batches)
+                for plan in batch.minibatches
+            )
+            results["recompute_passes"].append(
+                (passes[0], own if len(batch.minibatches) > 1 else 0)
+            )
             results["losses"].append(stats.loss)
             results["gradients"].append(gradient)
             if index == 1:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +104,29 @@ def test_several_minibatches_recompute_old_logprobs_and_step_each(tiny_model_dir
     assert 0.01 < two.clip_fraction < 0.3
 
 
+def test_the_logprob_gap_is_measured_over_every_mini_batch(tiny_model_dir: Path) -> None:
+    """The gap compares the engine's logprobs with the trainer's before the update, which a
+    run of several mini-batches recomputed for all of them: it was measured on the first
+    mini-batch's tokens only. With engine logprobs of 0, the gap is the mean of -logprob over
+    every response token."""
+    batch = make_batch(num_minibatches=2)
+    batch = dataclasses.replace(
+        batch,
+        sequences=[
+            dataclasses.replace(s, old_logprobs=np.zeros_like(s.old_logprobs))
+            for s in batch.sequences
+        ],
+    )
+    backend = load(tiny_model_dir)
+    before = backend._recomputed_old_logprobs(batch)
+    tokens = [lp[1:][s.loss_mask[1:]] for s, lp in zip(batch.sequences, before, strict=True)]
+    want = float(-np.concatenate(tokens).astype(np.float64).mean())
+    first = [t for s, t in zip(batch.sequences, tokens, strict=True) if s.minibatch == 0]
+    assert abs(float(-np.concatenate(first).mean()) - want) > 1e-3  # the two can be told apart
+    stats = backend.train_step(batch)
+    assert stats.logprob_gap == pytest.approx(want, rel=1e-4)
+
+
 def test_the_loss_is_a_mean_over_the_optimizer_steps_not_their_sum(tiny_model_dir: Path) -> None:
     """Each mini-batch's loss weights are normalized over its own rollouts, so each step's loss
     is a mean: the update's `loss` is their mean. It was their sum, 0.40, 0.80 and 1.60 on the
@@ -170,6 +195,13 @@ def test_saved_weights_load_as_a_plain_model(tiny_model_dir: Path, tmp_path: Pat
     backend = load(tiny_model_dir)
     backend.train_step(make_batch())
     backend.save_weights(tmp_path / "weights")
+    # Each file as the umask allows (safetensors wrote its own 0600: an engine running as
+    # another user could not read it).
+    umask = os.umask(0o022)
+    os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "weights").iterdir()}
+    assert modes["model.safetensors"] == 0o666 & ~umask, modes
+    assert set(modes.values()) == {0o666 & ~umask}, modes
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "weights", dtype=torch.float32)
     saved = reloaded.state_dict()
     for name, value in backend.model.state_dict().items():

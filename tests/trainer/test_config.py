@@ -202,3 +202,13 @@ def test_the_config_a_run_keeps_reads_back_from_its_run_folder(
     assert again.model_dump(exclude={"tasks", "runs_dir"}) == config.model_dump(
         exclude={"tasks", "runs_dir"}
     )
+
+
+def test_a_check_across_fields_reads_as_its_own_message(tmp_path: Path) -> None:
+    """It read `invalid training config: : Value error, stale_groups: ...`."""
+    with pytest.raises(ConfigError) as raised:
+        load_config(write_config(tmp_path), ["stale_groups=correct"])
+    assert str(raised.value) == (
+        "invalid training config: stale_groups: correct trains stale groups with the "
+        "importance correction: set tis_cap or rollout_mask_ratio too"
+    )

@@ -74,6 +74,7 @@ def test_truncated_ratios_and_a_rollout_masked_whole() -> None:
         assert not masked.any()
     ratios = [math.exp(0.5), math.exp(-0.5), math.exp(3.0), math.exp(-0.2), math.exp(-0.2)]
     assert stats.tokens == 5 and (stats.rollouts, stats.masked_rollouts) == (2, 1)
+    assert stats.masked_rollout_ids == {"r2"}
     assert stats.ratio_mean == pytest.approx(sum(ratios) / 5)
     assert (stats.ratio_min, stats.ratio_max) == (
         pytest.approx(math.exp(-0.5)),

@@ -12,9 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from reins.samples.batch import build_batch
+from reins.trainer.backend import BackendConfig, TorchBackend
 from tests.support import free_port
 from tests.trainer.reference import (
     float64_model,
@@ -44,7 +46,19 @@ def test_two_ranks_sum_to_the_reference_gradient(tiny_model_dir: Path, tmp_path:
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    distributed = torch.load(out)
+    saved = torch.load(out, weights_only=False)
+    distributed = saved["gradient"]
+    # Both ranks' recomputed old logprobs reached rank 0: those of one process, sequence by
+    # sequence (its batch planned for one rank holds the same sequences in the same order).
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    alone = TorchBackend(model, BackendConfig(lr=0.0))
+    wanted = alone._recomputed_old_logprobs(build_batch(split_rollouts()))
+    assert len(saved["old_logprobs"]) == len(wanted)
+    assert all(single.any() for single in wanted)  # every sequence has a gradient here
+    for got, single in zip(saved["old_logprobs"], wanted, strict=True):
+        np.testing.assert_allclose(got, single, atol=1e-5)
     # The same sequences at ratio 1 (one mini-batch: old logprobs are the forward's own).
     want = reference_gradient(
         float64_model(tiny_model_dir), build_batch(split_rollouts()).sequences

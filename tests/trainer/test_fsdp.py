@@ -84,6 +84,14 @@ def test_two_ranks_step_on_one_ranks_gradients_and_reach_its_weights(
     single = [one["weights"][name].double() - initial[name] for name in initial]
     assert sum(float(m.abs().sum()) for m in single) > 0
     assert relative_error(moved, single) < 1e-3
+    # Step 1 (two mini-batches) recomputed the old logprobs first: each rank those of its own
+    # micro-batches, in as many passes as the rank with the most. Every rank recomputed every
+    # sequence of the batch before, one at a time.
+    sequences = len(build_batch(split_rollouts()).sequences)
+    for passes in (one["recompute_passes"], two["recompute_passes"]):
+        assert passes[0] == passes[2] == (0, 0)
+        assert passes[1][0] == passes[1][1] > 0
+    assert two["recompute_passes"][1][0] < sequences
 
 
 @pytest.mark.slow
@@ -175,3 +183,9 @@ def test_published_weights_are_in_the_compute_precision_each_tied_weight_once(
         dtypes = {saved.get_tensor(name).dtype for name in names}
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
     assert dtypes == {torch.bfloat16}
+    # Readable as the umask allows: safetensors wrote the weights 0600, which an engine
+    # running as another user could not load.
+    umask = os.umask(0o022)
+    os.umask(umask)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in folder.iterdir()}
+    assert set(modes.values()) == {0o666 & ~umask}, modes

@@ -5,6 +5,7 @@ reconciler running real `openai`-SDK agents as processes, the torch backend."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import shutil
 import sqlite3
@@ -305,12 +306,39 @@ def test_rollouts_the_correction_masks_whole_are_not_counted_as_trained(
     assert sum(masked) > 0, records
     trained = [4 - 2 * r["rollouts/stale_groups"] - m for r, m in zip(records, masked, strict=True)]
     assert [r["rollouts/trained"] for r in records] == trained
+    # `reward/mean` and `reward/std` are over the rollouts trained: a subset of the groups'
+    # rollouts as large as `rollouts/trained` has them (the masked ones left out).
+    rewards = group_rewards(run.run_dir)
+    for record in records:
+        taken = [v for g in record["rollouts/groups"] for v in rewards[g]]
+        if not record["rollouts/trained"]:
+            assert "reward/mean" not in record, record
+            continue
+        assert any(
+            np.isclose(np.mean(s), record["reward/mean"])
+            and np.isclose(np.std(s), record["reward/std"])
+            for s in itertools.combinations(taken, record["rollouts/trained"])
+        ), (record, taken)
     waste = records[-1].get("rollouts/generated_per_trained")
     if not sum(trained):
         assert waste is None
     else:  # 12 rollouts taken, and those finished of any group given up (0 to 2 each)
         given_up = sum(r["rollouts/cancelled_groups"] for r in records)
         assert 12 - 1e-9 <= waste * sum(trained) <= 12 + 2 * given_up + 1e-9
+
+
+def group_rewards(run_dir: Path) -> dict[str, list[float]]:
+    """Each group's rewards, as its rollouts reported them to the run's gateway."""
+    with sqlite3.connect(f"file:{run_dir / 'gateway.db'}?mode=ro", uri=True) as db:
+        rows = db.execute(
+            "SELECT r.group_id, json_extract(e.data, '$.value') FROM events e"
+            " JOIN rollouts r ON r.rollout_id = e.rollout_id"
+            " WHERE e.type = 'reward' AND e.attempt_id = r.attempt_count"
+        ).fetchall()
+    out: dict[str, list[float]] = {}
+    for group, value in rows:
+        out.setdefault(group, []).append(float(value))
+    return out
 
 
 def slow_task_first(tmp_path: Path, wait_for: Path, words: tuple[str, ...]) -> tuple[Path, int]:

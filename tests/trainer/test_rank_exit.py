@@ -17,8 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support import free_port
+from tests.trainer.test_fsdp_train import _reins_train, run_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -63,3 +65,19 @@ def test_a_rank_ends_with_its_code_its_exit_handlers_run_and_its_output_flushed(
     assert [rank.stdout for rank in ranks] == ["rank 0 done", "rank 1 done"]
     assert (tmp_path / "mark-0").read_text() == "ran"
     assert (tmp_path / "mark-1").read_text() == "ran"
+
+
+def test_the_other_ranks_of_a_run_that_failed_on_rank_0_do_not_say_done(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A sharded run refused on rank 0 (here `--resume` of a run that does not exist, refused
+    before any backend call) ended rank 1 as a finished run: exit 0 and `done: metrics in ...`
+    under rank 0's error."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(run_fields(tmp_path, tiny_model_dir)))
+    result = _reins_train(config, "--resume")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    assert "there is no run 'sharded' to resume" in output, output[-3000:]
+    assert "rank 0 stopped with an error" in output, output[-3000:]
+    assert "done: metrics in" not in output, output[-3000:]

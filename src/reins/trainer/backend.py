@@ -195,7 +195,9 @@ class TorchBackend:
         seen: list[np.ndarray[Any, Any] | None] = [None] * len(batch.sequences)
         try:
             recompute = (correcting and not inline) or self._needs_recompute(batch)
-            old = self._recomputed_old_logprobs(batch) if recompute else None
+            # The mask weighs a rollout's tokens on every rank, wherever they trained.
+            share = correcting and not inline
+            old = self._recomputed_old_logprobs(batch, share=share) if recompute else None
             if correcting and not inline:
                 assert old is not None
                 computed = [
@@ -231,7 +233,9 @@ class TorchBackend:
                         sequences,
                         olds,
                         sums,
-                        measure_gap=position == 0,
+                        # Recomputed, the logprobs before the update are known for every
+                        # mini-batch; otherwise only the first runs on those weights.
+                        measure_gap=position == 0 or old is not None,
                         multipliers=weighed,
                         inline_tis=inline,
                     )
@@ -315,6 +319,9 @@ class TorchBackend:
         return 0
 
     def _idle_pass(self) -> None:
+        raise NotImplementedError
+
+    def _idle_forward(self) -> None:
         raise NotImplementedError
 
     def _contributes(self, sequence: TrainingSequence) -> bool:
@@ -433,27 +440,43 @@ class TorchBackend:
             return logprobs, logprobs
         return logprobs, entropy_of(all_logprobs, with_gradient=self.config.entropy_coef > 0)
 
-    def _recomputed_old_logprobs(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
+    def _recomputed_old_logprobs(
+        self, batch: Batch, *, share: bool = False
+    ) -> list[np.ndarray[Any, Any]]:
         """Per sequence, the current policy's logprob of each token (aligned with token_ids),
-        without dropout, as the engine computes them."""
+        without dropout, as the engine computes them: those of the sequences this rank trains,
+        or with `share` every rank's (0 for a sequence with no gradient, which none runs)."""
         self.model.eval()
         try:
-            return self._logprobs_of(batch)
+            computed = self._logprobs_of(batch)
         finally:
             self.model.train()
+        if share and self.world_size > 1:
+            shares: list[Any] = [None] * self.world_size
+            dist.all_gather_object(shares, computed)
+            computed = {index: value for part in shares for index, value in part.items()}
+        return [
+            computed.get(index, np.zeros(len(sequence.token_ids), dtype=np.float32))
+            for index, sequence in enumerate(batch.sequences)
+        ]
 
-    def _logprobs_of(self, batch: Batch) -> list[np.ndarray[Any, Any]]:
-        out: list[np.ndarray[Any, Any]] = []
+    def _logprobs_of(self, batch: Batch) -> dict[int, np.ndarray[Any, Any]]:
+        """This rank's share, by sequence index: the micro-batches it trains, so that every
+        rank computes its own (each computed every sequence of the batch, one at a time, so 8
+        ranks spent 8 times the pass), in as many passes as the others (a sharded forward is a
+        collective)."""
+        out: dict[int, np.ndarray[Any, Any]] = {}
         with torch.no_grad():
-            for sequence in batch.sequences:
-                if not self._contributes(sequence):
-                    out.append(np.zeros(len(sequence.token_ids), dtype=np.float32))
-                    continue
-                tensors = _pack([sequence], self.device)
-                logprobs, _ = self._response_logprobs(self.policy, tensors, with_entropy=False)
-                aligned = np.zeros(len(sequence.token_ids), dtype=np.float32)
-                aligned[np.flatnonzero(sequence.loss_mask[1:]) + 1] = logprobs.float().cpu().numpy()
-                out.append(aligned)
+            for plan in batch.minibatches:
+                work = [self._with_gradient(batch, micro) for micro in plan.micro_batches]
+                for kept in work[self.rank]:
+                    sequences = [batch.sequences[i] for i in kept]
+                    tensors = _pack(sequences, self.device)
+                    logprobs, _ = self._response_logprobs(self.policy, tensors, with_entropy=False)
+                    aligned = _scatter_response(logprobs, sequences, tensors)
+                    out.update(zip(kept, aligned, strict=True))
+                for _ in range(self._idle_passes(work)):
+                    self._idle_forward()
         return out
 
     # -- checkpoints -----------------------------------------------------------------------
@@ -489,6 +512,7 @@ class TorchBackend:
                 model.unmerge_adapter()
         else:
             model.save_pretrained(folder, safe_serialization=True)
+        readable_as_umask_allows(folder)
 
 
 class ResponseLogits(torch.nn.Module):
@@ -532,6 +556,27 @@ def drops_units(model: Any) -> bool:
         for settings in configs.values()
         for name, value in settings.to_dict().items()
     )
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (`os.umask` sets it, for every thread)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
+def readable_as_umask_allows(folder: Path) -> None:
+    """Gives each file of `folder` the mode a plain `open` would have (0666 less the umask).
+    safetensors writes its files 0600, so an engine running as another user (a vLLM server
+    on a shared file system) could not read the weights it is told to load."""
+    mode = 0o666 & ~_umask()
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(mode)
 
 
 def _trainable_state(model: Any) -> dict[str, torch.Tensor]:

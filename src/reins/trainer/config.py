@@ -337,8 +337,17 @@ def read_config_file(
 
 
 def validation_problems(error: ValidationError) -> str:
-    """`field.sub: message; ...` for each problem pydantic found."""
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
+    """`field.sub: message; ...` for each problem pydantic found. A check across fields (no
+    location; its message names the fields) is its message alone: it read `: Value error,
+    stale_groups: ...`."""
+    problems = []
+    for problem in error.errors():
+        message = problem["msg"]
+        if problem["type"] == "value_error":
+            message = message.removeprefix("Value error, ")
+        where = ".".join(str(part) for part in problem["loc"])
+        problems.append(f"{where}: {message}" if where else message)
+    return "; ".join(problems)
 
 
 def describe_fields(model: type[BaseModel] = TrainConfig, prefix: str = "") -> str:

@@ -42,6 +42,8 @@ class CorrectionStats:
     rollouts: int = 0
     """Rollouts with a ratio known for at least one token (those the mask may leave out)."""
     masked_rollouts: int = 0
+    masked_rollout_ids: frozenset[str] = frozenset()
+    """The rollouts left out whole: the update trained none of their tokens."""
     gap_by_lag: Mapping[int, float] = field(default_factory=dict)
     """Mean |trainer - engine| logprob per token, by the serving version's lag behind the
     trained one (0: served by the weights being trained)."""
@@ -103,17 +105,19 @@ def correction_weights(
             multipliers[index][positions] = np.minimum(np.exp(log_ratio), tis_cap)
         if version_lags is not None:
             _add_gaps(sequence, positions, np.abs(log_ratio), version_lags, gap_sums)
-    masked = 0
+    masked: set[str] = set()
     if mask_ratio is not None:
         bound = math.log(mask_ratio)
         for key, (total, count) in rollout_sums.items():
             if count and not abs(total / count) <= bound:  # NaN too: nothing to trust
-                masked += 1
+                masked.add(key[0])
                 for index in by_rollout[key]:
                     multipliers[index][:] = 0.0
     ratios = np.exp(np.concatenate(log_ratios)) if log_ratios else np.zeros(0)
     if not len(ratios):
-        return multipliers, CorrectionStats(masked_rollouts=masked)
+        return multipliers, CorrectionStats(
+            masked_rollouts=len(masked), masked_rollout_ids=frozenset(masked)
+        )
     stats = CorrectionStats(
         tokens=len(ratios),
         ratio_mean=float(ratios.mean()),
@@ -121,7 +125,8 @@ def correction_weights(
         ratio_max=float(ratios.max()),
         clipped_fraction=float((ratios > tis_cap).mean()) if tis_cap is not None else 0.0,
         rollouts=sum(1 for _, count in rollout_sums.values() if count),
-        masked_rollouts=masked,
+        masked_rollouts=len(masked),
+        masked_rollout_ids=frozenset(masked),
         gap_by_lag={lag: total / count for lag, (total, count) in gap_sums.items() if count},
     )
     return multipliers, stats

@@ -34,7 +34,13 @@ from torch.distributed.checkpoint.state_dict_loader import load as load_sharded
 from torch.distributed.checkpoint.state_dict_saver import save as save_sharded
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from reins.trainer.backend import BackendConfig, Packed, ResponseLogits, TorchBackend
+from reins.trainer.backend import (
+    BackendConfig,
+    Packed,
+    ResponseLogits,
+    TorchBackend,
+    readable_as_umask_allows,
+)
 from reins.trainer.lora import is_lora, merged_state
 
 ParamDtype = Literal["fp32", "bf16"]
@@ -104,8 +110,22 @@ class FSDPBackend(TorchBackend):
         """One forward and backward on a two-token row with a zero loss: the same collectives as
         a real micro-batch (each layer gathered, its zero gradient reduced), no change to any
         sum."""
+        idle = self._idle_row()
+        logprobs, _ = self._response_logprobs(self.policy, idle, with_entropy=False)
+        if self.reference is not None:
+            with torch.no_grad():
+                self._response_logprobs(self.reference, idle, with_entropy=False)
+        (logprobs.sum() * 0.0).backward()  # type: ignore[no-untyped-call]
+
+    def _idle_forward(self) -> None:
+        """A forward on the idle row: the collectives of a real no-grad pass (each layer
+        gathered), for a rank with fewer sequences to recompute than another."""
+        with torch.no_grad():
+            self._response_logprobs(self.policy, self._idle_row(), with_entropy=False)
+
+    def _idle_row(self) -> Packed:
         row = torch.zeros((1, 2), dtype=torch.long, device=self.device)
-        idle = Packed(
+        return Packed(
             input_ids=row,
             attention_mask=torch.ones_like(row),
             response_positions=torch.ones((1, 1), dtype=torch.bool, device=self.device),
@@ -115,11 +135,6 @@ class FSDPBackend(TorchBackend):
             advantages=torch.zeros(1, device=self.device),
             trained_tokens=0,
         )
-        logprobs, _ = self._response_logprobs(self.policy, idle, with_entropy=False)
-        if self.reference is not None:
-            with torch.no_grad():
-                self._response_logprobs(self.reference, idle, with_entropy=False)
-        (logprobs.sum() * 0.0).backward()  # type: ignore[no-untyped-call]
 
     def _all_reduce(self, gradient: torch.Tensor) -> None:
         """FSDP reduced the gradients in the backward already."""
@@ -203,4 +218,5 @@ class FSDPBackend(TorchBackend):
                 if name not in aliases
             }
             base.save_pretrained(folder, state_dict=state, safe_serialization=True)
+            readable_as_umask_allows(folder)
         dist.barrier()

@@ -656,7 +656,6 @@ class Trainer:
         self.reporter.phase(step, "samples")
         built_at = time.monotonic()
         records, counts, trained, staleness = await self._records(groups)
-        rewards = [r.reward for r in records]
         batch: Batch | None = None
         if records:
             batch = build_batch(records, self.adapter, decode=self.decode)
@@ -716,10 +715,15 @@ class Trainer:
         gpu_mb = peak_gpu_mb()
         if gpu_mb is not None:
             record["memory/peak_gpu_mb"] = gpu_mb
-        if rewards:
+        # Over the rollouts trained: one the correction masked whole moved no weight, and its
+        # reward (an off-policy outlier, often) would read as the policy's.
+        masked = stats.correction.masked_rollout_ids if stats.correction is not None else ()
+        rewarded = [r for r in records if r.rollout_id not in masked]
+        if rewarded:
+            rewards = [r.reward for r in rewarded]
             record["reward/mean"] = float(np.mean(rewards))
             record["reward/std"] = float(np.std(rewards))
-        record.update(agent_metric_means(records, "agent/"))
+        record.update(agent_metric_means(rewarded, "agent/"))
         if val is not None:
             record["val/reward_mean"] = val
             record.update(self.last_val_metrics)

@@ -77,9 +77,9 @@ def exit_rank(code: int) -> NoReturn:
 class Leader:
     """Rank 0's side: every message it broadcasts, in the order the followers act on them.
 
-    `start` (build your shard), then backend calls, then `release` (return). A call that fails
-    on rank 0 may leave the others inside a collective: no `release` is sent then, rank 0's
-    process fails and torchrun stops the rest.
+    `start` (build your shard), then backend calls, then `release` (return, or fail when rank
+    0's run failed). A call that fails on rank 0 may leave the others inside a collective: no
+    `release` is sent then, rank 0's process fails and torchrun stops the rest.
     """
 
     def __init__(self) -> None:
@@ -96,9 +96,21 @@ class Leader:
             self.broken = True
             raise
 
-    def release(self) -> None:
+    def release(self, *, failed: bool = False) -> None:
+        """Lets the followers return; `failed`: rank 0's run ended with an error (outside a
+        backend call), and they end with one too rather than as if the run had finished."""
         if not self.broken:
-            self.tell("release")
+            self.tell("release", failed)
+
+
+class RankZeroFailed(RuntimeError):
+    """Rank 0's run ended with an error: a follower ends with one too (rank 0's output says
+    which). It said `done` before, as if the run had finished."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "rank 0 stopped with an error (its output says which); this rank stops with it"
+        )
 
 
 class LeaderBackend:
@@ -130,7 +142,8 @@ class LeaderBackend:
 
 def follow(build: Callable[[], FSDPBackend]) -> int:
     """A follower's whole life: builds its shard when rank 0 starts, makes each call rank 0
-    tells, returns when released. Returns the calls made."""
+    tells, returns when released. Returns the calls made; a `RankZeroFailed` when rank 0's run
+    ended with an error."""
     backend: FSDPBackend | None = None
     calls = 0
     while True:
@@ -138,6 +151,8 @@ def follow(build: Callable[[], FSDPBackend]) -> int:
         dist.broadcast_object_list(box, src=0)
         name, args = box[0]
         if name == "release":
+            if args and args[0]:
+                raise RankZeroFailed()
             return calls
         if name == "start":
             backend = build()

@@ -325,12 +325,15 @@ async def train(
             await asyncio.to_thread(_follow, config)
             return []
         leader = ranks.Leader()
+        failed = True
         try:
-            return await _train(
+            records = await _train(
                 config, resume=resume, reporter=reporter, leader=leader, on_serving=on_serving
             )
+            failed = False
+            return records
         finally:
-            leader.release()
+            leader.release(failed=failed)
     finally:
         dist.destroy_process_group()
 
