@@ -20,6 +20,25 @@ from pydantic import (
     StringConstraints,
     ValidationError,
 )
+from pydantic_core import PydanticCustomError
+
+NUL_TEXT_MESSAGE = (
+    "the text holds a NUL character (\\u0000), which the store's text fields cannot keep; "
+    "send text without it"
+)
+"""Why a field the store keeps as text (not JSON) refuses a NUL: PostgreSQL's text cannot hold
+one, and SQLite refuses it too so that both stores keep the same values."""
+
+
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise PydanticCustomError("nul_character", NUL_TEXT_MESSAGE)
+    return text
+
+
+NulFreeText = Annotated[str, AfterValidator(_no_nul)]
+"""A text field of a request that the store keeps as text: refused with a NUL at the door, where
+the error names the field in the body (`body.1.idempotency_key`), not only in the store."""
 
 RolloutState = Literal["queuing", "running", "succeeded", "failed"]
 AttemptState = Literal["running", "succeeded", "failed"]
@@ -145,7 +164,7 @@ class AttemptCreate(_Wire):
     """
 
     attempt_id: int | None = Field(default=None, ge=1)
-    reason: str | None = Field(default=None, max_length=10_000)
+    reason: NulFreeText | None = Field(default=None, max_length=10_000)
     """Why the previous attempt ended (crash, timeout), recorded on it."""
 
 
@@ -200,7 +219,7 @@ class EventIn(_Wire):
     # `Any`, not `JsonValue`: the body is parsed JSON already, and JsonValue's validator costs a
     # Python call per value (a model_request carries thousands of token IDs).
     data: dict[str, Any] = Field(default_factory=dict)
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    idempotency_key: NulFreeText | None = Field(default=None, min_length=1, max_length=200)
     """A retried post with the same key is stored once."""
 
 
@@ -321,10 +340,11 @@ class ModelEndpointIn(_Wire):
     endpoint: Annotated[
         str,
         StringConstraints(pattern=r"^https?://\S+$", max_length=2000),
+        AfterValidator(_no_nul),
         AfterValidator(_reachable_url),
     ]
     """Base URL of an OpenAI-compatible server, e.g. ``http://127.0.0.1:8000/v1``."""
-    engine: str = Field(default="openai", max_length=100)
+    engine: NulFreeText = Field(default="openai", max_length=100)
     """`embedded`, `vllm`, `sglang` or `openai` (any other compatible server)."""
     weight_version: int = Field(default=0, ge=0, le=2**62)
 

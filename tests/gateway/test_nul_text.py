@@ -34,19 +34,30 @@ def test_a_text_field_with_a_nul_is_422_naming_it_and_nothing_is_stored(
 
     keyed = http.post(events, json={"type": "note", "idempotency_key": "k\x00"})
     assert keyed.status_code == 422, keyed.text
-    assert keyed.json()["detail"][0]["loc"] == ["idempotency_key"]
+    # Named where it is in the body (it was `["idempotency_key"]`, and "event 0 of the post"
+    # for the second event of a list), as every other field's error is.
+    assert keyed.json()["detail"][0]["loc"] == ["body", "idempotency_key"]
     assert "NUL" in keyed.json()["error"]
+    listed = http.post(events, json=[{"type": "note"}, {"type": "note", "idempotency_key": "\x00"}])
+    assert listed.status_code == 422, listed.text
+    assert listed.json()["detail"][0]["loc"] == ["body", 1, "idempotency_key"]
+    assert listed.json()["error"].startswith("body.1.idempotency_key: ")
 
     ended = http.patch("/api/rollouts/r", json={"status": {"state": "failed", "reason": "x\x00"}})
     assert ended.status_code == 422, ended.text
-    assert ended.json()["detail"][0]["loc"] == ["status", "reason"]
+    assert ended.json()["detail"][0]["loc"] == ["body", "status", "reason"]
     retried = http.post("/api/rollouts/r/attempts", json={"reason": "x\x00"})
     assert retried.status_code == 422, retried.text
+    assert retried.json()["detail"][0]["loc"] == ["body", "reason"]
 
     endpoint = {"model": "m", "endpoint": "http://127.0.0.1:1/v\x001"}
     assert http.post("/api/models", json=endpoint).status_code == 422
     engine = {"model": "m", "endpoint": "http://127.0.0.1:1/v1", "engine": "vllm\x00"}
-    assert http.post("/api/models", json=engine).status_code == 422
+    refused = http.post("/api/models", json=engine)
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "engine"]
+    listed = http.post("/api/models", json=[{"model": "m", "endpoint": "http://a/v1"}, endpoint])
+    assert listed.status_code == 422, listed.text
+    assert listed.json()["detail"][0]["loc"] == ["body", 1, "endpoint"]
 
     detail = http.get("/api/rollouts/r").json()
     assert detail["rollout"]["status"] == {"state": "running", "reason": None}

@@ -17,7 +17,7 @@ from reins.gateway.routes import records as records_route
 from reins.packed import unpack_events
 from reins.recordbatch import DecodedRollout, record_of
 from reins.samples import dedup_calls
-from reins.samples.records import MissingRewardError, RolloutRecord, rollout_from_events
+from reins.samples.records import MissingRewardError, RolloutRecord, call_state, rollout_from_events
 from reins.schemas import EventIn, RolloutSpec
 from tests.conftest import Gateway
 from tests.gateway.test_packing import conversation
@@ -267,3 +267,57 @@ async def test_calls_another_model_served_are_left_out_of_the_policys_records_an
     assert len(record_of(every).calls) == 4 and record_of(every).other_model_calls == 0
     assert (stats["judged"].min_version, stats["judged"].max_version) == (1, 1)
     assert (unfiltered["judged"].min_version, unfiltered["judged"].max_version) == (0, 1)
+
+
+async def test_rollout_stats_read_loosely_typed_calls_as_the_trainers_record_read(
+    gateway: Gateway,
+) -> None:
+    """Calls an admin posted with loosely typed fields: the stats' versions and failed calls are
+    those of the calls the binary read trains (`call_state`), on both stores. Stats counted
+    `1.5` as version 1 (the read skips the call), left out `"7"`, `true` and a `"200"` status
+    (the read trains them), and read integers past int64 as the read does not."""
+    main = conversation(2, seed=5)
+    loose: dict[str, dict[str, Any]] = {
+        "half": {"model_version": 1.5},
+        "text": {"model_version": "7"},
+        "padded": {"model_version": " 7 "},
+        "bool": {"model_version": True},
+        "float": {"model_version": 3.0},
+        "text-status": {"status": "200", "model_version": 4},
+        "text-failed": {"status": "500", "model_version": 4},
+        "text-abandoned": {"abandoned": "yes", "model_version": 5},
+        "uint64": {"model_version": 2**63},
+        "past-64-bits": {"model_version": 2**64 + 1},
+        "below-int64": {"model_version": -(2**63) - 1},
+        "mixed": {"model_version": "9"},  # after a plain call of version 2
+    }
+    async with GatewayClient(gateway.url, gateway.api_key) as client:
+        await client.create_rollouts([RolloutSpec(rollout_id=r) for r in loose])
+        for rollout_id, fields in loose.items():
+            await client.open_attempt(rollout_id, attempt_id=1)
+            calls = [{**main[0], **fields}]
+            if rollout_id == "mixed":
+                calls.insert(0, {**main[0], "model_version": 2})
+            events = [
+                EventIn(type="model_request", data=data, idempotency_key=f"c{n}")
+                for n, data in enumerate(calls)
+            ]
+            events.append(EventIn(type="reward", data={"value": 1.0}))
+            await client.post_events(rollout_id, 1, events)
+        stats = await client.rollout_stats(list(loose))
+        read = await client.get_records(list(loose))
+        records = {r: record_of(d) for r, d in zip(loose, read, strict=True)}
+        every = {r: await client.get_events(r) for r in loose}
+    for rollout_id in loose:
+        versions = [c.model_version for c in records[rollout_id].calls]
+        trained = [v for v in versions if v is not None]
+        expected = (min(trained), max(trained)) if trained else (None, None)
+        got = stats[rollout_id]
+        assert (got.min_version, got.max_version) == expected, rollout_id
+        states = [call_state(e.data) for e in every[rollout_id] if e.type == "model_request"]
+        failed = sum(1 for s in states if s is not None and s.status != 200)
+        assert got.failed_calls == failed, rollout_id
+    assert (stats["text"].min_version, stats["bool"].max_version) == (7, 1)
+    assert (stats["half"].min_version, stats["past-64-bits"].max_version) == (None, None)
+    assert (stats["mixed"].min_version, stats["mixed"].max_version) == (2, 9)
+    assert (stats["uint64"].max_version, stats["text-failed"].failed_calls) == (2**63, 1)

@@ -274,3 +274,44 @@ def test_on_sqlite_a_gateway_restarted_after_a_kill_does_not_wait_for_its_former
         with httpx.Client(base_url=url, headers=ADMIN, timeout=30) as http:
             assert len(http.get("/api/admission").json()["replicas"]) == 2  # it is live
     assert took < 30, f"the start waited {took:.1f} s for a killed gateway"
+
+
+@pytest.mark.slow  # the pause waits its 20 s for the silent replica
+def test_a_pause_answers_within_the_clients_timeout_whatever_the_replica_timeout(
+    tmp_path: Path,
+) -> None:
+    """With `REINS_REPLICA_TIMEOUT_S=60`, a live replica that never applies the pause (its host
+    hung) kept `POST /api/admission/pause` waiting 61 s, past the clients' 30 s: the trainer's
+    pause timed out and each retry waited again. The pause answers after `pause_wait_s` (20 s);
+    the drain that follows still waits for that replica."""
+    database_url = f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}"
+    settings = GatewaySettings(database_url=database_url, api_key=ADMIN_KEY, replica_timeout_s=60)
+
+    async def report_hung_replica() -> None:
+        store = SqlStore(database_url)
+        await store.init()
+        now = time.time()
+        hung = ReplicaReport(
+            replica_id="hung",
+            address="hung host",
+            seen_epoch=0,  # it applied no pause
+            paused=False,
+            in_flight=0,
+            held=0,
+            started_at=now,
+            heartbeat_at=now,
+        )
+        await store.board.report(hung)
+        await store.close()
+
+    with serve(settings) as server:
+        url = f"http://127.0.0.1:{server.port}"
+        with httpx.Client(base_url=url, headers=ADMIN, timeout=30) as http:
+            asyncio.run(report_hung_replica())
+            assert len(http.get("/api/admission").json()["replicas"]) == 2
+            started = time.monotonic()
+            paused = http.post("/api/admission/pause")
+            assert paused.status_code == 200 and paused.json()["paused"] is True
+            assert time.monotonic() - started < 25
+            drained = http.post("/api/admission/drain", params={"timeout_s": 0.2}).json()
+            assert drained["drained"] is False, "held by the live replica that did not pause"

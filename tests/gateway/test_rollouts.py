@@ -254,3 +254,18 @@ def test_patch_stores_a_metadata_value_python_deems_equal(gateway: Gateway) -> N
 def test_patch_unknown_rollout_is_404(gateway: Gateway) -> None:
     response = gateway.http.patch("/api/rollouts/nope", json={"status": {"state": "running"}})
     assert response.status_code == 404
+
+
+def test_a_create_that_reuses_several_ids_names_the_first_in_the_requests_order(
+    gateway: Gateway,
+) -> None:
+    """Both stores name the same rollout: the first conflicting one of the list. SQLite named
+    the one its index returned first and PostgreSQL whichever its scan found (a differential run
+    of one request sequence on both stores answered `r1` on one and `r3` on the other)."""
+    http = gateway.http
+    assert http.post("/api/rollouts", json=[{"rollout_id": r} for r in ("r1", "r3")]).is_success
+    for order in (["r3", "r1"], ["r1", "r3"]):
+        changed = [{"rollout_id": r, "input": "other"} for r in order]
+        refused = http.post("/api/rollouts", json=changed)
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"].startswith(f"rollout {order[0]} already exists"), order

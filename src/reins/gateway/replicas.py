@@ -52,6 +52,10 @@ class ReplicaTimings:
     """How often a replica alone on its database looks for others."""
     heartbeat_s: float = 1.0
     replica_timeout_s: float = 10.0
+    pause_wait_s: float = 20.0
+    """The longest a pause waits for the other live replicas to apply it, whatever
+    `replica_timeout_s`: its answer must come within the clients' 30 s (`GatewayClient`). A
+    drain, which follows the pause, waits for the rest (`_unsettled`)."""
 
 
 class Replicas:
@@ -109,16 +113,19 @@ class Replicas:
 
     async def pause(self) -> GateStatus:
         """Returns once every live replica holds new calls (a silent one stops counting as live
-        after `replica_timeout_s`)."""
+        after `replica_timeout_s`), or after `pause_wait_s`: a silent replica could otherwise
+        keep the answer past the client's timeout, and a retried pause would wait again."""
         async with self._lock:
             self._apply(await self.board.set_paused(True))
             await self._report(force=True)
-        deadline = time.monotonic() + self.timings.replica_timeout_s + 1
+        timings = self.timings
+        deadline = time.monotonic() + min(timings.replica_timeout_s + 1, timings.pause_wait_s)
         # Polled: the other replicas answer through the database, not through this process.
-        while time.monotonic() < deadline:
-            if not await self._unsettled(in_flight=False):
+        while waiting := await self._unsettled(in_flight=False):
+            if time.monotonic() >= deadline:
+                log.warning("pause answered before gateway replicas %s applied it", waiting)
                 break
-            await asyncio.sleep(self.timings.sync_interval_s)
+            await asyncio.sleep(timings.sync_interval_s)
         return self.gate.status()
 
     async def resume(self) -> GateStatus:

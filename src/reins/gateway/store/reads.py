@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from reins.gateway.store import RolloutQuery, RolloutStats
 from reins.gateway.store.tables import attempts, events, names_no_row, rollout_of, rollouts
+from reins.samples.records import call_state, of_another_model
 from reins.schemas import (
     MODEL_REQUEST,
     REWARD,
@@ -30,8 +31,9 @@ _NUL_ESCAPE = r"((^|[^\\])(\\\\)*)\\u0000"
 of backslashes ("\\\\u0000" is a backslash, then the text "u0000")."""
 
 
-_TRUE_TEXTS = ("1", "true", "yes", "on", "t", "y")
-"""The texts pydantic reads as true (lower case)."""
+_INT64_TEXT = "-?[0-9]{1,18}"
+"""The JSON text of an integer surely within int64 (a PostgreSQL regular expression; longer ones
+are read by `call_state`)."""
 
 
 def nul_free(column: sa.Column[Any]) -> sa.ColumnElement[Any]:
@@ -207,29 +209,52 @@ class DashboardReads:
         value = nul_free(column)[key]
         return sa.case((sa.func.json_typeof(value) == "string", value.as_string()))
 
-    def _json_missing(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[bool]:
-        if self.is_sqlite:
-            return sa.func.json_type(column, f'$."{key}"').is_(None)
-        return nul_free(column)[key].is_(None)
+    def _json_source(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[Any]:
+        """PostgreSQL: the JSON text of `column[key]` (`7`, `"7"`, `true`, `null`; NULL when
+        missing). One expression that tells a value's type and form: each `nul_free` costs a
+        pass over the document, and the stats read several fields of every call."""
+        return sa.cast(nul_free(column)[key], sa.Text)
 
-    def _json_true(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[bool]:
-        """Whether `column[key]` reads as true as pydantic reads a bool (`true`, 1, "yes"...;
-        false, not NULL, when it is missing), as `ModelRequest` reads `abandoned`."""
+    def _json_is_true(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[bool]:
+        """Whether `column[key]` is JSON `true`."""
         if self.is_sqlite:
-            path = f'$."{key}"'
-            kind, value = sa.func.json_type(column, path), sa.func.json_extract(column, path)
+            is_true = sa.func.json_type(column, f'$."{key}"') == "true"
         else:
-            element = nul_free(column)[key]
-            kind, value = sa.func.json_typeof(element), element.as_string()
-        # A CASE, not OR: SQL does not promise to skip the cast of a value that is no number.
-        is_true = sa.case(
-            (kind == "true", sa.true()),
-            (kind == "boolean", value == "true"),
-            (kind.in_(["integer", "real", "number"]), sa.cast(value, sa.Float) == 1),
-            (kind.in_(["text", "string"]), sa.func.lower(value).in_(_TRUE_TEXTS)),
-            else_=sa.false(),
-        )
+            is_true = self._json_source(column, key) == "true"
         return sa.func.coalesce(is_true, sa.false())
+
+    def _plain_call(self, column: sa.Column[Any]) -> sa.ColumnElement[bool]:
+        """Whether a `model_request`'s `status`, `abandoned` and `model_version` are of the
+        types the proxy writes (an integer, a boolean, an integer or null; each may be missing),
+        so that SQL reads them as `reins.samples.records.call_state` does. Others (`"200"`,
+        `1.5`, `true` as a version, an integer past int64), which only an admin's post can
+        store, are read by `call_state` itself (`rollout_stats`)."""
+        if not self.is_sqlite:
+            status = self._json_source(column, "status").op("~")(f"^{_INT64_TEXT}$")
+            abandoned = self._json_source(column, "abandoned").in_(["true", "false"])
+            version = self._json_source(column, "model_version")
+            version_plain = version.op("~")(f"^({_INT64_TEXT}|null)$")
+            # NULL: the field is missing, which is plain.
+            plain = (sa.func.coalesce(test, sa.true()) for test in (status, abandoned))
+            return sa.and_(*plain, sa.func.coalesce(version_plain, sa.true()))
+
+        def kind(key: str) -> sa.ColumnElement[Any]:
+            return sa.func.json_type(column, f'$."{key}"')
+
+        def int64(key: str) -> sa.ColumnElement[bool]:
+            # `json_type` says "integer" past int64 too, where `json_extract` gives a REAL.
+            exact = sa.func.typeof(sa.func.json_extract(column, f'$."{key}"')) == "integer"
+            return sa.and_(kind(key) == "integer", exact)
+
+        return sa.and_(
+            sa.or_(kind("status").is_(None), int64("status")),
+            sa.or_(kind("abandoned").is_(None), kind("abandoned").in_(["true", "false"])),
+            sa.or_(
+                kind("model_version").is_(None),
+                kind("model_version") == "null",
+                int64("model_version"),
+            ),
+        )
 
     def _json_length(self, column: sa.Column[Any], key: str) -> sa.ColumnElement[Any]:
         """Length of the JSON array `column[key]`; 0 when it is not an array."""
@@ -260,36 +285,55 @@ class DashboardReads:
                 events.c.attempt_id == rollouts.c.attempt_count,
             ),
         )
-        status = self._json_number(events.c.data, "status")
+        data = events.c.data
+        status = self._json_number(data, "status")
         # The versions of the calls the trainer trains (`samples.records.call_of`): a failed or
-        # abandoned call's version must not make a group look too stale to train. A status not
-        # given is `ModelRequest`'s 200; one given as text ("200") is not read here. Token
-        # counts are those of valid token IDs (`store.packing`; rows before 2026-12-07 that
-        # were stored whole count their lists' lengths).
+        # abandoned call's version must not make a group look too stale to train. SQL reads
+        # the calls whose fields have the proxy's types (`_plain_call`: a status not given is
+        # `ModelRequest`'s 200); the others are read below by `call_state`, the readers' own
+        # rule, so that `"200"`, `1.5` or a version past int64 count as the trainer reads
+        # them. Token counts are those of valid token IDs (`store.packing`; rows before
+        # 2026-12-07 that were stored whole count their lists' lengths).
+        plain = self._plain_call(data)
+        tokens = sa.and_(self._token_count("prompt") > 0, self._token_count("response") > 0)
         trained = sa.and_(
-            sa.or_(status == 200, self._json_missing(events.c.data, "status")),
-            sa.not_(self._json_true(events.c.data, "abandoned")),
-            self._token_count("prompt") > 0,
-            self._token_count("response") > 0,
+            plain,
+            sa.or_(status == 200, status.is_(None)),
+            sa.not_(self._json_is_true(data, "abandoned")),
+            tokens,
         )
         if model is not None:  # another model's calls are not trained either (`of_another_model`)
-            served = self._json_text(events.c.data, "model")
+            served = self._json_text(data, "model")
             trained = sa.and_(trained, sa.or_(served.is_(None), served == model))
-        version = sa.case((trained, self._json_number(events.c.data, "model_version")))
+        version = sa.case((trained, self._json_number(data, "model_version")))
         calls = (
             sa.select(
                 events.c.rollout_id,
                 sa.func.count().label("calls"),
-                sa.func.sum(sa.case((status != 200, 1), else_=0)).label("failed"),
+                sa.func.sum(sa.case((sa.and_(plain, status != 200), 1), else_=0)).label("failed"),
                 sa.func.sum(self._token_count("prompt")).label("prompt"),
                 sa.func.sum(self._token_count("response")).label("resp"),
                 sa.func.min(version).label("min_version"),
                 sa.func.max(version).label("max_version"),
+                sa.func.sum(sa.case((plain, 0), else_=1)).label("loose"),
             )
             .select_from(latest)
             .where(events.c.rollout_id.in_(ids), events.c.type == MODEL_REQUEST)
             .group_by(events.c.rollout_id)
         )
+
+        def loose_calls(rollout_ids: list[str]) -> sa.Select[Any]:
+            text = sa.cast(data, sa.Text).label("data")
+            return (
+                sa.select(events.c.rollout_id, text, tokens.label("tokens"))
+                .select_from(latest)
+                .where(
+                    events.c.rollout_id.in_(rollout_ids),
+                    events.c.type == MODEL_REQUEST,
+                    sa.not_(plain),
+                )
+            )
+
         rewards = (
             sa.select(events.c.rollout_id, self._json_number(events.c.data, "value").label("v"))
             .select_from(latest)
@@ -325,7 +369,10 @@ class DashboardReads:
                 found[row.rollout_id] = {"started_at": row.created_at, "ended_at": row.ended_at}
             for rollout_id, count, last_seq in await conn.execute(totals):
                 found[rollout_id].update(events=int(count), last_seq=int(last_seq))
+            with_loose = []
             for agg in await conn.execute(calls):
+                if agg.loose:
+                    with_loose.append(agg.rollout_id)
                 found[agg.rollout_id].update(
                     calls=int(agg.calls),
                     failed_calls=int(agg.failed or 0),
@@ -334,6 +381,9 @@ class DashboardReads:
                     min_version=None if agg.min_version is None else int(agg.min_version),
                     max_version=None if agg.max_version is None else int(agg.max_version),
                 )
+            if with_loose:  # rare: only an admin's posts make them
+                for rollout_id, text, has_tokens in await conn.execute(loose_calls(with_loose)):
+                    _count_loose_call(found[rollout_id], json.loads(text), bool(has_tokens), model)
             for reward in await conn.execute(rewards):
                 found[reward.rollout_id]["reward"] = None if reward.v is None else float(reward.v)
         return {rollout_id: RolloutStats(**values) for rollout_id, values in found.items()}
@@ -344,3 +394,23 @@ class DashboardReads:
         )
         async with self.engine.connect() as conn:
             return {(row[0], row[1]): int(row[2]) for row in await conn.execute(query)}
+
+
+def _count_loose_call(
+    stats: dict[str, Any], data: Any, has_tokens: bool, model: str | None
+) -> None:
+    """Adds a call whose fields SQL does not read (`DashboardReads._plain_call`) to its
+    rollout's `stats`, as the trainer's readers read it (`call_state`)."""
+    state = call_state(data) if isinstance(data, dict) else None
+    if state is None:
+        return  # skipped by the readers: neither failed nor trained
+    if state.status != 200:
+        stats["failed_calls"] = stats.get("failed_calls", 0) + 1
+        return
+    version = state.model_version
+    trained = not state.abandoned and has_tokens and not of_another_model(data, model)
+    if not trained or version is None:
+        return
+    low, high = stats.get("min_version"), stats.get("max_version")
+    stats["min_version"] = version if low is None else min(low, version)
+    stats["max_version"] = version if high is None else max(high, version)

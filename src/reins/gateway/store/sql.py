@@ -489,8 +489,9 @@ class SqlStore(DashboardReads):
                     sa.select(rollouts).where(rollouts.c.rollout_id.in_(order))
                 )
             }
-            for rollout_id, row in existing.items():
-                if row.spec_digest != resolved[rollout_id][1]:
+            for rollout_id in order:  # the first in the request's order, on both stores
+                row = existing.get(rollout_id)
+                if row is not None and row.spec_digest != resolved[rollout_id][1]:
                     raise Conflict(
                         f"rollout {rollout_id} already exists with a different body; "
                         "a retried create must send the same body, a new rollout needs a new id"
@@ -622,7 +623,7 @@ class SqlStore(DashboardReads):
     async def _update_rollout(self, rollout_id: str, update: RolloutUpdate) -> Rollout:
         owner = f"rollout {rollout_id}"
         if update.status is not None:
-            text_value(update.status.reason, ("status", "reason"), owner)
+            text_value(update.status.reason, ("body", "status", "reason"), owner)
         if update.metadata is not None:
             encoded(update.metadata, ("metadata",), owner)
         async with self._write() as conn:
@@ -688,7 +689,7 @@ class SqlStore(DashboardReads):
             return await self._open_attempt_now(rollout_id, request)
 
     async def _open_attempt_now(self, rollout_id: str, request: AttemptCreate) -> Attempt:
-        text_value(request.reason, ("reason",), f"rollout {rollout_id}")
+        text_value(request.reason, ("body", "reason"), f"rollout {rollout_id}")
         async with self._write() as conn:
             row = await self._lock_rollout(conn, rollout_id)
             self._open_attempt.pop(rollout_id, None)  # supersedes it: the next append checks

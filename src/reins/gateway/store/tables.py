@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from reins.gateway import jsonrule
 from reins.gateway.store import Invalid
 from reins.schemas import (
+    NUL_TEXT_MESSAGE,
     TERMINAL_STATES,
     Attempt,
     Event,
@@ -164,13 +165,9 @@ def text_value(value: str | None, loc: jsonrule.Loc, owner: str) -> str | None:
         if problem is not None:
             raise Invalid(f"{owner}: {problem}", [problem.error()])
         if "\x00" in value:
-            message = (
-                "the text holds a NUL character (\\u0000), which the store's text fields cannot "
-                "keep; send text without it"
-            )
             where = ".".join(str(part) for part in loc)
-            error = {"loc": loc, "msg": message, "type": "nul_character"}
-            raise Invalid(f"{owner}: {where}: {message}", [error])
+            error = {"loc": loc, "msg": NUL_TEXT_MESSAGE, "type": "nul_character"}
+            raise Invalid(f"{owner}: {where}: {NUL_TEXT_MESSAGE}", [error])
     return value
 
 
