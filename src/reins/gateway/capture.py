@@ -402,9 +402,15 @@ class _ChoiceState:
     prompt_token_ids: list[int] | None = None
     text: str = ""
     reasoning: str = ""
+    reasoning_key: str = "reasoning_content"
+    """The name the engine streams reasoning under: `reasoning_content`, or `reasoning` as newer
+    vLLM names it; the assembled answer keeps the harness's name."""
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    sent_stop_reason: bool = False
+    """The engine's chunks carried `stop_reason` (vLLM's and the embedded engine's do): the
+    assembled answer has it too, as the non-streamed answer would."""
     last_call: int | None = None
     """The index of the tool call the last tool-call delta added to."""
     shown_logprobs: dict[str, Any] | None = None
@@ -470,6 +476,8 @@ class StreamRecorder:
                 state.prompt_token_ids = list(choice["prompt_token_ids"])
             if choice.get("finish_reason"):
                 state.finish_reason = choice["finish_reason"]
+            if "stop_reason" in choice:
+                state.sent_stop_reason = True
             if choice.get("stop_reason") is not None:
                 state.stop_reason = choice["stop_reason"]
             if self.facts.kind == "completions":
@@ -478,7 +486,11 @@ class StreamRecorder:
             delta = choice.get("delta")
             delta = delta if isinstance(delta, dict) else {}
             state.text += _text(delta.get("content"))
-            state.reasoning += _text(delta.get("reasoning_content") or delta.get("reasoning"))
+            for key in ("reasoning_content", "reasoning"):
+                if _text(delta.get(key)):
+                    state.reasoning += _text(delta[key])
+                    state.reasoning_key = key
+                    break
             calls = delta.get("tool_calls")
             for call in calls if isinstance(calls, list) else ():
                 if not isinstance(call, dict):
@@ -523,11 +535,13 @@ class StreamRecorder:
         else:
             message: dict[str, Any] = {"role": "assistant", "content": state.text or None}
             if state.reasoning:
-                message["reasoning_content"] = state.reasoning
+                message[state.reasoning_key] = state.reasoning
             if state.tool_calls:
                 message["tool_calls"] = [state.tool_calls[i] for i in sorted(state.tool_calls)]
             choice = {"index": index, "message": message, "finish_reason": state.finish_reason}
             kind = "chat.completion"
+        if state.sent_stop_reason:
+            choice["stop_reason"] = state.stop_reason
         if self.shows_logprobs:
             choice["logprobs"] = state.shown_logprobs
         return {**self.head, "object": kind, "choices": [choice], "usage": self.usage}

@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 WEIGHT_VERSION_HEADER = "x-reins-weight-version"
 _PATHS: dict[Kind, str] = {"chat": "/chat/completions", "completions": "/completions"}
 _JSON = {"content-type": "application/json"}
+RETRY_HEADERS = ("retry-after", "retry-after-ms")
+"""An engine's error headers that the harness's SDK reads to wait before its retry (the openai
+and anthropic SDKs honour both on a 429 or 503): passed on with the engine's error, else the
+SDK retries at once and meets the engine's limit again."""
 Upstream = EngineResponse | ReusedAnswer
 """An engine's answer, body unread (`ReusedAnswer`: a call reused through vLLM's routes)."""
 
@@ -95,6 +99,8 @@ class _Failed:
     media: str | None = None
     overflow: Overflow | None = None
     """The engine refused the prompt as too long for its context (said in each API's words)."""
+    headers: dict[str, str] | None = None
+    """The engine's headers that tell a client when to retry (`RETRY_HEADERS`), passed on."""
 
 
 @dataclass
@@ -274,7 +280,12 @@ class LLMProxy:
                     param = "messages" if kind == "chat" else "prompt"
                     return JSONResponse(openai_body(upstream.overflow, param), 400)
                 if upstream.content is not None:  # the engine's own error, passed on as it is
-                    return Response(upstream.content, upstream.status, media_type=upstream.media)
+                    return Response(
+                        upstream.content,
+                        upstream.status,
+                        headers=upstream.headers,
+                        media_type=upstream.media,
+                    )
                 return openai_error(upstream.status, upstream.message, upstream.kind)
             if facts.stream:
                 streaming = True
@@ -312,8 +323,9 @@ class LLMProxy:
             kind: str | None = None,
             param: str | None = None,
             code: str | None = None,
+            retry: dict[str, str] | None = None,
         ) -> Response:
-            headers = {"Retry-After": "30"} if status == 503 else None
+            headers = retry or ({"Retry-After": "30"} if status == 503 else None)
             body = api.error_body(status, message, kind, param=param, code=code)
             return JSONResponse(body, status, headers=headers)
 
@@ -332,9 +344,10 @@ class LLMProxy:
             translation = api.translate(body)
         except WireError as error:
             # Recorded too: a harness whose requests are refused shows up in its rollout.
-            await self._record(
-                rollout_id, attempt_id, [error_record(facts, error.status, error.message)]
-            )
+            refused = error_record(facts, error.status, error.message)
+            if self.reuse is not None:  # as every chat-translated call's record says it
+                refused = refused.model_copy(update={"token_reuse": "none"})
+            await self._record(rollout_id, attempt_id, [refused])
             return failure_response(error.status, error.message, error.kind, error.param)
         facts.notes = translation.notes  # the same list: notes made while answering count too
         opened = await self._open(body.get("model"), rollout_id, failure_response)
@@ -364,7 +377,7 @@ class LLMProxy:
             if isinstance(upstream, _Failed):
                 if upstream.overflow is not None:
                     return JSONResponse(api.overflow_body(upstream.overflow), 400)
-                return failure_response(upstream.status, upstream.message)
+                return failure_response(upstream.status, upstream.message, retry=upstream.headers)
             if translation.stream:
                 streaming = True
                 return _ReleasingStream(
@@ -515,6 +528,7 @@ class LLMProxy:
             content,
             media or None,
             read_overflow(upstream.status, text),
+            _retry_headers(upstream),
         )
 
     async def _json_answer(
@@ -711,32 +725,43 @@ class LLMProxy:
                 if data == "[DONE]":
                     done_line = b"data: [DONE]\n\n"
                     continue
+                if not data:  # no chunk: dropped, as the openai SDK fails on an empty `data:`
+                    continue
                 try:
                     chunk = jsonrule.parse(data, loc=())
                 except jsonrule.JsonRuleError as refused:
-                    if refused.kind == "json_invalid":
-                        yield (line + "\n\n").encode()
-                        continue
+                    chunk = None if refused.kind == "json_invalid" else refused
+                if isinstance(chunk, jsonrule.JsonRuleError):
                     # A chunk JSON cannot carry (a NaN logprob): the call fails, recorded.
-                    failure = f"the engine sent a stream chunk JSON cannot carry: {refused}"
+                    failure = f"the engine sent a stream chunk JSON cannot carry: {chunk}"
                     yield await self._stream_failure(
                         call, facts, started, rollout_id, attempt_id, failure
                     )
                     return
-                if isinstance(chunk, dict):
-                    try:
-                        call.recorder.feed(chunk)  # copies what it keeps: stripping is safe
-                        engine_error = call.recorder.error
-                        if engine_error is None:
-                            chunk = strip_for_harness(chunk, facts.request, facts.kind)
-                    except Exception as error:
-                        engine_error = _unreadable(facts, error)
-                    if engine_error is not None:  # its error chunk, or one that could not be read
-                        # Recorded before the harness hears of it: it stops reading there.
-                        yield await self._stream_failure(
-                            call, facts, started, rollout_id, attempt_id, engine_error
-                        )
-                        return
+                if not isinstance(chunk, dict):
+                    # No chunk of the API: the harness's SDK fails on it (the openai SDK raises
+                    # on a line that is not JSON), so the call failed, as in the other wire
+                    # APIs. Passed on, it was recorded as a trainable answer.
+                    failure = (
+                        f"the engine sent a stream line that is not a JSON object: {data[:200]}"
+                    )
+                    yield await self._stream_failure(
+                        call, facts, started, rollout_id, attempt_id, failure
+                    )
+                    return
+                try:
+                    call.recorder.feed(chunk)  # copies what it keeps: stripping is safe
+                    engine_error = call.recorder.error
+                    if engine_error is None:
+                        chunk = strip_for_harness(chunk, facts.request, facts.kind)
+                except Exception as error:
+                    engine_error = _unreadable(facts, error)
+                if engine_error is not None:  # its error chunk, or one that could not be read
+                    # Recorded before the harness hears of it: it stops reading there.
+                    yield await self._stream_failure(
+                        call, facts, started, rollout_id, attempt_id, engine_error
+                    )
+                    return
                 yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
         except (aiohttp.ClientError, TimeoutError) as error:
             failure = f"the engine's stream broke off: {error!r}"
@@ -1093,6 +1118,12 @@ def _record_data(record: ModelRequest) -> dict[str, Any]:
     return {name: getattr(record, name) for name in _TOKEN_FIELDS} | rest
 
 
+def _retry_headers(upstream: Upstream) -> dict[str, str] | None:
+    """The engine's `RETRY_HEADERS` that it answered (None: none)."""
+    kept = {name: upstream.headers.get(name) for name in RETRY_HEADERS}
+    return {name: value for name, value in kept.items() if value is not None} or None
+
+
 def _weight_version(upstream: Upstream, registered: int) -> int:
     """The engine's own word on its weights (the embedded engine sends it), else the registry's."""
     header = upstream.headers.get(WEIGHT_VERSION_HEADER)
@@ -1108,15 +1139,17 @@ async def _read_body(upstream: Upstream) -> bytes:
 
 async def _lines(upstream: Upstream) -> AsyncIterator[str]:
     """The body's lines, however long: an SSE chunk carrying a long prompt's token IDs can be
-    far over aiohttp's own line limit."""
+    far over aiohttp's own line limit. A byte that is not UTF-8 (an engine's text cut inside a
+    character) becomes U+FFFD: decoded strictly, it cut the relay (a recorded 502) and lost an
+    answer that was otherwise whole. The harness is sent UTF-8 either way."""
     pending = b""
     async for data in upstream.content.iter_any():
         pending += data
         *lines, pending = pending.split(b"\n")
         for line in lines:
-            yield line.rstrip(b"\r").decode()
+            yield line.rstrip(b"\r").decode(errors="replace")
     if pending:
-        yield pending.rstrip(b"\r").decode()
+        yield pending.rstrip(b"\r").decode(errors="replace")
 
 
 class _StreamedCall:

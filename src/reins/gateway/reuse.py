@@ -267,10 +267,14 @@ class TokenReuse:
         if pending is None or pending.request is not request:
             return
         del self._pending[id(request)]
-        if pending.outcome == "asked":  # no 2xx answer came: the call failed
-            return
+        # No 2xx answer came (the engine refused or failed the call, or the harness left before
+        # it): nothing was reused into the record, which has no tokens. Said all the same: a
+        # call of a gateway with reuse on always has `token_reuse`.
+        outcome = "none" if pending.outcome == "asked" else pending.outcome
         for record in records:
-            record.token_reuse = pending.outcome
+            record.token_reuse = outcome
+        if pending.outcome == "asked":
+            return
         if len(records) == 1 and records[0].status == 200:
             record = records[0]
             self.memory.remember(
