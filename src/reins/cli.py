@@ -367,6 +367,7 @@ def _run_training(config: object, *, resume: bool, resume_command: str) -> None:
     from reins.trainer import checkpoint
     from reins.trainer.config import TrainConfig
     from reins.trainer.fleet import FleetError
+    from reins.trainer.ranks import RankZeroFailed
     from reins.trainer.runtime import ConsoleReporter, configure_allocator, train
 
     assert isinstance(config, TrainConfig)
@@ -448,7 +449,9 @@ def _run_training(config: object, *, resume: bool, resume_command: str) -> None:
             markup=False,
         )
         raise typer.Exit(128 + (signal.SIGTERM if by == "SIGTERM" else signal.SIGINT)) from None
-    except (FileExistsError, ValueError, FleetError) as error:  # FleetError: an engine_url
+    except (FileExistsError, ValueError, FleetError, RankZeroFailed) as error:
+        # FleetError: an engine_url; RankZeroFailed: another rank of a sharded run, whose
+        # rank 0 printed why (this rank said `done` before).
         console.print(error_line(f"{error}"))
         _end_rank(config, 1)
         raise typer.Exit(1) from error

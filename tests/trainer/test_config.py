@@ -3,10 +3,12 @@ field, never a traceback."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from reins.schemas import RolloutSpec
 from reins.trainer.config import ConfigError, load_config
 
 
@@ -135,6 +137,24 @@ def test_tasks_a_preparation_step_makes_are_named_with_it_when_missing(tmp_path:
         load_tasks(missing)
     with pytest.raises(ValueError, match=r"No such file or directory: '[^']*'$"):
         load_tasks(tmp_path / "elsewhere" / "deeper" / "train.jsonl")
+
+
+@pytest.mark.parametrize("task_id", ["é1", "task٣", "a b", "a/b"])
+def test_a_task_id_outside_the_gateways_ids_is_refused_where_it_is_read(
+    tmp_path: Path, task_id: str
+) -> None:
+    """A non-ASCII letter passed `str.isalnum`: the tasks loaded, and every declare of the run
+    then failed with pydantic's pattern error (`RolloutSpec`), after the model had loaded."""
+    from reins.trainer.data import load_tasks
+    from reins.trainer.loop import fitted_id
+
+    tasks = tmp_path / "train.jsonl"
+    tasks.write_text(json.dumps({"id": task_id, "input": {}}) + "\n")
+    with pytest.raises(ValueError, match=r"train\.jsonl:1: task id .* \[A-Za-z0-9\._:-\]$"):
+        load_tasks(tasks)
+    tasks.write_text(json.dumps({"id": "ok-1.a:b_c", "input": {}}) + "\n")
+    (task,) = load_tasks(tasks)
+    RolloutSpec(rollout_id=fitted_id("run.t0000000.", task.id, ".0"))  # what the trainer declares
 
 
 @pytest.mark.parametrize(

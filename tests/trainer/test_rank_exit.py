@@ -81,3 +81,6 @@ def test_the_other_ranks_of_a_run_that_failed_on_rank_0_do_not_say_done(
     assert "there is no run 'sharded' to resume" in output, output[-3000:]
     assert "rank 0 stopped with an error" in output, output[-3000:]
     assert "done: metrics in" not in output, output[-3000:]
+    # Rank 1 ends on its one line, not a traceback of its own (torchrun prints its own).
+    assert "error: rank 0 stopped with an error" in output, output[-3000:]
+    assert "RankZeroFailed" not in output, output[-3000:]

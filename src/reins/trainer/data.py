@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ from typing import Any
 from pydantic import JsonValue, TypeAdapter, ValidationError
 
 _json = TypeAdapter(JsonValue)
+_TASK_ID = re.compile(r"[A-Za-z0-9._:-]+")
+"""What a task id may hold: it is part of its rollouts' ids (`reins.schemas.Identifier`)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ def load_tasks(path: Path) -> list[Task]:
         if not isinstance(record, dict) or "input" not in record:
             raise ValueError(f'{path}:{number} must be an object with an "input" field')
         task_id = str(record.get("id", number))
-        if not task_id or not all(c.isalnum() or c in "._:-" for c in task_id):
+        if not _TASK_ID.fullmatch(task_id):  # ASCII: `isalnum` took `é`, refused at declare
             raise ValueError(f"{path}:{number}: task id {task_id!r} may hold only [A-Za-z0-9._:-]")
         if task_id in seen:
             raise ValueError(f"{path}:{number}: task id {task_id!r} appears twice")

@@ -81,12 +81,15 @@ class ConsoleReporter:
         self.progress.update(self.task, phase=f"[cyan]{name}[/cyan]")
 
     def say(self, message: str) -> None:
-        self.console.print(message)
+        # Not markup: a message names paths and ids, and a `[/x]` in one was a MarkupError
+        # that stopped the run.
+        self.console.print(message, markup=False)
 
     def services(self, gateway_url: str, api_key: str) -> None:
         self.console.print(
             f"dashboard: {gateway_url}/ui (admin key {api_key}); "
-            f"API schema {gateway_url}/ui/openapi.json"
+            f"API schema {gateway_url}/ui/openapi.json",
+            markup=False,
         )
 
     def rollouts(self, done: int, total: int) -> None:
