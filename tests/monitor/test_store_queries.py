@@ -198,7 +198,13 @@ async def test_filters_and_stats_survive_nul_characters(store: SqlStore) -> None
         items, total = await store.query_rollouts(query)
         assert [r.rollout_id for r in items] == ["plain"] and total == 1
     assert (await store.query_rollouts(RolloutQuery(run="a\x00b")))[1] == 0
-    assert (await store.query_rollouts(RolloutQuery(search="\x00")))[1] == 0
+    # The search finds a NUL where an input holds one (it found nothing whatever it held).
+    found, total = await store.query_rollouts(RolloutQuery(search="\x00"))
+    assert ([r.rollout_id for r in found], total) == (["nul"], 1)
+    await rollout(store, "nul-inside", None, input={"q": "a\x00B c"})
+    found, _ = await store.query_rollouts(RolloutQuery(search="A\x00b"))
+    assert [r.rollout_id for r in found] == ["nul-inside"]
+    assert (await store.query_rollouts(RolloutQuery(search="a\x00c")))[1] == 0
     page = await store.list_rollouts(run="a")
     assert [r.rollout_id for r in page.items] == ["plain"]
     assert (await store.rollout_stats(["nul"]))["nul"].reward is None  # "\x00": no number

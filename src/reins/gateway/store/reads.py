@@ -59,7 +59,7 @@ def rollout_filters(
     sqlite: bool,
 ) -> list[sa.ColumnElement[bool]]:
     where: list[sa.ColumnElement[bool]] = []
-    if any(names_no_row(text) for text in (group_id or "", run or "", search or "")):
+    if any(names_no_row(text) for text in (group_id or "", run or "")):
         return [sa.false()]  # PostgreSQL text cannot hold NUL, so no rollout can match
     if states:
         where.append(rollouts.c.state.in_(list(states)))
@@ -80,14 +80,15 @@ def rollout_filters(
     if search:
         # The input's JSON text: rows written before the JSON rule escaped non-ASCII characters,
         # later ones keep them (pydantic-core's encoder): match both.
-        needles = {search, json.dumps(search)[1:-1]}
+        # A NUL is in no id, but an input holds it escaped (`\u0000`): only that form is
+        # looked for then (PostgreSQL fails a statement comparing text that holds a NUL).
+        escaped = json.dumps(search)[1:-1]
+        needles = {escaped} if names_no_row(search) else {search, escaped}
         text = sa.cast(rollouts.c.input, sa.Text)
-        where.append(
-            sa.or_(
-                _contains_folded(rollouts.c.rollout_id, search, sqlite=sqlite),
-                *(_contains_folded(text, needle, sqlite=sqlite) for needle in needles),
-            )
-        )
+        found = [_contains_folded(text, needle, sqlite=sqlite) for needle in needles]
+        if not names_no_row(search):
+            found.append(_contains_folded(rollouts.c.rollout_id, search, sqlite=sqlite))
+        where.append(sa.or_(*found))
     return where
 
 
