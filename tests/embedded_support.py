@@ -47,6 +47,30 @@ class ServedEngine:
         return self.engine.scheduler.load() == (0, 0)
 
 
+def tiny_engine(**options: Any) -> EmbeddedEngine:
+    """A tiny random Llama (2 layers, hidden 64; built in memory, milliseconds a step) with the
+    default model's tokenizer; `options` go to `EmbeddedEngine`."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from reins.engine.prepare import prepare_default_model
+
+    tokenizer = AutoTokenizer.from_pretrained(prepare_default_model())
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    return EmbeddedEngine(LlamaForCausalLM(config).eval(), tokenizer, name="tiny", **options)
+
+
 @contextlib.contextmanager
 def served_engine(**options: Any) -> Iterator[ServedEngine]:
     """The default model (prepared once into the local cache, never from a hub), served;

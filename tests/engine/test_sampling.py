@@ -141,3 +141,62 @@ def test_logit_bias_and_penalties_reshape_the_draw_not_the_reported_logprob() ->
     tokens, logprobs = sample_next(logits.expand(500, -1), [params] * 500, [None] * 500)
     assert 0 not in tokens and set(tokens) == {1, 2, 3}
     assert logprobs == [float(policy[token]) for token in tokens]
+
+
+def test_seeds_that_differ_past_their_low_32_bits_sample_differently() -> None:
+    logits = torch.zeros(1, 900)
+    params = SamplingParams(temperature=1.0)
+
+    def draws(seed: int) -> list[int]:
+        generator = SamplingParams(seed=seed).generator()
+        return [sample_next(logits, [params], [generator])[0][0] for _ in range(20)]
+
+    assert draws(5) == draws(5)
+    assert draws(5) != draws(2**32 + 5)
+    assert draws(5) != draws(2**40 + 5)
+    assert draws(-1) == draws(2**64 - 1)  # a negative seed counts from 2**64, as documented
+
+
+def test_a_top_k_past_the_vocabulary_keeps_every_token() -> None:
+    logits = torch.randn(2, 900)
+    huge = SamplingParams(temperature=1.0, top_k=2**63, seed=3)
+    whole = SamplingParams(temperature=1.0, top_k=900, seed=3)
+    plain = SamplingParams(temperature=1.0)
+    tokens, _ = sample_next(logits, [huge, plain], [huge.generator(), None])
+    same, _ = sample_next(logits, [whole, plain], [whole.generator(), None])
+    assert tokens[0] == same[0]
+
+
+def test_top_p_is_taken_of_the_top_k_tokens_as_transformers_takes_it() -> None:
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    probs = torch.tensor([0.2, 0.1, 0.1] + [0.6 / 897] * 897)
+    logits = probs.log()[None, :]
+    params = SamplingParams(temperature=1.0, top_k=3, top_p=0.5)
+    warped = TopPLogitsWarper(0.5)(None, TopKLogitsWarper(3)(None, logits.clone()))
+    kept = set(torch.nonzero(warped[0] > -torch.inf)[:, 0].tolist())
+    assert kept == {0}
+    drawn = set()
+    for seed in range(200):
+        generator = SamplingParams(seed=seed).generator()
+        drawn.add(sample_next(logits, [params], [generator])[0][0])
+    assert drawn == kept
+
+
+def test_min_p_keeps_the_tokens_transformers_keeps() -> None:
+    from transformers.generation.logits_process import MinPLogitsWarper
+
+    probs = torch.tensor([0.5, 0.3, 0.04] + [0.16 / 897] * 897)
+    logits = probs.log()[None, :]
+    warped = MinPLogitsWarper(0.1)(None, logits.clone())
+    kept = set(torch.nonzero(warped[0] > -torch.inf)[:, 0].tolist())
+    assert kept == {0, 1}
+    for params in (
+        SamplingParams(temperature=1.0, min_p=0.1),
+        SamplingParams(temperature=1.0, min_p=0.1, top_k=50, top_p=0.99),
+    ):
+        drawn = set()
+        for seed in range(100):
+            generator = SamplingParams(seed=seed).generator()
+            drawn.add(sample_next(logits, [params], [generator])[0][0])
+        assert drawn == kept

@@ -4,7 +4,8 @@
 Answers carry the fields vLLM returns with `return_token_ids` and `logprobs` (top-level
 `prompt_token_ids` for chat, per-choice for completions; per-choice `token_ids`; logprobs of the
 sampled tokens), so the gateway's proxy reads both engines the same way, and the header
-`x-reins-weight-version` with the version of the weights each request started on. The token IDs
+`x-reins-weight-version` with the version of the weights each request's prefill ran with (the
+oldest of its choices'), known once each choice has sampled its first token. The token IDs
 are always returned (the proxy removes what the harness did not ask for), and the most likely
 alternatives at each position when asked (chat's `top_logprobs`, completions' `logprobs`), from
 the distribution whose logprob the sampled token reports.
@@ -57,7 +58,7 @@ from reins.engine.constraint import ConstraintError, format_grammar, response_gr
 from reins.engine.embedded import EmbeddedEngine, Token, WeightVersionError
 from reins.engine.metrics import CONTENT_TYPE, engine_metrics, render
 from reins.engine.sampling import Alternatives, SamplingParams
-from reins.engine.scheduler import RequestFault
+from reins.engine.scheduler import RequestFault, ShuttingDown
 from reins.httpjson import JSONResponse
 
 WEIGHT_VERSION_HEADER = "x-reins-weight-version"
@@ -73,11 +74,16 @@ class _Request(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=100)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    """vLLM's: tokens less likely than this times the most likely one are not sampled."""
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     min_tokens: int | None = Field(default=None, ge=0)
     """vLLM's: end of sequence and the stop tokens are held back until this many tokens."""
     stop: str | list[str] | None = None
+    include_stop_str_in_output: StrictBool = False
+    """vLLM's: the answer goes on through the stop string that ended it (to the end of the
+    token that completes it), where it stops before it by default."""
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     """What a generator's seed can be (negative ones count from 2**64)."""
     n: int = Field(default=1, ge=1, le=16)
@@ -229,9 +235,10 @@ class EngineError(Exception):
 
 
 def create_engine_app(engine: EmbeddedEngine) -> Starlette:
-    """The HTTP API of `engine`."""
+    """The HTTP API of `engine`. A server of `reins.serving` aborts the engine's requests when
+    it starts to shut down (`app.state.before_shutdown`), so that it does not wait for them."""
     api = _Api(engine)
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/v1/models", api.models, methods=["GET"]),
             Route("/v1/chat/completions", api.chat, methods=["POST"]),
@@ -242,6 +249,8 @@ def create_engine_app(engine: EmbeddedEngine) -> Starlette:
             Route("/reins/load_weights", api.load_weights, methods=["POST"]),
         ]
     )
+    app.state.before_shutdown = engine.abort_all
+    return app
 
 
 def _error(
@@ -257,6 +266,8 @@ def _failure_kind(error: str) -> tuple[int, str]:
     cannot be followed: `RequestFault`), else 500."""
     if isinstance(error, RequestFault):
         return 400, "BadRequestError"
+    if isinstance(error, ShuttingDown):
+        return 503, "ServiceUnavailableError"
     return 500, "InternalServerError"
 
 
@@ -397,11 +408,11 @@ class _Api:
         except (EngineError, ChatRequestError, ConstraintError) as error:
             return _refused(error)
         call = _Call(self.engine, "chat", body, prompt_ids, params[0], self.sampled)
-        headers = {WEIGHT_VERSION_HEADER: str(self.engine.weight_version)}
+        headers = {WEIGHT_VERSION_HEADER: str(call.weight_version)}
         if body.reins_prefix_token_ids is not None:
             headers[TOKEN_REUSE_HEADER] = "reused" if reused else "fallback"
         if body.stream:
-            return _ClosingStream(call.stream(params), headers)
+            return _ClosingStream(call, call.stream(params), headers)
         return await _unless_client_leaves(request, call.answer(params, headers))
 
     async def completions(self, request: Request) -> Response:
@@ -419,9 +430,9 @@ class _Api:
         except (EngineError, ConstraintError) as error:
             return _refused(error)
         call = _Call(self.engine, "completions", body, prompt_ids, params[0], self.sampled)
-        headers = {WEIGHT_VERSION_HEADER: str(self.engine.weight_version)}
+        headers = {WEIGHT_VERSION_HEADER: str(call.weight_version)}
         if body.stream:
-            return _ClosingStream(call.stream(params), headers)
+            return _ClosingStream(call, call.stream(params), headers)
         return await _unless_client_leaves(request, call.answer(params, headers))
 
     async def _check(self, grammar: str | None) -> None:
@@ -533,6 +544,7 @@ class _Api:
                 temperature=1.0 if body.temperature is None else body.temperature,
                 top_p=1.0 if body.top_p is None else body.top_p,
                 top_k=max(body.top_k or 0, 0),
+                min_p=body.min_p or 0.0,
                 max_tokens=asked or room,
                 stop=tuple(s for s in stop if s),
                 stop_token_ids=self.stop_token_ids,
@@ -608,11 +620,29 @@ class _Call:
         self.prompt_ids = prompt_ids
         self.parse_tools = params.tool_calls
         self.rules = ResponseRules(
-            params.stop, params.stop_token_ids, params.tool_calls, params.parallel_tool_calls
+            params.stop,
+            params.stop_token_ids,
+            params.tool_calls,
+            params.parallel_tool_calls,
+            include_stops=body.include_stop_str_in_output,
         )
         self.sampled = sampled
         self.id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.arrived_on = engine.weight_version
+        self.started_on: dict[int, int] = {}
+        """Per choice, the weight version its first token was sampled with."""
+
+    @property
+    def weight_version(self) -> int:
+        """The `x-reins-weight-version` of the answer: the oldest weights any choice started on
+        (its prefill's, not those served when the request arrived: a request that waited for a
+        batch slot across a weight update is sampled with the newer ones); until a choice has
+        sampled, the version served when the request arrived."""
+        return min(self.started_on.values(), default=self.arrived_on)
+
+    def _started(self, token: Token) -> None:
+        self.started_on.setdefault(token.index, token.weight_version)
 
     def settled(self, choice: _Choice, *, final: bool) -> Settled:
         """The choice's response so far: the sampled tokens that are the response, and the text
@@ -643,6 +673,7 @@ class _Call:
             async for item in items:
                 choice = choices[item.index]
                 if isinstance(item, Token):
+                    self._started(item)
                     choice.token_ids.append(item.token_id)
                     choice.logprobs.append(item.logprob)
                     choice.tops.append(item.top)
@@ -670,7 +701,9 @@ class _Call:
                 "choices": [self._completion_choice(c) for c in choices],
                 "usage": usage,
             }
-        return JSONResponse(payload, headers=headers)
+        return JSONResponse(
+            payload, headers={**headers, WEIGHT_VERSION_HEADER: str(self.weight_version)}
+        )
 
     def _usage(self, choices: list[_Choice]) -> dict[str, Any]:
         """OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens that every
@@ -758,29 +791,40 @@ class _Call:
         }
 
     async def stream(self, params: list[SamplingParams]) -> AsyncGenerator[bytes, None]:
+        """The answer's SSE chunks. Nothing is yielded before every choice has sampled its first
+        token (or ended): the response's headers go out with the first chunk
+        (`_ClosingStream`), and their weight version is the oldest the choices started on."""
         choices = [_Choice(i, self.engine.decode) for i in range(len(params))]
         started: set[int] = set()
+        unstarted = set(range(len(params)))
+        held: list[bytes] = []
         # Closed on any exit (a cancelled answer, a stream the client left): the generator's
         # `finally` cancels the sequences still running, at once rather than when collected.
         async with contextlib.aclosing(self.engine.generate(self.prompt_ids, params)) as items:
             async for item in items:
                 choice = choices[item.index]
+                unstarted.discard(item.index)
+                chunk: bytes | None
                 if isinstance(item, Token):
+                    self._started(item)
                     choice.token_ids.append(item.token_id)
                     choice.logprobs.append(item.logprob)
                     choice.tops.append(item.top)
                     chunk = self._progress(choice, started)
-                    if chunk is not None:
-                        yield chunk
                 elif item.error is not None:
                     status, kind = _failure_kind(item.error)
                     error = {"error": {"message": item.error, "type": kind, "code": status}}
-                    yield f"data: {json.dumps(error)}\n\n".encode()
+                    yield b"".join([*held, f"data: {json.dumps(error)}\n\n".encode()])
                     yield b"data: [DONE]\n\n"  # as vLLM ends a stream after its error
                     return
                 else:
                     choice.finish_reason, choice.cached_tokens = item.reason, item.cached_tokens
-                    yield self._last_chunk(choice, started)
+                    chunk = self._last_chunk(choice, started)
+                if chunk is not None:
+                    held.append(chunk)
+                if held and not unstarted:
+                    yield b"".join(held)
+                    held.clear()
         options = self.body.stream_options or {}
         if options.get("include_usage"):
             yield _sse({**self._envelope(), "choices": [], "usage": self._usage(choices)})
@@ -916,17 +960,36 @@ async def _unless_client_leaves(
 class _ClosingStream(StreamingResponse):
     """A streamed answer whose generator is closed however the response ends, so a client that
     left cancels its sequences at once (Starlette cancels the stream's task, which may leave the
-    generator suspended at a `yield` until it is collected)."""
+    generator suspended at a `yield` until it is collected).
 
-    def __init__(self, content: AsyncGenerator[bytes, None], headers: dict[str, str]) -> None:
+    Its headers go out with its first chunk, once the call knows the weight version its choices
+    were sampled with (`_Call.weight_version`); a client that leaves before then (its request
+    waiting for a batch slot) cancels it too."""
+
+    def __init__(
+        self, call: _Call, content: AsyncGenerator[bytes, None], headers: dict[str, str]
+    ) -> None:
         super().__init__(content, media_type="text/event-stream", headers=headers)
+        self._call = call
         self._content = content
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
+            first = await unless_client_leaves(receive, anext(self._content, b""))
+            if isinstance(first, ClientLeft):
+                return
+            self.headers[WEIGHT_VERSION_HEADER] = str(self._call.weight_version)
+            self.body_iterator = _after(first, self._content)
             await super().__call__(scope, receive, send)
         finally:
             await self._content.aclose()
+
+
+async def _after(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """`first`, then what `rest` yields."""
+    yield first
+    async for chunk in rest:
+        yield chunk
 
 
 def _special_token_ids(tokenizer: Any) -> set[int]:

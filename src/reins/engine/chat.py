@@ -219,6 +219,9 @@ class ResponseRules:
     """Tools are offered: text after a `</tool_call>` that opens no other call ends the turn."""
     parallel_tool_calls: bool = True
     """False (the request's `parallel_tool_calls: false`): the first `</tool_call>` ends it."""
+    include_stops: bool = False
+    """vLLM's `include_stop_str_in_output`: a stop string ends the response after it (with the
+    tokens that hold it), not before it."""
 
     @property
     def hold(self) -> int:
@@ -291,7 +294,10 @@ def settle(
         count = _covering(tokens, decode, text, after)
         return Settled(count, decode(tokens[:count]), TOOL_CALL_CLOSE)
     if before is not None:
-        count = _within(tokens, decode, text, before)
+        if rules.include_stops and stop is not None:
+            count = _covering(tokens, decode, text, before + len(stop))
+        else:
+            count = _within(tokens, decode, text, before)
         return Settled(count, decode(tokens[:count]), stop)
     if final:
         return Settled(len(tokens), text, stop_reason)

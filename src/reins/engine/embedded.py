@@ -29,7 +29,7 @@ from reins.engine.constraint import Grammars
 from reins.engine.folder import check_model_folder
 from reins.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from reins.engine.sampling import Alternatives, SamplingParams
-from reins.engine.scheduler import BatchScheduler, Sequence
+from reins.engine.scheduler import BatchScheduler, Sequence, ShuttingDown
 from reins.engine.token_text import TokenTexts
 from reins.engine.weights import check_fits, load_into, read_folder
 
@@ -54,6 +54,8 @@ class Token:
     logprob: float
     top: Alternatives = ()
     """The most likely tokens at its position (as many as the request's `top_logprobs`)."""
+    weight_version: int = 0
+    """The version of the weights the choice's prefill ran with (its first token's)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ class EmbeddedEngine:
             weights_lock=self._weights_lock,
             prefix_cache=self.prefix_cache,
             weight_generation=lambda: self.weight_generation,
+            weight_version=lambda: self.weight_version,
         )
 
     @classmethod
@@ -249,7 +252,7 @@ class EmbeddedEngine:
         for index, choice_params in enumerate(params):
 
             def on_token(token: int, logprob: float, top: Alternatives, index: int = index) -> None:
-                put(Token(index, token, logprob, top))
+                put(Token(index, token, logprob, top, sequences[index].weight_version))
 
             def on_finish(reason: str | None, error: str | None, index: int = index) -> None:
                 put(Finished(index, reason, error, sequences[index].cached_tokens))
@@ -273,6 +276,14 @@ class EmbeddedEngine:
             for sequence in sequences:
                 if sequence.finish_reason is None:
                     self.scheduler.cancel(sequence)
+
+    def abort_all(self) -> None:
+        """Ends every request, running, waiting or to come, with an error (a 503) at the next
+        step: for a server shutting down, which otherwise waits for every answer to end
+        (`reins.serving` calls it when its server starts to shut down)."""
+        self.scheduler.abort_all(
+            ShuttingDown("the engine is shutting down: this request was aborted")
+        )
 
     def close(self) -> None:
         self.scheduler.stop()

@@ -1,11 +1,11 @@
 """Sampling one next token per row, and the logprob the trainer needs for it.
 
 The logprob reported for a sampled token is `log_softmax(logits / temperature)` at that token,
-taken before top-p / top-k truncation and before `logit_bias` and the presence and frequency
-penalties: it is the policy's own probability (at temperature 1, the one training uses), not the
-probability of the reshaped or truncated distribution the token was drawn from. Greedy rows
-(temperature below `GREEDY_TEMPERATURE`, 0 included) report `log_softmax(logits)` and take the
-argmax of the reshaped logits.
+taken before top-p / top-k / min-p truncation and before `logit_bias` and the presence and
+frequency penalties: it is the policy's own probability (at temperature 1, the one training
+uses), not the probability of the reshaped or truncated distribution the token was drawn from.
+Greedy rows (temperature below `GREEDY_TEMPERATURE`, 0 included) report `log_softmax(logits)` and
+take the argmax of the reshaped logits.
 
 The reshaping is OpenAI's: a token's logit gets its `logit_bias`, less `frequency_penalty` times
 the number of times the response has sampled it so far, less `presence_penalty` once it has; with
@@ -20,7 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+Generator = torch.Generator | np.random.Generator
+"""Where a row's uniform numbers come from: a seeded request's own `np.random.Generator`
+(`SamplingParams.generator`), or a torch one."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     """0 keeps every token."""
+    min_p: float = 0.0
+    """vLLM's: tokens less likely than `min_p` times the most likely one are dropped (0: none)."""
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     """Strings that end the response; the text shown stops before them."""
@@ -67,12 +74,13 @@ class SamplingParams:
             or self.min_tokens > 0
         )
 
-    def generator(self) -> torch.Generator | None:
+    def generator(self) -> np.random.Generator | None:
+        """The seeded request's own generator (PCG64), seeded with all 64 bits of `seed`: torch's
+        CPU generator keeps only the low 32 bits of its seed, so seeds 5, 2**32 + 5 and 2**40 + 5
+        sampled the very same answer."""
         if self.seed is None:
             return None
-        generator = torch.Generator()
-        generator.manual_seed(self.seed)
-        return generator
+        return np.random.default_rng(self.seed % 2**64)
 
 
 GREEDY_TEMPERATURE = 1e-5
@@ -118,7 +126,7 @@ vocabulary."""
 def sample_next(
     logits: torch.Tensor,
     params: list[SamplingParams],
-    generators: list[torch.Generator | None],
+    generators: list[Generator | None],
     outputs: list[list[int]] | None = None,
     allowed: list[torch.Tensor | None] | None = None,
 ) -> tuple[list[int], list[float]]:
@@ -162,13 +170,7 @@ def sample_next(
             continue
         index = torch.tensor(group)
         probs = drawn_from.exp() if len(group) == len(params) else drawn_from[index].exp()
-        uniforms = torch.tensor(
-            [
-                float(torch.rand((), generator=generators[row], dtype=torch.float64))
-                for row in group
-            ],
-            dtype=torch.float64,
-        )
+        uniforms = torch.tensor([_uniform(generators[row]) for row in group], dtype=torch.float64)
         if _truncates(params[group[0]]):
             tokens[index] = _sample_truncated(probs, [params[row] for row in group], uniforms)
         else:
@@ -198,6 +200,13 @@ def alternatives(logits: torch.Tensor, params: list[SamplingParams]) -> list[Alt
             zip(tokens[position, :width].tolist(), values[position, :width].tolist(), strict=True)
         )
     return found
+
+
+def _uniform(generator: Generator | None) -> float:
+    """One number drawn uniformly from [0, 1) by `generator` (torch's global one when None)."""
+    if isinstance(generator, np.random.Generator):
+        return float(generator.random())
+    return float(torch.rand((), generator=generator, dtype=torch.float64))
 
 
 def _scale(params: list[SamplingParams]) -> torch.Tensor:
@@ -235,16 +244,23 @@ def _reshaped(
 
 
 def _truncates(params: SamplingParams) -> bool:
-    return params.top_p < 1.0 or params.top_k > 0
+    return params.top_p < 1.0 or params.top_k > 0 or params.min_p > 0
 
 
 def _sample_truncated(
     probs: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor
 ) -> torch.Tensor:
-    """Top-k then top-p (nucleus) per row, the most likely token always kept; then inverse-CDF
-    sampling among the kept tokens."""
+    """Min-p and top-k, then top-p (nucleus) per row, the most likely token always kept; then
+    inverse-CDF sampling among the kept tokens. Min-p and top-k each keep the most likely tokens,
+    so together they keep the `top_k` most likely ones at most, those min-p keeps among them."""
     vocab = probs.shape[-1]
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
+    # Capped at the vocabulary: a request's top_k of 2**63 or more does not fit a tensor (it was
+    # a 500 for every request prefilled beside it).
+    top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params])
+    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype)
+    if bool((min_p > 0).any()):
+        likely = probs >= min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        top_k = torch.minimum(top_k, likely.sum(dim=-1))
     top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype)
     for width in (*(w for w in CANDIDATES if w < vocab), vocab):
         if width == vocab:
@@ -257,10 +273,29 @@ def _sample_truncated(
             break
     ranks = torch.arange(values.shape[-1])[None, :]
     mass_before = values.cumsum(dim=-1) - values
-    drop = (ranks >= top_k[:, None]) | (mass_before >= top_p[:, None])
+    # Top-p is taken of the top-k (and min-p) tokens' distribution (their mass renormalized), as
+    # vLLM takes it (transformers' warpers too, for top-k): measured against the whole mass,
+    # top_k 3 and top_p 0.5 over probabilities (0.2, 0.1, 0.1, ...) kept three tokens, not one.
+    kept_by_k = _top_k_mass(probs, values, top_k)
+    drop = (ranks >= top_k[:, None]) | (mass_before >= (top_p * kept_by_k)[:, None])
     drop[:, 0] = False
     chosen = _inverse_cdf(values.masked_fill(drop, 0.0), uniforms)
     return order.gather(1, chosen[:, None])[:, 0]
+
+
+def _top_k_mass(probs: torch.Tensor, values: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Per row, the probability mass of its `top_k` most likely tokens (`values`: the row's most
+    likely probabilities, sorted, maybe fewer than the vocabulary)."""
+    width, vocab = values.shape[-1], probs.shape[-1]
+    masses = []
+    for row, k in enumerate(top_k.tolist()):
+        if k <= width:
+            masses.append(values[row, :k].sum())
+        elif k >= vocab:
+            masses.append(probs[row].sum())
+        else:
+            masses.append(torch.topk(probs[row], k).values.sum())
+    return torch.stack(masses)
 
 
 def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

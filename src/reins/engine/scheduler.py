@@ -48,6 +48,7 @@ from reins.engine.prefix_cache import Match, PrefixCache, as_tokens, common_pref
 from reins.engine.sampling import (
     TOOL_TURN_TOKENS,
     Alternatives,
+    Generator,
     NothingAllowed,
     SamplingParams,
     UnsampleableRows,
@@ -99,13 +100,15 @@ class Sequence:
     on_token: TokenSink
     on_finish: FinishSink
     weight_version: int = 0
+    """The version of the weights its prefill ran with (set then; until then, the version served
+    when it arrived)."""
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
     """Why it failed (its finish_reason is then "error"); it leaves at the next `_retire`."""
     cancelled: bool = False
-    generator: torch.Generator | None = None
+    generator: Generator | None = None
     next_token: int = -1
     cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache."""
@@ -148,6 +151,7 @@ class BatchScheduler:
         weights_lock: threading.Lock | None = None,
         prefix_cache: PrefixCache | None = None,
         weight_generation: Callable[[], int] = lambda: 0,
+        weight_version: Callable[[], int] = lambda: 0,
     ) -> None:
         self.model = model
         self.eos_token_ids = eos_token_ids
@@ -161,6 +165,9 @@ class BatchScheduler:
         """The generation of the weights now in the model (it moves on at every weight change,
         whatever version they are served as): cached KV is valid only under its own generation.
         Read under `weights_lock`."""
+        self.weight_version = weight_version
+        """The version of the weights now in the model, read under `weights_lock` at a prefill:
+        what a sequence is sampled with from its first token on."""
         self.steps = 0
         self._logged: tuple[int, float] = (0, time.monotonic())
         self._cache_kwarg = _cache_kwarg(model)
@@ -172,6 +179,8 @@ class BatchScheduler:
         self._mask: torch.Tensor | None = None
         self._wake = threading.Condition()
         self._stopped = False
+        self._aborting: str | None = None
+        """Set by `abort_all`: why every sequence, running or to come, fails at once."""
         self._holding = 0
         self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._thread = threading.Thread(target=self._run, name="reins-engine", daemon=True)
@@ -185,8 +194,23 @@ class BatchScheduler:
         with self._wake:
             if self._stopped:
                 raise RuntimeError("the engine is stopped")
+            if self._aborting is not None:
+                sequence.finish_reason = "error"
+                sequence.on_finish(None, self._aborting)
+                return
             self._waiting.append(sequence)
             self._wake.notify()
+
+    def abort_all(self, error: ShuttingDown) -> None:
+        """Fails every sequence with `error`: the waiting ones now, the running ones at the next
+        step (their answers end then, with what they sampled so far), and any submitted later
+        at once. For a server shutting down: it waits for its answers to end, which a long
+        generation made a wait of minutes (651 s for a 3,000-token stream)."""
+        with self._wake:
+            self._aborting = error
+            waiting, self._waiting = list(self._waiting), deque()
+            self._wake.notify()
+        _fail(waiting, error)
 
     def cancel(self, sequence: Sequence) -> None:
         """Frees the sequence's slot at the next step (the client went away)."""
@@ -353,6 +377,7 @@ class BatchScheduler:
             self.prefix_cache.use(match, len(sequence.prompt_ids))
             sequence.cached_tokens = match.length if match else 0
             sequence.kv_generation = generation
+            sequence.weight_version = self.weight_version()
             matches.append(match)
         past = max(s.cached_tokens for s in joining)
         longest = max(len(s.prompt_ids) - s.cached_tokens for s in joining)
@@ -547,8 +572,12 @@ class BatchScheduler:
     def _retire(self) -> None:
         """Finished sequences leave the batch; their KV goes to the prefix cache. The rows that
         stay are packed: each one's positions right-aligned, holes and padding no one needs cut."""
+        aborting = self._aborting
         for sequence in self._active:
-            if sequence.cancelled and sequence.finish_reason is None:
+            if aborting is not None and sequence.finish_reason in (None, "abort"):
+                # An error, not `abort`: that reads as an answer its client cut short.
+                _failing(sequence, aborting)
+            elif sequence.cancelled and sequence.finish_reason is None:
                 sequence.finish_reason = "abort"
         keep = [row for row, s in enumerate(self._active) if s.finish_reason is None]
         done = [s for s in self._active if s.finish_reason is not None]
@@ -615,6 +644,10 @@ class BatchScheduler:
 class RequestFault(str):
     """An error the request itself caused (its grammar cannot be followed, or allows nothing
     its `min_tokens` accepts): answered 400, where the engine's own failures are 500."""
+
+
+class ShuttingDown(str):
+    """Why a request failed when the engine aborted it to shut down: answered 503."""
 
 
 def _failing(sequence: Sequence, error: str) -> None:
