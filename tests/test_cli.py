@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -597,5 +598,56 @@ def test_engine_says_a_served_name_with_brackets_as_it_is(tmp_path: Path) -> Non
         try:
             engine.wait(timeout=30)
         except subprocess.TimeoutExpired:
+            engine.kill()
+            engine.wait()
+
+
+def test_engine_stops_at_ctrl_c_with_a_generation_in_flight(tmp_path: Path) -> None:
+    """uvicorn waited for every answer in flight before it stopped: `reins engine` with a
+    3,000-token stream took 651 s to end after Ctrl-C. Its generations are aborted now: the
+    stream ends with an error event long before its tokens, and the process exits."""
+    from tests.trainer.conftest import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "model")
+    command = [sys.executable, "-m", "reins", "engine", "--port", "0", "--model", str(model)]
+    engine = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        assert engine.stderr is not None
+        url = ""
+        for line in engine.stderr:
+            if line.startswith("serving "):
+                url = line.split(" at ")[1].strip()
+                break
+        assert url, "the engine did not say where it serves"
+        wanted = 100_000  # far more than this machine samples before the signal is handled
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                name = httpx.get(f"{url}/models").json()["data"][0]["id"]
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the engine did not answer at the port it said"
+                time.sleep(0.05)
+        body = {
+            "model": name,
+            "prompt": "a",
+            "max_tokens": wanted,
+            "min_tokens": wanted,  # no end of sequence before it
+            "stream": True,
+        }
+        chunks: list[dict[str, object]] = []
+        with httpx.stream("POST", f"{url}/completions", json=body, timeout=120) as answer:
+            assert answer.status_code == 200
+            for line in answer.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunks.append(json.loads(line.removeprefix("data: ")))
+                if len(chunks) == 3:
+                    engine.send_signal(signal.SIGINT)
+        errors = [chunk["error"] for chunk in chunks if "error" in chunk]
+        assert len(errors) == 1 and len(chunks) < wanted, chunks[-3:]
+        assert engine.wait(timeout=120) == 0
+    finally:
+        if engine.poll() is None:
             engine.kill()
             engine.wait()
