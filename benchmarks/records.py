@@ -75,10 +75,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from reins.client import GatewayClient  # noqa: E402
+from reins.gateway.proxy import call_key  # noqa: E402
 from reins.recordbatch import record_of  # noqa: E402
 from reins.samples import AdapterConfig, RolloutRecord, build_batch  # noqa: E402
 from reins.samples.records import rollout_from_events  # noqa: E402
 from reins.schemas import Event  # noqa: E402
+from reins.trainer.loop import fitted_id  # noqa: E402
 from tests.support import PostgresServer, descendants, running_gateway  # noqa: E402
 
 API_KEY = "bench-admin-key"
@@ -90,6 +92,19 @@ STORAGE_SAMPLE_BYTES = 1.0e6
 grows by whole 64 KB pages: at 1 MB (~1.5 MB stored) a ratio is within about +-0.03."""
 READ_AIM_TOKENS_S = 10e6
 _EVENTS = TypeAdapter(list[Event])
+RUN_NAME = "recall-20261207-120000"
+"""A run's name as `reins demo` makes one (the example's and the start time). The ids of its
+rollouts hold it, and an id is stored in each of its events' rows and again in the key index,
+as the proxy's key for the call is: both as long as in a real run, or the figure flatters."""
+GROUP_SIZE = 8
+
+
+def trainer_ids(position: int) -> tuple[str, str]:
+    """(rollout id, group id) of the `position`-th rollout, as the trainer declares them
+    (`reins.trainer.loop`), for a task of the recall example's kind of id."""
+    task, k = divmod(position, GROUP_SIZE)
+    group = fitted_id(f"{RUN_NAME}.t{task:07d}.", f"task-{task:05d}")
+    return f"{group}.{k}", group
 
 
 # -- synthetic rollouts -----------------------------------------------------------------------
@@ -213,7 +228,8 @@ def make_rollout(shape: Shape, rollout_id: str, group_id: str, seed: int, pool: 
             '"latency_s":1.234,"status":200,"finish_reason":"stop","error":null,'
             '"kind":"chat","mode":"train","stream":false,"choice_index":0}'
         )
-        body = f'{{"type":"model_request","data":{data},"idempotency_key":"call-{turn}"}}'
+        key = call_key()  # the proxy's, as long as it makes them
+        body = f'{{"type":"model_request","data":{data},"idempotency_key":"{key}"}}'
         bodies.append(body.encode())
         for name, piece in pieces.items():
             parts[name] += len(piece)
@@ -439,7 +455,7 @@ def storage_cells(
     sample_bytes: float,
 ) -> dict[int, float]:
     """Rollouts of each shape, posted call by call; the overhead ratio by turns."""
-    settle = make_rollout(Shape(50, 32 * 1024), "settle", "settle", 999, pool)
+    settle = make_rollout(Shape(50, 32 * 1024), *trainer_ids(999_999), 999, pool)
     write(url, [settle], 1)  # not counted: the tables grow past their first page
     print(
         f"\nstorage per rollout (~{sample_bytes / 1e6:.1f} MB of final sequences per "
@@ -454,7 +470,7 @@ def storage_cells(
     for i, shape in enumerate(shapes):
         count = max(1, round(sample_bytes / (4 * shape.final_tokens)))
         written = [
-            make_rollout(shape, f"store-{i}-{n}", f"store-{i}", 1000 + 100 * i + n, pool)
+            make_rollout(shape, *trainer_ids(100_000 * (i + 1) + n), 1000 + 100 * i + n, pool)
             for n in range(count)
         ]
         before = db_size()
@@ -571,7 +587,7 @@ def read_set(
     cpu = Cpu(pid)
     for start in range(0, count, 32):
         chunk = [
-            make_rollout(shape, f"read-{i}", f"g{i // 8}", i, pool)
+            make_rollout(shape, *trainer_ids(i), i, pool)
             for i in range(start, min(count, start + 32))
         ]
         with cpu:
