@@ -63,6 +63,22 @@ def test_chat_call_records_the_engines_token_ids_and_logprobs(
     assert call["latency_s"] > 0
 
 
+def test_recorded_calls_are_keyed_apart_in_few_characters(gateway: Gateway, token: str) -> None:
+    """A call's idempotency key is stored in its row and again in the key index, beside the
+    rollout's id: a uuid's 37 characters cost ~0.02x of the final sequence's bytes
+    (`benchmarks/records.py`); 12 random characters (72 bits) keep an attempt's calls apart."""
+    for _ in range(3):
+        answer = httpx.post(
+            f"{proxy(gateway)}/chat/completions",
+            json={"model": "anything", "messages": MESSAGES},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert answer.status_code == 200
+    events = gateway.http.get("/api/rollouts/r/events").json()
+    keys = [e["idempotency_key"] for e in events if e["type"] == "model_request"]
+    assert len(set(keys)) == 3 and [len(key) for key in keys] == [12, 12, 12], keys
+
+
 def test_harness_sees_only_what_it_asked_for(gateway: Gateway, token: str) -> None:
     body = httpx.post(
         f"{proxy(gateway)}/chat/completions",
