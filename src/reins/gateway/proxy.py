@@ -291,7 +291,7 @@ class LLMProxy:
                 streaming = True
                 return _ReleasingStream(
                     self._relay(upstream, facts, started, rollout_id, attempt_id),
-                    release=lambda: self._release_stream(upstream),
+                    release=lambda: self._release_stream(upstream, body),
                     media_type="text/event-stream",
                 )
             payload = await self._json_answer(upstream, facts, started, rollout_id, attempt_id)
@@ -308,6 +308,7 @@ class LLMProxy:
         finally:
             # A stream keeps its admission slot until the response is over (see _ReleasingStream).
             if not streaming:
+                self._ended(body)
                 self.gate.exit()
 
     async def forward_wire(
@@ -382,7 +383,7 @@ class LLMProxy:
                 streaming = True
                 return _ReleasingStream(
                     self._relay_wire(upstream, translation, facts, started, rollout_id, attempt_id),
-                    release=lambda: self._release_stream(upstream),
+                    release=lambda: self._release_stream(upstream, body),
                     media_type="text/event-stream",
                 )
             payload = await self._json_answer(upstream, facts, started, rollout_id, attempt_id)
@@ -403,6 +404,7 @@ class LLMProxy:
             return Response(orjson.dumps(answer), media_type="application/json")
         finally:
             if not streaming:
+                self._ended(body)
                 self.gate.exit()
 
     def _apply_mode(self, mode: str, sent: dict[str, Any], facts: CallFacts) -> None:
@@ -427,14 +429,16 @@ class LLMProxy:
         failure = ""
         for endpoint in target.endpoints:
             body = {
+                # The call's own prompt: a new turn's header, unless the request continues its
+                # last message (a prefill, `continue_final_message`), as the call would.
+                "add_generation_prompt": True,
                 **chat,
                 "model": await self._served_name(endpoint, target.model.model),
-                "add_generation_prompt": True,
             }
             url = endpoint.rstrip("/").removesuffix("/v1") + "/tokenize"
             try:
                 async with self.http.post(url, json=body) as response:
-                    text = await response.text()
+                    text = await response.text(errors="replace")
                     if response.status == 200:
                         count = json.loads(text).get("count")
                         if isinstance(count, int):
@@ -622,9 +626,15 @@ class LLMProxy:
             return answer, "reused"
         return None, None if answer == "unsupported" else answer
 
-    async def _release_stream(self, upstream: Upstream) -> None:
+    async def _release_stream(self, upstream: Upstream, request: dict[str, Any]) -> None:
+        self._ended(request)
         upstream.release()
         self.gate.exit()
+
+    def _ended(self, request: dict[str, Any]) -> None:
+        """The call of `request` is over: token reuse forgets it if it was not recorded."""
+        if self.reuse is not None:
+            self.reuse.ended(request)
 
     async def _send(
         self, kind: Kind, target: Target, sent: dict[str, Any]

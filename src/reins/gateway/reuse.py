@@ -109,8 +109,11 @@ class ReuseMemory:
     """Per attempt, the last few successful chat calls (see the module docstring)."""
 
     def __init__(
-        self, *, attempts: int = 1024, per_attempt: int = 6, max_tokens: int = 32_000_000
+        self, *, attempts: int = 65_536, per_attempt: int = 6, max_tokens: int = 32_000_000
     ) -> None:
+        # `attempts` is far above the rollouts that run at once: past it, the attempts that
+        # take turns (each call's rollout waits for the others' calls) each forgot their last
+        # call before their next one, and none was reused. `max_tokens` bounds the memory.
         self.attempts = attempts
         self.per_attempt = per_attempt
         self.max_tokens = max_tokens
@@ -218,13 +221,14 @@ class TokenReuse:
     from the call's records (`recorded`). Calls are told apart by their request object, which
     every record of the call carries (`CallFacts.request`)."""
 
-    def __init__(self, memory: ReuseMemory | None = None, *, pending: int = 1024) -> None:
+    def __init__(self, memory: ReuseMemory | None = None) -> None:
         self.memory = memory or ReuseMemory()
-        self.pending = pending
-        self._pending: OrderedDict[int, _Pending] = OrderedDict()
-        """Calls in flight, by `id(request)` (the request is held, so the id stays its own). A
-        call whose records never come is dropped past `pending` (oldest first); a call dropped
-        while still in flight is only not remembered."""
+        self._pending: dict[int, _Pending] = {}
+        """Calls in flight, by `id(request)` (the request is held, so the id stays its own),
+        each until its records come (`recorded`) or the call ends without them (`ended`). Not
+        bounded by a count: the gateway bounds no calls in flight, and a call dropped while in
+        flight (past 1,024 of them, before) was recorded without `token_reuse`, though its
+        prompt was reused, and its attempt's next call was not reused."""
         self.unsupported: set[str] = set()
         """Endpoints that answered without `REUSE_HEADER`: they do not know the field."""
 
@@ -243,8 +247,13 @@ class TokenReuse:
             sent[PREFIX_FIELD] = prefix
             outcome = "asked"
         self._pending[id(request)] = _Pending(request, ticket, outcome)
-        while len(self._pending) > self.pending:
-            self._pending.popitem(last=False)
+
+    def ended(self, request: dict[str, Any]) -> None:
+        """The call of `request` is over (its answer sent, or the harness gone): forgotten if its
+        records never came, so that nothing stays of a call past its end."""
+        pending = self._pending.get(id(request))
+        if pending is not None and pending.request is request:
+            del self._pending[id(request)]
 
     def answered(self, request: dict[str, Any], endpoint: str, header: str | None) -> None:
         """The engine's 2xx answer to the call arrived, with `REUSE_HEADER`'s value (`none`: the

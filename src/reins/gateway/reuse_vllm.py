@@ -165,7 +165,7 @@ class VllmReuse:
             log.warning("token reuse with the vLLM engine at %s failed: %r", endpoint, error)
             return "none"
         if upstream.status >= 400:
-            text = await upstream.text()
+            text = await upstream.text(errors="replace")
             upstream.release()
             if upstream.status in _MISSING:
                 return self._missing(root, endpoint, f"{GENERATE} answered {upstream.status}", text)
@@ -197,7 +197,7 @@ class VllmReuse:
         """The route's JSON answer; None when it refused the request (4xx other than missing).
         Raises `_Unsupported` for a missing route, `ValueError` for a failure."""
         async with self.http.post(root + route, json=body) as response:
-            text = await response.text()
+            text = await response.text(errors="replace")
             if response.status in _MISSING:
                 raise _Unsupported(f"{route} answered {response.status}")
             if 400 <= response.status < 500:
@@ -236,7 +236,7 @@ class VllmReuse:
     async def _whole(self, context: _Context, upstream: aiohttp.ClientResponse) -> bytes:
         """The non-streamed answer: one JSON body."""
         try:
-            generated = json.loads(await upstream.read())
+            generated = json.loads((await upstream.read()).decode(errors="replace"))
         finally:
             upstream.release()
         shown = copy.deepcopy(generated)
@@ -423,23 +423,34 @@ def _as_chat_route(choice: dict[str, Any], chat: dict[str, Any], message: dict[s
 
 async def _generated(upstream: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
     """`generate`'s stream chunks, those that arrived together merged into one (`_merged`): while
-    a chunk is derendered the next ones pile up, and are then derendered in one call."""
+    a chunk is derendered the next ones pile up, and are then derendered in one call. A byte
+    that is not UTF-8 becomes U+FFFD, as in the proxy's chat relay (`proxy._lines`): decoded
+    strictly, it broke off an answer that was otherwise whole. A last line without its newline
+    is read too."""
     pending = b""
     async for data in upstream.content.iter_any():
         pending += data
         *lines, pending = pending.split(b"\n")
-        batch: list[dict[str, Any]] = []
-        for line in lines:
-            text = line.rstrip(b"\r").decode()
-            payload = text[5:].strip() if text.startswith("data:") else ""
-            if payload == "[DONE]":
-                for chunk in _merged(batch):
-                    yield chunk
-                return
-            if payload:
-                batch.append(json.loads(payload))
+        batch, done = _parsed(lines)
         for chunk in _merged(batch):
             yield chunk
+        if done:
+            return
+    for chunk in _merged(_parsed([pending])[0]):
+        yield chunk
+
+
+def _parsed(lines: list[bytes]) -> tuple[list[dict[str, Any]], bool]:
+    """The chunks of these SSE lines up to `[DONE]`, and whether it came."""
+    chunks: list[dict[str, Any]] = []
+    for line in lines:
+        text = line.rstrip(b"\r").decode(errors="replace")
+        payload = text[5:].strip() if text.startswith("data:") else ""
+        if payload == "[DONE]":
+            return chunks, True
+        if payload:
+            chunks.append(json.loads(payload))
+    return chunks, False
 
 
 def _merged(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -22,14 +22,24 @@ def _replicas(request: Request) -> Replicas:
 
 @router.get("")
 async def status(request: Request, _: Admin) -> dict[str, object]:
-    """This gateway's gate, and every live gateway process on the same database."""
+    """This gateway's gate, and every live gateway process on the same database: each with its
+    last report, except this one, whose entry is its gate now, as the top level. Its last
+    report can be a second old (a lone gateway syncs every second): it listed calls that had
+    ended beside a top level that counted none."""
     replicas = _replicas(request)
-    return {**asdict(replicas.gate.status()), "replicas": await replicas.replicas()}
+    listed = await replicas.replicas()
+    gate = replicas.gate.status()
+    for entry in listed:
+        if entry["this"]:
+            entry.update(paused=gate.paused, in_flight=gate.in_flight, held=gate.held)
+    return {**asdict(gate), "replicas": listed}
 
 
 @router.post("/pause")
 async def pause(request: Request, _: Admin) -> dict[str, object]:
-    """New LLM calls wait at every gateway on this database (bounded); calls in flight go on."""
+    """New LLM calls wait at every gateway on this database (bounded); calls in flight go on.
+    Answers once every live gateway applied the pause, or after 20 s at most (`pause_wait_s`):
+    the drain that follows waits for the rest."""
     return asdict(await _replicas(request).pause())
 
 

@@ -182,11 +182,7 @@ def translate(body: dict[str, Any]) -> Translation:
     if metadata is not None and not isinstance(metadata, dict):
         raise _fail("must be an object (its `user_id`), or null", "metadata")
     chat = _prompt(body, notes)
-    if chat["messages"][-1].get("role") == "assistant":
-        # A prefill: the prompt ends inside that message and the answer continues its text
-        # (vLLM's and the embedded engine's `continue_final_message`), as Anthropic answers it.
-        chat["add_generation_prompt"] = False
-        chat["continue_final_message"] = True
+    _continue_prefill(chat)
     chat["max_tokens"] = max_tokens
     budget = _thinking_budget(body.get("thinking"))
     if budget is not None and max_tokens <= budget:
@@ -241,7 +237,17 @@ def count_tokens_request(body: dict[str, Any]) -> dict[str, Any]:
     _model(body)  # required here too, as Anthropic's API and the call itself require it
     chat = _prompt(body, [])
     chat.pop("parallel_tool_calls", None)  # a sampling constraint: the prompt is the same
+    _continue_prefill(chat)  # a prefill's prompt ends inside it, for the count as for the call
     return chat
+
+
+def _continue_prefill(chat: dict[str, Any]) -> None:
+    """A prefill (the last message is the assistant's): the prompt ends inside that message and
+    the answer continues its text (vLLM's and the embedded engine's `continue_final_message`),
+    as Anthropic answers it; without it the template would close that turn and open a new one."""
+    if chat["messages"][-1].get("role") == "assistant":
+        chat["add_generation_prompt"] = False
+        chat["continue_final_message"] = True
 
 
 def _model(body: dict[str, Any]) -> str:
