@@ -591,3 +591,51 @@ def test_a_versions_file_that_cannot_be_read_is_a_resume_error(tmp_path: Path, t
     (tmp_path / resume.VERSIONS).write_text(text)
     with pytest.raises(resume.ResumeError, match=r"does not hold the highest weight version"):
         resume.VersionLedger.open(tmp_path)
+
+
+FULL_DISK_SAVE = """
+import resource, signal, sys
+from pathlib import Path
+from reins.trainer import checkpoint
+from reins.trainer.backend import BackendConfig, TorchBackend
+from transformers import AutoModelForCausalLM
+
+run_dir, model_dir = Path(sys.argv[1]), sys.argv[2]
+backend = TorchBackend(AutoModelForCausalLM.from_pretrained(model_dir), BackendConfig())
+state = checkpoint.TrainerState(2, 4, 1, checkpoint.capture_rng(), [0, 1])
+checkpoint.save(run_dir, backend, state, keep=2)
+# From here no file may grow past 100 kB, as on a disk that just filled up: writes fail.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+state.next_step = 4
+try:
+    checkpoint.save(run_dir, backend, state, keep=2)
+except checkpoint.CheckpointWriteError as error:
+    print("refused:", error)
+"""
+
+
+def test_a_checkpoint_the_disk_cannot_hold_is_a_clear_error_that_leaves_no_partial_files(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """torch's write failure (`RuntimeError: [enforce fail at inline_container.cc] unexpected
+    pos`) stopped `reins train` with a traceback, and the half-written staging folder kept the
+    space a full disk lacked until a resume."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_SAVE, str(run_dir), str(tiny_model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line for line in done.stdout.splitlines() if line.startswith("refused:")]
+    assert len(said) == 1, done.stdout
+    assert "checkpoint step-000004 could not be written" in said[0]
+    assert "`--resume` goes on from step-000002" in said[0]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002"]
+    assert checkpoint.latest(run_dir) == run_dir / "checkpoints" / "step-000002"
+    assert checkpoint.read_state(run_dir / "checkpoints" / "step-000002").next_step == 2

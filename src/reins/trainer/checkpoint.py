@@ -108,17 +108,39 @@ def _rng_states(state: Any) -> tuple[Any, Any, torch.Tensor]:
         raise ValueError(f"its random number generators' state is malformed: {error!r}") from error
 
 
+class CheckpointWriteError(ValueError):
+    """A checkpoint's files could not be written (a full disk, a folder made read-only); the
+    message names the checkpoint a resume goes on from. A ValueError, so that `reins train`
+    says it in one line rather than a traceback."""
+
+
 def save(run_dir: Path, backend: Backend, state: TrainerState, *, keep: int) -> Path:
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{state.next_step:06d}"
     staging = root / f".{final.name}{STAGING}"
     shutil.rmtree(staging, ignore_errors=True)
-    backend.save_checkpoint(staging)
-    (staging / "trainer.json").write_text(json.dumps(asdict(state), default=_plain))
-    # Without it a power loss after the rename could leave the name of a complete checkpoint on
-    # files the disk never received.
-    _sync_tree(staging)
+    try:
+        backend.save_checkpoint(staging)
+        (staging / "trainer.json").write_text(json.dumps(asdict(state), default=_plain))
+        # Without it a power loss after the rename could leave the name of a complete
+        # checkpoint on files the disk never received.
+        _sync_tree(staging)
+    except (OSError, RuntimeError) as error:
+        # torch reports a full disk as a RuntimeError ("unexpected pos ...", "file write
+        # failed"), which stopped the run with a traceback and left the half-written folder
+        # holding the space a full disk lacks.
+        shutil.rmtree(staging, ignore_errors=True)
+        previous = latest(run_dir)
+        go_on = (
+            f"`--resume` goes on from {previous.name}"
+            if previous is not None
+            else "the run has no checkpoint to resume from"
+        )
+        raise CheckpointWriteError(
+            f"checkpoint {final.name} could not be written in {root} ({error}); is the disk "
+            f"full? Its partial files were deleted; {go_on}"
+        ) from error
     if final.exists():
         _discard(final)
     staging.rename(final)

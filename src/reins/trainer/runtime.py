@@ -52,7 +52,11 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class ConsoleReporter:
-    """A live progress bar over the steps, with the phase and the latest figures."""
+    """A live progress bar over the steps, with the phase and the latest figures.
+
+    The bar is drawn from the first phase the run reports, not on entering: `reins train`
+    enters one on every rank of a sharded run, and the ranks other than 0, which only follow
+    rank 0's updates and report nothing, each drew a `step 0/N` bar of their own."""
 
     def __init__(self, console: Console, steps: int, start: int) -> None:
         self.progress = Progress(
@@ -69,16 +73,28 @@ class ConsoleReporter:
         )
         self.figures: dict[str, str] = {}
         self.console = console
+        self.drawing = False
 
     def __enter__(self) -> ConsoleReporter:
-        self.progress.start()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self.progress.stop()
+        if self.drawing:
+            self.progress.stop()
+            self.drawing = False
+
+    def _draw(self) -> None:
+        if not self.drawing:
+            self.progress.start()
+            self.drawing = True
 
     def phase(self, step: int, name: str) -> None:
-        self.progress.update(self.task, phase=f"[cyan]{name}[/cyan]")
+        self._draw()
+        # Working on `step`: the steps before it are done. A resumed run starts at its
+        # checkpoint's step, and its bar read `step 0/N` until its first step ended.
+        task = self.progress.tasks[0]
+        done = max(task.completed, min(step, task.total or 0))
+        self.progress.update(self.task, phase=f"[cyan]{name}[/cyan]", completed=done)
 
     def say(self, message: str) -> None:
         # Not markup: a message names paths and ids, and a `[/x]` in one was a MarkupError
@@ -93,6 +109,7 @@ class ConsoleReporter:
         )
 
     def rollouts(self, done: int, total: int) -> None:
+        self._draw()
         self.progress.update(self.task, phase=f"[cyan]rollouts {done}/{total}[/cyan]")
 
     def step_done(self, record: dict[str, Any]) -> None:
@@ -102,6 +119,7 @@ class ConsoleReporter:
             self.figures["val"] = f"val {record['val/reward_mean']:.3f}"
         if record.get("time/step") is not None:
             self.figures["time"] = f"{record['time/step']:.0f} s/step"
+        self._draw()
         step = int(record.get("step", 0))
         completed = min(step + 1, int(self.progress.tasks[0].total or 0))
         if "reward/mean" in record or "time/step" in record:
