@@ -47,6 +47,14 @@ class ControllerOptions:
     preload: bool = True
     """local: `module:function` agents fork from a zygote that imported their module once."""
 
+    def __post_init__(self) -> None:
+        # Refused at once: these were refused only once the gateway had been tried (and the
+        # log folder made, the cluster reached), so a gateway down meant a wait for a typo.
+        if self.max_attempts < 1:
+            raise ValueError(f"--max-attempts must be at least 1, not {self.max_attempts}")
+        if self.max_parallel < 1:
+            raise ValueError(f"--max-parallel must be at least 1, not {self.max_parallel}")
+
 
 def parse_values(pairs: list[str]) -> dict[str, Any]:
     """`--set KEY=VALUE` pairs; each VALUE is read as YAML (`3`, `[a, b]`, `{k: v}`, text)."""

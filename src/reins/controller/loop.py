@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import re
@@ -110,6 +111,18 @@ LEASE_TTL_S = 15.0
 
 class LeaseLost(RuntimeError):
     """Another controller holds the gateway's `controller` lease now: this one stops."""
+
+
+class LeaseLapsed(Exception):
+    """An action found this controller's lease past its end (the controller paused: a stopped
+    process, a long collection), or changed hands since the action began: it does nothing, and
+    the next pass, under a renewed lease and on a fresh read, decides again."""
+
+
+_ACTION_LEASE_EPOCH: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "action_lease_epoch", default=None
+)
+"""In an action's task: the controller's `_lease_epoch` when the action was decided."""
 
 
 def _when(unix: float) -> str:
@@ -283,6 +296,16 @@ class Controller:
         self.lease_ttl_s = lease_ttl_s
         self._lease_renewed: float | None = None
         """When the `controller` lease was last renewed (monotonic); None: not held."""
+        self._lease_until: float | None = None
+        """Until when (monotonic) the lease is surely this controller's: the TTL from before
+        the renewal was sent. None: no lease held (a gateway older than leases, or one pass at
+        a time without `run()`)."""
+        self._lease_since: float | None = None
+        """The `since` of the lease this controller holds: another one, at a renewal, means
+        another controller held the lease in between (and ran rollouts)."""
+        self._lease_epoch = 0
+        """How many times the lease changed hands under this controller: an action decided
+        before a change acts on a stale read, so it stops at its next lease check."""
 
     # -- running ----------------------------------------------------------------------------
 
@@ -322,8 +345,7 @@ class Controller:
                     self.stats.errors += 1
                     log.warning("reconcile pass failed (%s); retrying", error)
                     await asyncio.sleep(min(5.0, self.poll_interval_s * 2**failures))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
+                await self._idle(stop)
                 # Ends often come in bursts: let them land in one pass.
                 await asyncio.sleep(0.01)
         finally:
@@ -364,24 +386,71 @@ class Controller:
             await self._pause(stop, min(5.0, self.lease_ttl_s / 3))
         return False
 
+    async def _idle(self, stop: asyncio.Event) -> None:
+        """Waits for a wake-up or `poll_interval_s`, renewing the lease meanwhile: a poll
+        interval longer than the lease's TTL let the lease lapse between two passes."""
+        deadline = time.monotonic() + self.poll_interval_s
+        while not self._wake.is_set() and not stop.is_set():
+            wait = deadline - time.monotonic()
+            if self._lease_renewed is not None:
+                wait = min(wait, self._lease_renewed + self.lease_ttl_s / 3 - time.monotonic())
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+            if time.monotonic() >= deadline:
+                return
+            try:
+                await self._renew_lease()
+            except GatewayError:
+                return  # the pass says so, and retries with backoff
+
     async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), seconds)
 
     async def _claim(self) -> Lease | None:
         """The lease as claimed; None from a gateway older than leases (nothing to hold)."""
+        sent = time.monotonic()
         try:
             lease = await self.client.claim_lease(
                 CONTROLLER_LEASE, self.reconciler.lease_holder, self.lease_ttl_s
             )
         except GatewayError as error:
             if error.status_code in (404, 405):
-                self._lease_renewed = None
+                self._lease_renewed = self._lease_until = self._lease_since = None
                 return None
             raise
         if lease.granted:
+            if self._lease_since is not None and lease.since != self._lease_since:
+                self._lease_changed_hands(lease)
             self._lease_renewed = time.monotonic()
+            self._lease_until = sent + self.lease_ttl_s
+            self._lease_since = lease.since
         return lease
+
+    def _lease_changed_hands(self, lease: Lease) -> None:
+        """The lease lapsed unnoticed (this controller paused) and another controller held it
+        meanwhile: what this one knew of the rollouts may be stale, so it reads them all again
+        before acting (its agents are then kept, adopted or stopped as they stand)."""
+        log.warning(
+            "this controller's lease lapsed unnoticed (held since %s, again since %s): another "
+            "controller may have run rollouts meanwhile, so this one reads every rollout again "
+            "before it acts",
+            _when(self._lease_since or 0.0), _when(lease.since),
+        )  # fmt: skip
+        self._lease_epoch += 1
+        self._forget_view()
+        self._wake.set()
+
+    def _check_lease(self) -> None:
+        """Raises `LeaseLapsed` when the lease may have ended, or changed hands since the
+        action was decided: the action then does nothing more."""
+        if self._lease_until is not None and time.monotonic() >= self._lease_until:
+            self._wake.set()  # the next pass renews the lease (or stops), then looks again
+            raise LeaseLapsed("this controller's lease lapsed: waiting for its renewal")
+        epoch = _ACTION_LEASE_EPOCH.get()
+        if epoch is not None and epoch != self._lease_epoch:
+            raise LeaseLapsed("the lease changed hands since this action was decided")
 
     async def _renew_lease(self) -> None:
         renewed = self._lease_renewed
@@ -389,6 +458,7 @@ class Controller:
             return
         lease = await self._claim()
         if lease is not None and not lease.granted:
+            self._lease_until = 0.0  # lapsed: in-flight actions do nothing as it stops
             raise LeaseLost(
                 f"another controller ({lease.holder}) took the gateway's controller lease: this "
                 f"one did not renew it within {self.lease_ttl_s:g} s; it stops (its agents too)"
@@ -397,7 +467,7 @@ class Controller:
     async def _release_lease(self) -> None:
         if self._lease_renewed is None:
             return
-        self._lease_renewed = None
+        self._lease_renewed = self._lease_until = self._lease_since = None
         with contextlib.suppress(GatewayError):
             await self.client.release_lease(CONTROLLER_LEASE, self.reconciler.lease_holder)
 
@@ -431,6 +501,12 @@ class Controller:
         await self.start()
         await self._refresh()
         self.stats.passes += 1
+        if self._lease_until is not None and time.monotonic() >= self._lease_until:
+            # The read outlasted the lease: renew it before acting on the read, which is
+            # forgotten (and the pass ends) if the lease changed hands meanwhile.
+            await self._renew_lease()
+            if self._cursor is None:
+                return
         now = time.monotonic()
 
         # Executions the gateway no longer wants: their rollout is terminal, or a later attempt
@@ -530,6 +606,10 @@ class Controller:
                 self._database_id,
             )
         self._database_id = database_id
+        self._forget_view()
+
+    def _forget_view(self) -> None:
+        """Forgets what was read of the gateway's rollouts: the next pass reads them all."""
         self._cursor = None
         self._active.clear()
         self._opened.clear()
@@ -565,17 +645,27 @@ class Controller:
     def _spawn(self, rollout_id: str, action: Coroutine[Any, Any, None], *, slot: bool) -> None:
         if slot:
             self._reserved += 1
-        task = asyncio.create_task(self._guard(rollout_id, action, slot=slot))
+        task = asyncio.create_task(
+            self._guard(rollout_id, action, slot=slot, lease_epoch=self._lease_epoch)
+        )
         self._busy[rollout_id] = task
 
     async def _guard(
-        self, rollout_id: str, action: Coroutine[Any, Any, None], *, slot: bool
+        self,
+        rollout_id: str,
+        action: Coroutine[Any, Any, None],
+        *,
+        slot: bool,
+        lease_epoch: int,
     ) -> None:
+        _ACTION_LEASE_EPOCH.set(lease_epoch)  # this task's own context
         try:
             await action
             self._backoff.pop(rollout_id, None)
         except asyncio.CancelledError:
             raise
+        except LeaseLapsed:
+            pass  # no fault of the rollout's: the next pass, under a renewed lease, decides
         except Exception as error:
             # The next pass looks at this rollout again; back off so a persistent error (the
             # gateway refusing, the cluster down) is not retried in a tight loop.
@@ -596,6 +686,7 @@ class Controller:
 
     async def _start(self, rollout: Rollout) -> None:
         """Opens the rollout's first attempt and launches its agent."""
+        self._check_lease()
         attempt = await self.client.open_attempt(
             rollout.rollout_id, attempt_id=rollout.attempt_count + 1
         )
@@ -612,6 +703,7 @@ class Controller:
 
     async def _recover(self, rollout: Rollout, attempt_id: int) -> None:
         """A running rollout whose live attempt this controller does not know."""
+        self._check_lease()
         key = (rollout.rollout_id, attempt_id)
         found = await self.reconciler.find(key, _incarnation(rollout))
         if found == RUNNING:
@@ -639,6 +731,7 @@ class Controller:
 
     async def _finish(self, rollout: Rollout, attempt_id: int, ended: Ended) -> None:
         """Reports an ended attempt: its log, then success, a new attempt, or failure."""
+        self._check_lease()
         rollout_id = rollout.rollout_id
         key = (rollout_id, attempt_id)
         agent_log = await self.reconciler.agent_log(key)
@@ -696,6 +789,9 @@ class Controller:
         return len({e.attempt_id for e in reports if e.data.get("outcome") == "stopped"})
 
     async def _launch(self, rollout: Rollout, attempt: Attempt) -> None:
+        # Again here: the action's gateway calls before may have outlasted the lease (a gateway
+        # down, retried for minutes), and a second agent in one attempt is what it guards.
+        self._check_lease()
         timeout_s = rollout.config.timeout_s or self.default_timeout_s
         try:
             launch = Launch(
@@ -736,6 +832,7 @@ class Controller:
         self._recorded.add((rollout.rollout_id, attempt_id))
 
     async def _remove(self, key: Key) -> None:
+        self._check_lease()
         await self.reconciler.remove(key)
         self.stats.removed += 1
 
