@@ -290,12 +290,19 @@ async def test_rollout_stats_read_loosely_typed_calls_as_the_trainers_record_rea
         "past-64-bits": {"model_version": 2**64 + 1},
         "below-int64": {"model_version": -(2**63) - 1},
         "mixed": {"model_version": "9"},  # after a plain call of version 2
+        # JSON null is no status nor abandoned (the read skips the call); a missing one is
+        # (200, not abandoned): PostgreSQL's `json_to_record` reads both as SQL NULL.
+        "null-status": {"status": None, "model_version": 6},
+        "null-abandoned": {"abandoned": None, "model_version": 6},
+        "no-status": {"status": ..., "model_version": 6},
+        "no-abandoned": {"abandoned": ..., "model_version": 6},
     }
     async with GatewayClient(gateway.url, gateway.api_key) as client:
         await client.create_rollouts([RolloutSpec(rollout_id=r) for r in loose])
         for rollout_id, fields in loose.items():
             await client.open_attempt(rollout_id, attempt_id=1)
-            calls = [{**main[0], **fields}]
+            call = {**main[0], **fields}
+            calls = [{k: v for k, v in call.items() if v is not ...}]
             if rollout_id == "mixed":
                 calls.insert(0, {**main[0], "model_version": 2})
             events = [
@@ -321,3 +328,5 @@ async def test_rollout_stats_read_loosely_typed_calls_as_the_trainers_record_rea
     assert (stats["half"].min_version, stats["past-64-bits"].max_version) == (None, None)
     assert (stats["mixed"].min_version, stats["mixed"].max_version) == (2, 9)
     assert (stats["uint64"].max_version, stats["text-failed"].failed_calls) == (2**63, 1)
+    assert (stats["null-status"].max_version, stats["null-abandoned"].max_version) == (None, None)
+    assert (stats["no-status"].max_version, stats["no-abandoned"].max_version) == (6, 6)
