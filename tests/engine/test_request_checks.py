@@ -26,10 +26,15 @@ HI = [{"role": "user", "content": "Say hi."}]
         ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function needs a `name`"),
         ({"max_tokens": 4, "min_tokens": 5}, "min_tokens (5) must not be more than max_tokens (4)"),
         ({"stream_options": {"include_usage": True}}, "`stream_options` can only be set with"),
+        # OpenAI's deprecated fields were ignored: the model answered as if offered no function.
+        ({"functions": [{"name": "f"}]}, "`functions` (OpenAI's deprecated fields) are not"),
+        ({"function_call": "auto"}, "give the functions as `tools`"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),  # vLLM: must be greater than zero
     ],
     ids=[
         *("top-logprobs-21", "top-logprobs-alone", "role", "no-function", "no-name"),
-        *("min-over-max", "stream-options-alone"),
+        *("min-over-max", "stream-options-alone", "functions", "function-call"),
+        "repetition-penalty-0",
     ],
 )
 def test_a_request_openai_refuses_is_400(
@@ -162,3 +167,39 @@ def test_a_stream_whose_grammar_fails_ends_in_a_400_error_then_done(embedded: Se
     error = json.loads(lines[-2].removeprefix("data: "))["error"]
     assert (error["code"], error["type"]) == (400, "BadRequestError")
     assert "structured output failed" in error["message"]
+
+
+def test_repetition_penalty_decodes_as_transformers_generate(embedded: ServedEngine) -> None:
+    """vLLM's `repetition_penalty` over the prompt and the response (it was accepted and
+    ignored): greedy, the answer is transformers' `generate` with the same penalty; the logprobs
+    reported are the policy's own, as for the other penalties."""
+    import torch
+
+    prompt = embedded.tokenizer("the cat sat on the mat and the cat sat on the")["input_ids"]
+    answer = complete(
+        embedded, prompt, max_tokens=12, temperature=0, repetition_penalty=1.8, logprobs=0
+    )
+    tokens = answer["choices"][0]["token_ids"]
+    free = complete(embedded, prompt, max_tokens=12, temperature=0)["choices"][0]["token_ids"]
+    assert tokens != free  # the penalty changed the answer
+    model = embedded.engine.model
+    with torch.no_grad():
+        expected = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            repetition_penalty=1.8,
+            max_new_tokens=12,
+        )[0, len(prompt) :].tolist()
+        policy = torch.log_softmax(model(torch.tensor([prompt + tokens])).logits[0].float(), -1)
+    assert tokens == expected[: len(tokens)] and len(tokens) > 0
+    reported = answer["choices"][0]["logprobs"]["token_logprobs"]
+    for position, (token, logprob) in enumerate(zip(tokens, reported, strict=True)):
+        assert logprob == pytest.approx(float(policy[len(prompt) + position - 1, token]), abs=1e-3)
+
+
+def test_a_completion_suffix_is_400(embedded: ServedEngine) -> None:
+    """OpenAI's insertion `suffix` was ignored (a plain continuation answered it); vLLM
+    refuses it."""
+    body = {"model": embedded.name, "prompt": "def f(", "suffix": "\n    return x", "max_tokens": 4}
+    assert_openai_error(post(embedded, "/completions", body), 400, "`suffix` is not supported")

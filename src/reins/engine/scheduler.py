@@ -485,6 +485,7 @@ class BatchScheduler:
                     [sequences[row].generator for row in rows],
                     [sequences[row].output_ids for row in rows],
                     [allowed[row] for row in rows],
+                    [sequences[row].prompt_ids for row in rows],
                 )
                 tops = alternatives(rows_logits, params)
                 break

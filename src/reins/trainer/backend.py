@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
+from reins.filemodes import readable_as_umask_allows
 from reins.samples.batch import Batch, TrainingSequence
 from reins.trainer.correction import CorrectionStats, correction_weights
 from reins.trainer.entropy import entropy as entropy_of
@@ -556,27 +557,6 @@ def drops_units(model: Any) -> bool:
         for settings in configs.values()
         for name, value in settings.to_dict().items()
     )
-
-
-def _umask() -> int:
-    """The process's umask, read without setting it (`os.umask` sets it, for every thread)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    return 0o022
-
-
-def readable_as_umask_allows(folder: Path) -> None:
-    """Gives each file of `folder` the mode a plain `open` would have (0666 less the umask).
-    safetensors writes its files 0600, so an engine running as another user (a vLLM server
-    on a shared file system) could not read the weights it is told to load."""
-    mode = 0o666 & ~_umask()
-    for path in folder.iterdir():
-        if path.is_file():
-            path.chmod(mode)
 
 
 def _trainable_state(model: Any) -> dict[str, torch.Tensor]:

@@ -34,13 +34,8 @@ from torch.distributed.checkpoint.state_dict_loader import load as load_sharded
 from torch.distributed.checkpoint.state_dict_saver import save as save_sharded
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from reins.trainer.backend import (
-    BackendConfig,
-    Packed,
-    ResponseLogits,
-    TorchBackend,
-    readable_as_umask_allows,
-)
+from reins.filemodes import readable_as_umask_allows
+from reins.trainer.backend import BackendConfig, Packed, ResponseLogits, TorchBackend
 from reins.trainer.lora import is_lora, merged_state
 
 ParamDtype = Literal["fp32", "bf16"]
