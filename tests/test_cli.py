@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import Gateway
 from tests.support import PostgresServer, alive, free_port, running_gateway
 
 
@@ -242,6 +243,11 @@ KUBERNETES = [
         (["gateway", "--port", "99999"], "Invalid value for '--port'"),
         (["export", "--gateway", "notaurl", "--api-key", "k"], "'notaurl' is not a gateway URL"),
         (
+            ["export", "--api-key", "k", "--run", ""],
+            "--run is empty: give a value, or leave it out",
+        ),
+        (["export", "--api-key", "k", "--search", ""], "--search is empty: give a value"),
+        (
             ["export", "--gateway", "http://127.0.0.1:99999", "--api-key", "k"],
             "its port is not 1-65535",
         ),
@@ -270,6 +276,8 @@ KUBERNETES = [
         "dtype",
         "port",
         "not-a-url",
+        "export-empty-run",
+        "export-empty-search",
         "port-range",
         "blank-key",
         "controller-url",
@@ -333,7 +341,8 @@ async def train(*args, on_serving, **kwargs):
     probe()
     return []
 
-uvicorn.run = probe  # `reins gateway` and `reins engine` serve here
+uvicorn.run = probe  # `reins gateway` serves here
+uvicorn.Server.run = probe  # `reins engine` here (`reins.serving.serve`)
 reins.trainer.runtime.train = train  # `reins train` trains here
 app(sys.argv[1:])
 """
@@ -651,3 +660,83 @@ def test_engine_stops_at_ctrl_c_with_a_generation_in_flight(tmp_path: Path) -> N
         if engine.poll() is None:
             engine.kill()
             engine.wait()
+
+
+def _said(result: object) -> str:
+    return " ".join(str(getattr(result, "output", "")).replace("│", " ").split())
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "shown"),
+    [
+        (["train"], "--set", "--set KEY=VALUE"),
+        (["demo"], "--set", "--set KEY=VALUE"),
+        (["controller"], "--set", "--set KEY=VALUE"),
+        (["export"], "--status", "--status STATE"),
+        (["engine"], "--port", "--port PORT"),
+        (["controller"], "--timeout", "--timeout SECONDS"),
+        (["doctor"], "--timeout", "--timeout SECONDS"),
+    ],
+)
+def test_help_shows_an_options_value_as_a_user_writes_it(
+    command: list[str], option: str, shown: str
+) -> None:
+    """`--set <list[str]>`, `--timeout <float range>`: the Python type, not what to write."""
+    from typer.testing import CliRunner
+
+    from reins.cli import app
+
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert shown in _said(result)
+    assert "list[str]>" not in result.output.split(option, 1)[1].split("\n")[0]
+
+
+def test_counts_take_the_number_of_their_noun() -> None:
+    from reins.cliout import counted
+
+    assert [counted(n, "rollout") for n in (0, 1, 2)] == ["0 rollouts", "1 rollout", "2 rollouts"]
+    assert counted(1, "CUDA device") == "1 CUDA device"
+
+
+def test_export_of_one_rollout_says_one_rollout(gateway: Gateway, tmp_path: Path) -> None:
+    """It said "exported 1 rollouts"."""
+    from typer.testing import CliRunner
+
+    from reins.cli import app
+    from tests.monitor.factory import many_rollouts
+
+    many_rollouts(gateway, 1, run="one")
+    out = tmp_path / "one.jsonl"
+    arguments = ["export", "--run", "one", "-o", str(out), "--gateway", gateway.url]
+    result = CliRunner().invoke(app, [*arguments, "--api-key", gateway.api_key])
+    assert result.exit_code == 0, result.output
+    assert f"exported 1 rollout to {out}" in _said(result)
+    assert len(out.read_text().splitlines()) == 1
+
+
+def test_train_names_a_runs_folder_with_brackets_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's first line quoted `runs_dir` as rich markup: a `[/y]` in it was a MarkupError
+    traceback before training began. A run of one step of one task says so in the singular."""
+    from typer.testing import CliRunner
+
+    import reins.trainer.runtime
+    from reins.cli import app
+
+    async def no_training(*args: object, **kwargs: object) -> list[object]:
+        return []
+
+    monkeypatch.setattr(reins.trainer.runtime, "train", no_training)
+    runs_dir = tmp_path / "[/y]"
+    config = Path(__file__).resolve().parents[1] / "examples" / "recall" / "config.yaml"
+    sets = [f"runs_dir={runs_dir}", "run_name=r1", "steps=1", "tasks_per_step=1", "group_size=2"]
+    result = CliRunner().invoke(
+        app, ["train", str(config), *[a for s in sets for a in ("--set", s)]]
+    )
+    said = _said(result)
+    assert result.exit_code == 0, said
+    assert "run r1: 1 step, " in said
+    assert "1 task x 2 rollouts per step" in said
+    assert f"files in {runs_dir / 'r1'}" in said

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from reins import cli
 from reins.cli import app, demo_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,3 +51,15 @@ def test_an_options_environment_variable_is_named_once_in_help(
     result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert result.output.count(variable) == 1, result.output
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_run_name_is_refused(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """`--run-name ""` was read as no name: the run was quietly named `recall-<time>`."""
+    monkeypatch.chdir(ROOT)
+    trained: list[object] = []  # a run it starts is recorded here, not trained
+    monkeypatch.setattr(cli, "_run_training", lambda config, **_: trained.append(config))
+    result = CliRunner().invoke(app, ["demo", "--run-name", name], env=dict(os.environ))
+    assert result.exit_code == 2, result.output
+    assert "error: --run-name is empty: give a name, or leave it out" in result.output
+    assert trained == []

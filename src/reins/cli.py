@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from reins.cliout import error_line
+from reins.cliout import counted, error_line
 from reins.swe.cli import swe_app
 
 app = typer.Typer(
@@ -77,7 +77,9 @@ def _exit_unless_port_free(command: str, host: str, port: int) -> int:
 @app.command()
 def engine(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port (0: any free one).", min=0, max=65535)] = 8000,
+    port: Annotated[
+        int, typer.Option(metavar="PORT", help="TCP port (0: any free one).", min=0, max=65535)
+    ] = 8000,
     model: Annotated[
         Path | None,
         typer.Option(help="A Hugging Face model folder [default: the prepared default model]"),
@@ -93,9 +95,11 @@ def engine(
         str | None, typer.Option(help="cpu, cuda, cuda:1... [default: cuda if present]")
     ] = None,
     # 0 served nothing (every request waited forever); a length of 0 was read as 4096.
-    max_batch: Annotated[int, typer.Option(help="Sequences decoded together.", min=1)] = 16,
+    max_batch: Annotated[
+        int, typer.Option(metavar="N", help="Sequences decoded together.", min=1)
+    ] = 16,
     max_model_len: Annotated[
-        int, typer.Option(help="Prompt + response tokens, at most.", min=1)
+        int, typer.Option(metavar="TOKENS", help="Prompt + response tokens, at most.", min=1)
     ] = 4096,
     prefix_cache_gb: Annotated[
         float,
@@ -126,7 +130,7 @@ def engine(
             console.print(
                 error_line(
                     f"--device {device}: this machine has "
-                    f"{torch.cuda.device_count()} CUDA device(s) torch can use"
+                    f"{counted(torch.cuda.device_count(), 'CUDA device')} torch can use"
                 )
             )
             raise typer.Exit(2)
@@ -165,7 +169,9 @@ def engine(
 @app.command()
 def gateway(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port (0: any free one).", min=0, max=65535)] = 8080,
+    port: Annotated[
+        int, typer.Option(metavar="PORT", help="TCP port (0: any free one).", min=0, max=65535)
+    ] = 8080,
     db: Annotated[
         str | None,
         typer.Option(
@@ -239,13 +245,16 @@ def controller(
     max_attempts: Annotated[int, typer.Option(help="Attempts before a rollout fails.")] = 3,
     timeout: Annotated[
         float | None,
-        typer.Option(help="Seconds per attempt (a rollout's config wins).", min=0.001),
+        typer.Option(
+            metavar="SECONDS", help="Seconds per attempt (a rollout's config wins).", min=0.001
+        ),
     ] = None,
     log_dir: Annotated[Path, typer.Option(help="Agent logs, one folder per attempt.")] = Path(
         ".reins/agents"
     ),
     poll_interval: Annotated[
-        float, typer.Option(help="Seconds between gateway reads.", min=0.001, max=3600)
+        float,
+        typer.Option(metavar="SECONDS", help="Seconds between gateway reads.", min=0.001, max=3600),
     ] = 0.25,
     agent_gateway: Annotated[
         str | None, typer.Option(help="The gateway URL as agents reach it, if it differs.")
@@ -265,7 +274,11 @@ def controller(
     ] = True,
     set_values: Annotated[
         list[str] | None,
-        typer.Option("--set", help="kubernetes: a template value, KEY=VALUE (VALUE is YAML)."),
+        typer.Option(
+            "--set",
+            metavar="KEY=VALUE",
+            help="kubernetes: a template value, KEY=VALUE (VALUE is YAML).",
+        ),
     ] = None,
     controller_name: Annotated[
         str, typer.Option(help="kubernetes: labels this controller's Jobs.")
@@ -323,7 +336,9 @@ def train(
     config: Annotated[Path | None, typer.Argument(help="The run's YAML config.")] = None,
     set_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Override a field: --set lr=3e-5 --set mode=async"),
+        typer.Option(
+            "--set", metavar="KEY=VALUE", help="Override a field: --set lr=3e-5 --set mode=async"
+        ),
     ] = None,
     resume: Annotated[
         bool,
@@ -374,9 +389,9 @@ def _run_training(config: object, *, resume: bool, resume_command: str) -> None:
     logging.basicConfig(level=logging.WARNING)
     configure_allocator(config)
     console.print(
-        f"run [bold]{config.run_name}[/bold]: {config.steps} steps, {config.mode} mode, "
-        f"{config.tasks_per_step} tasks x {config.group_size} rollouts per step; "
-        f"files in {config.run_dir}"
+        f"run [bold]{escape(config.run_name)}[/bold]: {counted(config.steps, 'step')}, "
+        f"{config.mode} mode, {counted(config.tasks_per_step, 'task')} x "
+        f"{counted(config.group_size, 'rollout')} per step; files in {escape(str(config.run_dir))}"
     )
     stopped_by: str | None = None
 
@@ -506,7 +521,8 @@ def demo(
         str | None, typer.Option(help="Name of the run [default: EXAMPLE-<time>]")
     ] = None,
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a config field (key=value).")
+        list[str] | None,
+        typer.Option("--set", metavar="KEY=VALUE", help="Override a config field (key=value)."),
     ] = None,
 ) -> None:
     """The main job on the embedded defaults: SQLite gateway, embedded engine, local agents,
@@ -524,6 +540,10 @@ def demo(
                 f"(examples here: {', '.join(found) or 'none'}), or pass a config file's path"
             )
         )
+        raise typer.Exit(2)
+    if run_name is not None and not run_name.strip():
+        # Read as no name, it quietly named the run EXAMPLE-<time>.
+        console.print(error_line("--run-name is empty: give a name, or leave it out"))
         raise typer.Exit(2)
     default_name = config.parent.name if config.name == "config.yaml" else config.stem
     name = run_name or f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -552,7 +572,8 @@ def export(
         str | None, typer.Option(help="Keep rollouts whose metadata.run is this.")
     ] = None,
     status: Annotated[
-        list[str] | None, typer.Option(help="Keep these states (repeat for several).")
+        list[str] | None,
+        typer.Option(metavar="STATE", help="Keep these states (repeat for several)."),
     ] = None,
     mode: Annotated[str | None, typer.Option(help="train or val.")] = None,
     search: Annotated[str | None, typer.Option(help="Text in the rollout id or input.")] = None,
@@ -577,6 +598,10 @@ def export(
         console.print("[red]error:[/red] give the gateway's admin key: --api-key or REINS_API_KEY")
         raise typer.Exit(2)
     # Checked here, before the output file is made: the gateway's 422 said it in its own terms.
+    for option, value in (("--run", run), ("--search", search)):
+        if value == "":  # `--run "$RUN"` with RUN unset: read as no filter, it exported all
+            console.print(error_line(f"{option} is empty: give a value, or leave it out"))
+            raise typer.Exit(2)
     modes, states = typing.get_args(Mode), typing.get_args(RolloutState)
     if mode is not None and mode not in modes:
         console.print(error_line(f"--mode {mode!r}: give one of {', '.join(modes)}"))
@@ -625,7 +650,7 @@ def export(
                 partial.unlink(missing_ok=True)
     # Not markup: a `[/x]` in the file's name made a MarkupError traceback of a whole export.
     where = "" if str(out) == "-" else f" to {out}"
-    console.print(f"exported {count} rollouts{where}", markup=False)
+    console.print(f"exported {counted(count, 'rollout')}{where}", markup=False)
 
 
 @app.command()
@@ -668,7 +693,9 @@ def doctor(
     mode: Annotated[str, typer.Option(help="train (temperature 1) or val (harness settings).")] = (
         "train"
     ),
-    timeout: Annotated[float, typer.Option(help="Seconds one run may take.", min=0.001)] = 600.0,
+    timeout: Annotated[
+        float, typer.Option(metavar="SECONDS", help="Seconds one run may take.", min=0.001)
+    ] = 600.0,
     input_json: Annotated[
         str, typer.Option("--input", help="Every rollout's input (JSON; REINS_INPUT).")
     ] = "null",

@@ -3,6 +3,7 @@ rollouts table (filters, sort, search, pages, live fragment), the rollout page, 
 
 from __future__ import annotations
 
+import errno
 import html as markup
 import json
 import os
@@ -64,7 +65,7 @@ def test_login_sets_a_cookie_that_opens_the_dashboard(gateway: Gateway) -> None:
     assert gateway.api_key not in cookie
     assert "httponly" in response.headers["set-cookie"].lower()
     assert browser.get("/ui/runs").status_code == 200
-    browser.get("/ui/logout")
+    browser.post("/ui/logout")
     assert browser.get("/ui", follow_redirects=False).status_code == 303
 
 
@@ -521,3 +522,113 @@ def test_a_run_folder_whose_name_is_not_utf8_leaves_the_pages_readable(
     assert 'href="/ui/runs/fine"' in listing.text
     assert "caf\ufffd run" in listing.text
     assert "its folder&#39;s name is not UTF-8 text" in listing.text
+
+
+def test_logout_is_a_post_of_the_dashboards_own_pages(gateway: Gateway) -> None:
+    """A GET logged out: any link or image on a page the viewer opened signed the viewer out.
+    Now a GET shows the button, and a POST from another site's page is refused."""
+    browser = gateway.client()
+    browser.post("/ui/login", data={"key": gateway.api_key})
+    page = browser.get("/ui")
+    assert '<form class="logout" method="post" action="/ui/logout">' in page.text
+    assert 'href="/ui/logout"' not in page.text
+    shown = browser.get("/ui/logout")
+    assert shown.status_code == 200
+    assert '<form method="post" action="/ui/logout">' in shown.text
+    assert "set-cookie" not in shown.headers
+    assert browser.get("/ui", follow_redirects=False).status_code == 200  # still logged in
+    foreign_pages = (
+        {"origin": "https://evil.example"},
+        {"sec-fetch-site": "cross-site"},
+        {"sec-fetch-site": "same-site", "origin": "https://other.example"},
+    )
+    for foreign in foreign_pages:
+        refused = browser.post("/ui/logout", headers=foreign, follow_redirects=False)
+        assert refused.status_code == 403
+        assert browser.get("/ui", follow_redirects=False).status_code == 200
+    # Its own page, behind a TLS proxy: the browser's origin is https, the gateway's http.
+    own = {"origin": gateway.url.replace("http://", "https://"), "sec-fetch-site": "same-origin"}
+    for headers in (own, {"origin": own["origin"]}, {}):
+        browser.post("/ui/login", data={"key": gateway.api_key})
+        out = browser.post("/ui/logout", headers=headers, follow_redirects=False)
+        assert (out.status_code, out.headers["location"]) == (303, "/ui/login")
+        assert browser.get("/ui", follow_redirects=False).status_code == 303
+
+
+def test_a_chart_poll_that_finds_no_change_sends_no_charts(
+    gateway: Gateway, runs_dir: Path
+) -> None:
+    """Each open run page polls its charts every 10 s and got them all every time (~12 MB for
+    600 metric keys of 200 steps), changed or not. The page names the tag of what it shows;
+    unchanged, the poll is a 304 with no body."""
+    folder = write_run(runs_dir, "polled", steps=5)
+    page = gateway.http.get("/ui/runs/polled").text
+    found = re.search(r'data-etag="([^"]+)"', page)
+    assert found is not None, page
+    shown = markup.unescape(found.group(1))
+    same = gateway.http.get("/ui/runs/polled/charts", headers={"if-none-match": shown})
+    assert (same.status_code, same.content, same.headers["etag"]) == (304, b"", shown)
+    with (folder / "metrics.jsonl").open("a") as metrics:
+        metrics.write("\n" + json.dumps({"step": 6, "reward/mean": 0.123456}) + "\n")
+    changed = gateway.http.get("/ui/runs/polled/charts", headers={"if-none-match": shown})
+    assert changed.status_code == 200
+    assert "0.123" in changed.text and changed.headers["etag"] != shown
+    again = gateway.http.get(
+        "/ui/runs/polled/charts", headers={"if-none-match": changed.headers["etag"]}
+    )
+    assert again.status_code == 304
+    # The rollouts table's polled body too.
+    many_rollouts(gateway, 2, run="live")
+    rows = gateway.http.get("/ui/rows?run=live")
+    unchanged = gateway.http.get(
+        "/ui/rows?run=live", headers={"if-none-match": rows.headers["etag"]}
+    )
+    assert (unchanged.status_code, unchanged.content) == (304, b"")
+
+
+def _denied_under(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """Looking into `folder` fails as it does for a folder without search permission (EACCES;
+    the tests run as root, whom no permission stops)."""
+    stat = Path.stat
+
+    def denied(path: Path, *args: object, **kwargs: object) -> os.stat_result:
+        if path.parent == folder:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "stat", denied)
+
+
+def test_a_run_folder_it_may_not_look_into_leaves_the_pages_readable(
+    gateway: Gateway, runs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Path.is_file` raises for EACCES: a run folder without search permission made /ui and
+    /ui/runs a 500 for every run."""
+    write_run(runs_dir, "fine", steps=3)
+    locked = write_run(runs_dir, "locked", steps=3)
+    _denied_under(monkeypatch, locked)
+    table = gateway.http.get("/ui")
+    assert table.status_code == 200
+    assert '<option value="fine">' in table.text and '<option value="locked">' not in table.text
+    listing = gateway.http.get("/ui/runs")
+    assert listing.status_code == 200
+    row = listing.text[listing.text.index('href="/ui/runs/locked"') :].split("</tr>")[0]
+    assert "cannot look into its folder: Permission denied" in row
+    assert 'href="/ui/runs/fine"' in listing.text
+    assert gateway.http.get("/ui/runs/locked").status_code == 404
+
+
+def test_a_runs_dir_it_may_not_read_says_so(
+    gateway: Gateway, runs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_run(runs_dir, "hidden", steps=3)
+
+    def denied(path: object) -> list[str]:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(os, "listdir", denied)
+    monkeypatch.setattr(os, "scandir", denied)
+    assert gateway.http.get("/ui").status_code == 200
+    listing = gateway.http.get("/ui/runs")
+    assert listing.status_code == 200
+    assert "cannot be read: Permission denied" in listing.text

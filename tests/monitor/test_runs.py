@@ -275,12 +275,13 @@ def test_a_run_pages_charts_are_drawn_again_only_when_its_metrics_change(
         return render(chart)
 
     monkeypatch.setattr(dashboard.svg, "render", counted)
-    first = dashboard._drawn(load_run(folder))
-    again = dashboard._drawn(load_run(folder))
-    assert again == first
+    first, first_tag = dashboard._drawn(load_run(folder))
+    again, again_tag = dashboard._drawn(load_run(folder))
+    assert (again, again_tag) == (first, first_tag)
     assert sorted(drawn) == ["a", "b"]  # drawn once, not on the second read
     with metrics.open("a") as appending:
         appending.write(json.dumps({"step": 3, "a": 99}) + "\n")
-    after = dashboard._drawn(load_run(folder))
+    after, after_tag = dashboard._drawn(load_run(folder))
     assert sorted(drawn) == ["a", "a", "b", "b"]
     assert "99" in after[0] and "99" not in first[0]
+    assert after_tag != first_tag

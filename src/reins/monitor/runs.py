@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,19 +194,23 @@ def list_runs(runs_dir: Path) -> list[RunInfo]:
     """Runs under `runs_dir` (folders holding a metrics.jsonl), the latest changed first. A run
     whose file cannot be read (no permission, an I/O error) is listed with the reason: it made
     the whole list a 500."""
-    if not runs_dir.is_dir():
-        return []
     infos = []
-    for folder in runs_dir.iterdir():
+    for folder in _folders(runs_dir):
         metrics = folder / METRICS_FILE
-        if not metrics.is_file():
+        try:
+            if not metrics.is_file():
+                continue
+        except OSError as error:
+            # A folder it may not look into (EACCES): `is_file` raises for it, and the whole
+            # list was a 500. Listed, as a run it may not read is.
+            why = f"cannot look into its folder: {error.strerror or error}"
+            infos.append(RunInfo(_shown(folder.name), folder, 0.0, 0, {}, why))
             continue
         if not is_text(folder.name):
             # Not readable as UTF-8 (a folder copied from a Latin-1 system): such a name could
             # not be written into the page, and the whole list was a 500.
-            shown = os.fsencode(folder.name).decode("utf-8", errors="replace")
             why = "its folder's name is not UTF-8 text: rename the folder to see the run"
-            infos.append(RunInfo(shown, folder, 0.0, 0, {}, why, reachable=False))
+            infos.append(RunInfo(_shown(folder.name), folder, 0.0, 0, {}, why, reachable=False))
             continue
         problem = None
         try:
@@ -337,15 +342,44 @@ def _row(line: bytes) -> dict[str, Any] | None:
 def run_names(runs_dir: Path) -> list[str]:
     """The names of the runs under `runs_dir`, the latest changed first, without reading their
     metrics (the rollouts page lists them on every load; a long run's file is megabytes)."""
-    if not runs_dir.is_dir():
-        return []
-    found = [
-        (folder / METRICS_FILE, folder.name)
-        for folder in runs_dir.iterdir()
-        if is_text(folder.name)  # no run of the rollouts table can name the others
-    ]
-    dated = [(metrics.stat().st_mtime, name) for metrics, name in found if metrics.is_file()]
+    dated = []
+    for folder in _folders(runs_dir):
+        if not is_text(folder.name):  # no run of the rollouts table can name the others
+            continue
+        try:
+            found = (folder / METRICS_FILE).stat()
+        except OSError:  # none, or a folder it may not look into: no run it can show
+            continue
+        if stat.S_ISREG(found.st_mode):
+            dated.append((found.st_mtime, folder.name))
     return [name for _, name in sorted(dated, reverse=True)]
+
+
+def _folders(runs_dir: Path) -> list[Path]:
+    """What `runs_dir` holds; nothing when it is missing, not a folder or not readable (the
+    runs page says which)."""
+    try:
+        return list(runs_dir.iterdir())
+    except OSError:
+        return []
+
+
+def runs_dir_problem(runs_dir: Path) -> str | None:
+    """Why `runs_dir` shows no run, said on the runs page, or None when it can be listed."""
+    try:
+        with os.scandir(runs_dir):
+            return None
+    except FileNotFoundError:
+        return "does not exist (yet)"
+    except NotADirectoryError:
+        return "is not a folder: point REINS_RUNS_DIR at the trainer's runs_dir"
+    except OSError as error:
+        return f"cannot be read: {error.strerror or error}"
+
+
+def _shown(name: str) -> str:
+    """A folder's name as a page can show it (U+FFFD for bytes that are not UTF-8)."""
+    return os.fsencode(name).decode("utf-8", errors="replace")
 
 
 def is_text(name: str) -> bool:
