@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -550,50 +553,15 @@ def test_ctrl_c_before_any_checkpoint_does_not_advise_resume(tmp_path: Path) -> 
     assert "--resume" not in text
 
 
-def test_engine_on_port_0_says_the_port_it_serves_on(tmp_path: Path) -> None:
-    """It printed `http://127.0.0.1:0/v1`, and its quiet log told the port nowhere."""
+@contextlib.contextmanager
+def _reins_engine(tmp_path: Path, *options: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`reins engine --port 0` on a tiny model, read up to its `serving` line (or a traceback):
+    (the process, what it said). Ended with Ctrl-C (killed if it does not stop)."""
     from tests.trainer.conftest import make_tiny_model
 
     model = make_tiny_model(tmp_path / "model")
     command = [sys.executable, "-m", "reins", "engine", "--port", "0", "--model", str(model)]
-    engine = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    try:
-        assert engine.stderr is not None
-        url = ""
-        for line in engine.stderr:
-            if line.startswith("serving "):
-                url = line.split(" at ")[1].strip()
-                break
-        assert url.startswith("http://127.0.0.1:") and not url.startswith("http://127.0.0.1:0/")
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                answer = httpx.get(f"{url}/models")
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "the engine did not answer at the port it said"
-                time.sleep(0.05)
-        assert answer.status_code == 200
-    finally:
-        engine.send_signal(signal.SIGINT)
-        try:
-            engine.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            engine.kill()
-            engine.wait()
-
-
-def test_engine_says_a_served_name_with_brackets_as_it_is(tmp_path: Path) -> None:
-    """`--served-model-name 'm[/y]'`: its start line read `[/y]` as rich markup, a MarkupError
-    traceback once the model had loaded, and the engine never served."""
-    from tests.trainer.conftest import make_tiny_model
-
-    model = make_tiny_model(tmp_path / "model")
-    command = [
-        *(sys.executable, "-m", "reins", "engine", "--port", "0", "--model", str(model)),
-        *("--served-model-name", "m[/y]"),
-    ]
-    engine = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    engine = subprocess.Popen([*command, *options], stderr=subprocess.PIPE, text=True)
     try:
         assert engine.stderr is not None
         said = []
@@ -601,9 +569,10 @@ def test_engine_says_a_served_name_with_brackets_as_it_is(tmp_path: Path) -> Non
             said.append(line)
             if line.startswith("serving ") or "Traceback" in line:
                 break
-        assert said and said[-1].startswith("serving m[/y] on "), "".join(said)
+        yield engine, "".join(said)
     finally:
-        engine.send_signal(signal.SIGINT)
+        if engine.poll() is None:
+            engine.send_signal(signal.SIGINT)
         try:
             engine.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -611,34 +580,42 @@ def test_engine_says_a_served_name_with_brackets_as_it_is(tmp_path: Path) -> Non
             engine.wait()
 
 
+def _served_models(said: str) -> tuple[str, dict[str, Any]]:
+    """The URL an engine's `serving` line names, and its `/models` once it answers there."""
+    url = said.splitlines()[-1].split(" at ")[1].strip() if " at " in said else ""
+    assert url.startswith("http://127.0.0.1:"), said
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return url, dict(httpx.get(f"{url}/models").raise_for_status().json())
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "the engine did not answer at the port it said"
+            time.sleep(0.05)
+
+
+def test_engine_on_port_0_says_the_port_it_serves_on(tmp_path: Path) -> None:
+    """It printed `http://127.0.0.1:0/v1`, and its quiet log told the port nowhere."""
+    with _reins_engine(tmp_path) as (_, said):
+        url, models = _served_models(said)
+    assert not url.startswith("http://127.0.0.1:0/") and len(models["data"]) == 1
+
+
+def test_engine_says_a_served_name_with_brackets_as_it_is(tmp_path: Path) -> None:
+    """`--served-model-name 'm[/y]'`: its start line read `[/y]` as rich markup, a MarkupError
+    traceback once the model had loaded, and the engine never served."""
+    with _reins_engine(tmp_path, "--served-model-name", "m[/y]") as (_, said):
+        assert said.splitlines()[-1].startswith("serving m[/y] on "), said
+
+
 def test_engine_stops_at_ctrl_c_with_a_generation_in_flight(tmp_path: Path) -> None:
     """uvicorn waited for every answer in flight before it stopped: `reins engine` with a
     3,000-token stream took 651 s to end after Ctrl-C. Its generations are aborted now: the
     stream ends with an error event long before its tokens, and the process exits."""
-    from tests.trainer.conftest import make_tiny_model
-
-    model = make_tiny_model(tmp_path / "model")
-    command = [sys.executable, "-m", "reins", "engine", "--port", "0", "--model", str(model)]
-    engine = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    try:
-        assert engine.stderr is not None
-        url = ""
-        for line in engine.stderr:
-            if line.startswith("serving "):
-                url = line.split(" at ")[1].strip()
-                break
-        assert url, "the engine did not say where it serves"
+    with _reins_engine(tmp_path) as (engine, said):
+        url, models = _served_models(said)
         wanted = 100_000  # far more than this machine samples before the signal is handled
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                name = httpx.get(f"{url}/models").json()["data"][0]["id"]
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "the engine did not answer at the port it said"
-                time.sleep(0.05)
         body = {
-            "model": name,
+            "model": models["data"][0]["id"],
             "prompt": "a",
             "max_tokens": wanted,
             "min_tokens": wanted,  # no end of sequence before it
@@ -656,10 +633,6 @@ def test_engine_stops_at_ctrl_c_with_a_generation_in_flight(tmp_path: Path) -> N
         errors = [chunk["error"] for chunk in chunks if "error" in chunk]
         assert len(errors) == 1 and len(chunks) < wanted, chunks[-3:]
         assert engine.wait(timeout=120) == 0
-    finally:
-        if engine.poll() is None:
-            engine.kill()
-            engine.wait()
 
 
 def _said(result: object) -> str:
