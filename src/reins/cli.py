@@ -388,11 +388,15 @@ def _run_training(config: object, *, resume: bool, resume_command: str) -> None:
     assert isinstance(config, TrainConfig)
     logging.basicConfig(level=logging.WARNING)
     configure_allocator(config)
-    console.print(
-        f"run [bold]{escape(config.run_name)}[/bold]: {counted(config.steps, 'step')}, "
-        f"{config.mode} mode, {counted(config.tasks_per_step, 'task')} x "
-        f"{counted(config.group_size, 'rollout')} per step; files in {escape(str(config.run_dir))}"
-    )
+    # A sharded run's other ranks follow rank 0's calls: rank 0 alone says what the run is.
+    leads = config.backend != "fsdp" or os.environ.get("RANK", "0") == "0"
+    if leads:
+        console.print(
+            f"run [bold]{escape(config.run_name)}[/bold]: {counted(config.steps, 'step')}, "
+            f"{config.mode} mode, {counted(config.tasks_per_step, 'task')} x "
+            f"{counted(config.group_size, 'rollout')} per step; "
+            f"files in {escape(str(config.run_dir))}"
+        )
     stopped_by: str | None = None
 
     async def until_stopped(work: Coroutine[Any, Any, object]) -> object:
@@ -488,11 +492,12 @@ def _run_training(config: object, *, resume: bool, resume_command: str) -> None:
             traceback.print_exc()
             _end_rank(config, 1)
         raise
-    console.print(
-        f"done: metrics in {config.run_dir / 'metrics.jsonl'}; "
-        f"plots with `reins report --run {config.run_dir}`",
-        markup=False,  # the run's folder may hold `[/x]`
-    )
+    if leads:
+        console.print(
+            f"done: metrics in {config.run_dir / 'metrics.jsonl'}; "
+            f"plots with `reins report --run {config.run_dir}`",
+            markup=False,  # the run's folder may hold `[/x]`
+        )
     _end_rank(config, 0)
 
 

@@ -346,6 +346,18 @@ def test_tool_call_round_trip_and_stop_truncation_are_counted() -> None:
     }
 
 
+def test_counts_of_one_take_the_singular() -> None:
+    """`reins doctor --runs 1` said "1 runs", "1 calls" and "1 runs made no call"."""
+    one_call = record(FIRST_PROMPT, [*ids("kiwi"), EOS])
+    text = render_text(build_report([run([one_call])], DETOK), "agent")
+    assert text.startswith("reins doctor: 1 run of `agent`")
+    assert "r1: exit 0, 1.0 s, 1 call (0 failed) -> 1 sequence" in text
+    silent = build_report([run([one_call]), run([], "r2"), run([one_call], "r3")], DETOK)
+    assert [f.message for f in silent.findings if f.check == "no_calls"] == ["1 run made no call"]
+    two = build_report([run([one_call, one_call]), run([one_call], "r2")], DETOK)
+    assert "reins doctor: 2 runs" in render_text(two) and "2 calls (0 failed)" in render_text(two)
+
+
 def test_text_and_json_show_the_same_figures() -> None:
     report = build_report(
         [run(conversation(ids("kiwi"), sent_back=ids("kiwi fruit"))), run([], "r2", None)], DETOK

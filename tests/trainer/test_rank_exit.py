@@ -84,3 +84,4 @@ def test_the_other_ranks_of_a_run_that_failed_on_rank_0_do_not_say_done(
     # Rank 1 ends on its one line, not a traceback of its own (torchrun prints its own).
     assert "error: rank 0 stopped with an error" in output, output[-3000:]
     assert "RankZeroFailed" not in output, output[-3000:]
+    assert output.count("run sharded: 4 steps") == 1, output[-3000:]  # rank 0's alone

@@ -496,7 +496,7 @@ def test_resuming_a_finished_run_keeps_its_final_validation_or_redoes_it(
     told = Told()
     assert asyncio.run(train(run, resume=True, reporter=told)) == []
     assert metrics(run.run_dir) == lines
-    assert told.said == ["run t is finished (1 steps): nothing to do"]
+    assert told.said == ["run t is finished (1 step): nothing to do"]
 
     # A crash during the final validation: the resume validates the final weights again.
     write_lines(run.run_dir / "metrics.jsonl", lines[:1])

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
+from reins.cliout import counted
 from reins.doctor.report import DoctorReport, format_boundary
 
 _MARK = {"error": "ERROR", "warning": "warn", "info": "info"}
-
-
-def plural(count: int, word: str) -> str:
-    return f"{count} {word}" + ("" if count == 1 else "s")
 
 
 def _ratio(part: int, whole: int) -> str:
@@ -64,7 +61,8 @@ def rows(report: DoctorReport) -> list[tuple[str, str]]:
 
 def render_text(report: DoctorReport, command: str = "") -> str:
     """The table, the per-rollout lines, each finding with its fix, and the verdict."""
-    lines = [f"reins doctor: {report.runs} runs" + (f" of `{command}`" if command else ""), ""]
+    ran = counted(report.runs, "run")
+    lines = [f"reins doctor: {ran}" + (f" of `{command}`" if command else ""), ""]
     table = rows(report)
     width = max(len(name) for name, _ in table)
     lines += [f"  {name.ljust(width)}  {value}" for name, value in table]
@@ -73,8 +71,8 @@ def render_text(report: DoctorReport, command: str = "") -> str:
         status = "timed out" if r.returncode is None else f"exit {r.returncode}"
         why = f" (splits: {', '.join(r.splits)})" if r.splits else ""
         lines.append(
-            f"  {r.rollout_id}: {status}, {r.seconds:.1f} s, {r.calls} calls "
-            f"({r.failed} failed) -> {plural(r.sequences, 'sequence')}{why}"
+            f"  {r.rollout_id}: {status}, {r.seconds:.1f} s, {counted(r.calls, 'call')} "
+            f"({r.failed} failed) -> {counted(r.sequences, 'sequence')}{why}"
         )
     if report.split_examples:
         lines += ["", "split examples (tokens separated by |, the first difference after ‖):"]

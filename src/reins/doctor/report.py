@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from reins.cliout import counted
 from reins.doctor.fixes import FIXES
 from reins.doctor.received import UnreadableAnswer, matches, received_answer
 from reins.samples import SPLIT_REASONS, Call, dedup_calls, merge_calls, shared_prefix_len
@@ -464,7 +465,8 @@ def _findings(report: DoctorReport, tally: _Tally, detok: Detokenizer | None) ->
     if report.calls == 0:
         add("no_calls", "error", report.runs, "no run made a call through the proxy")
     elif tally.silent_runs:
-        add("no_calls", "warning", tally.silent_runs, f"{tally.silent_runs} runs made no call")
+        silent = counted(tally.silent_runs, "run")
+        add("no_calls", "warning", tally.silent_runs, f"{silent} made no call")
     if report.unserved_requests:
         count = sum(report.unserved_requests.values())
         named = ", ".join(f"{what} x{n}" for what, n in report.unserved_requests.items())

@@ -34,8 +34,8 @@ from typing import Any
 import httpx
 from pydantic import TypeAdapter
 
+from reins.cliout import counted
 from reins.controller.loop import agent_env
-from reins.doctor.render import plural
 from reins.doctor.report import Detokenizer, DoctorReport, HarnessRun, build_report
 from reins.packed import unpack_events
 from reins.schemas import Attempt, PackedEvent, Rollout
@@ -319,7 +319,8 @@ def run_doctor(
         ) as http,
         tempfile.TemporaryDirectory(prefix="reins-doctor-logs-") as logs,
     ):
-        progress(f"gateway {stack.gateway_url}; running `{' '.join(argv)}` {options.runs} times")
+        times = "once" if options.runs == 1 else f"{options.runs} times"
+        progress(f"gateway {stack.gateway_url}; running `{' '.join(argv)}` {times}")
         for number in range(1, options.runs + 1):
             rollout, attempt = _open_attempt(http, options, number)
             env = {**base, **options.env, **agent_env(stack.gateway_url, rollout, attempt)}
@@ -343,6 +344,6 @@ def _run_line(run: HarnessRun, detok: Detokenizer | None) -> str:
     status = "timed out" if run.returncode is None else f"exit {run.returncode}"
     why = f" (splits: {', '.join(summary.splits)})" if summary.splits else ""
     return (
-        f"{status}, {run.seconds:.1f} s, {summary.calls} calls ({summary.failed} failed) -> "
-        f"{plural(summary.sequences, 'sequence')}{why}"
+        f"{status}, {run.seconds:.1f} s, {counted(summary.calls, 'call')} "
+        f"({summary.failed} failed) -> {counted(summary.sequences, 'sequence')}{why}"
     )

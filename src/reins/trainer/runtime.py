@@ -30,6 +30,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from reins import allocator
 from reins.client import GatewayClient
+from reins.cliout import counted
 from reins.engine.folder import check_model_folder
 from reins.engine.weights import load_into
 from reins.schemas import ModelEndpointIn
@@ -521,13 +522,14 @@ async def _train_locked(
         if start > config.steps:
             metrics.close()
             raise resuming.ResumeError(
-                f"run {config.run_name!r} made {start} steps already (checkpoint "
+                f"run {config.run_name!r} made {counted(start, 'step')} already (checkpoint "
                 f"{point.folder}); set steps to {start} or more to go on with it"
             )
         validates = bool(config.val_tasks) and config.val_every > 0
         if start == config.steps and (not validates or metrics.has_final_validation(config.steps)):
             metrics.close()
-            _tell(reporter, f"run {config.run_name} is finished ({start} steps): nothing to do")
+            done = counted(start, "step")
+            _tell(reporter, f"run {config.run_name} is finished ({done}): nothing to do")
             return []
     (run_dir / "config.yaml").write_text(yaml.safe_dump(saved_config(config)))
     shortfall = config.async_parallel_shortfall()
