@@ -639,3 +639,27 @@ def test_a_checkpoint_the_disk_cannot_hold_is_a_clear_error_that_leaves_no_parti
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002"]
     assert checkpoint.latest(run_dir) == run_dir / "checkpoints" / "step-000002"
     assert checkpoint.read_state(run_dir / "checkpoints" / "step-000002").next_step == 2
+
+
+def test_a_sharded_checkpoint_the_disk_cannot_hold_is_the_same_clear_error(
+    tmp_path: Path,
+) -> None:
+    """A sharded save (`torch.distributed.checkpoint`) reports a failed write as a
+    `CheckpointException`, a BaseException, which the save's error handling let through: a
+    traceback, and the partial folder left on the full disk."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    class FullDisk:
+        def save_checkpoint(self, folder: Path) -> None:
+            folder.mkdir(parents=True)
+            (folder / "__0_0.distcp").write_bytes(b"half")
+            full = OSError(28, "No space left on device")
+            raise CheckpointException("save failed", {0: (full, None)})  # type: ignore[dict-item]
+
+    state = checkpoint.TrainerState(1, 2, 0, checkpoint.capture_rng(), [0])
+    with pytest.raises(checkpoint.CheckpointWriteError) as refused:
+        checkpoint.save(tmp_path, FullDisk(), state, keep=2)  # type: ignore[arg-type]
+    said = str(refused.value)
+    assert "step-000001 could not be written" in said and "\n" not in said, said
+    assert "(rank 0: [Errno 28] No space left on device)" in said, said
+    assert list((tmp_path / "checkpoints").iterdir()) == []

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from reins.trainer.backend import Backend
 
@@ -114,6 +115,14 @@ class CheckpointWriteError(ValueError):
     says it in one line rather than a traceback."""
 
 
+def _reason(error: BaseException) -> str:
+    """A failed write's reason in one line: a sharded save's exception prints every rank's
+    traceback; its ranks' own errors say it."""
+    if isinstance(error, CheckpointException):
+        return "; ".join(f"rank {rank}: {failure[0]}" for rank, failure in error.failures.items())
+    return str(error)
+
+
 def save(run_dir: Path, backend: Backend, state: TrainerState, *, keep: int) -> Path:
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -126,10 +135,11 @@ def save(run_dir: Path, backend: Backend, state: TrainerState, *, keep: int) -> 
         # Without it a power loss after the rename could leave the name of a complete
         # checkpoint on files the disk never received.
         _sync_tree(staging)
-    except (OSError, RuntimeError) as error:
+    except (OSError, RuntimeError, CheckpointException) as error:
         # torch reports a full disk as a RuntimeError ("unexpected pos ...", "file write
-        # failed"), which stopped the run with a traceback and left the half-written folder
-        # holding the space a full disk lacks.
+        # failed"), a sharded save as a CheckpointException (a BaseException), which stopped
+        # the run with a traceback and left the half-written folder holding the space a full
+        # disk lacks.
         shutil.rmtree(staging, ignore_errors=True)
         previous = latest(run_dir)
         go_on = (
@@ -138,8 +148,8 @@ def save(run_dir: Path, backend: Backend, state: TrainerState, *, keep: int) -> 
             else "the run has no checkpoint to resume from"
         )
         raise CheckpointWriteError(
-            f"checkpoint {final.name} could not be written in {root} ({error}); is the disk "
-            f"full? Its partial files were deleted; {go_on}"
+            f"checkpoint {final.name} could not be written in {root} ({_reason(error)}); is the "
+            f"disk full? Its partial files were deleted; {go_on}"
         ) from error
     if final.exists():
         _discard(final)
