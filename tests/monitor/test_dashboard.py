@@ -535,7 +535,12 @@ def test_logout_is_a_post_of_the_dashboards_own_pages(gateway: Gateway) -> None:
     shown = browser.get("/ui/logout")
     assert shown.status_code == 200
     assert '<form method="post" action="/ui/logout">' in shown.text
+    assert shown.text.count('action="/ui/logout"') == 1  # its own button, none in the header
     assert "set-cookie" not in shown.headers
+    # Nobody to log out on the login page: its one form is the login's (a header Log out
+    # button came first, and a browser's Enter or first button posted the logout).
+    login = gateway.client().get("/ui/login")
+    assert "/ui/logout" not in login.text and login.text.count("<form") == 1
     assert browser.get("/ui", follow_redirects=False).status_code == 200  # still logged in
     foreign_pages = (
         {"origin": "https://evil.example"},
