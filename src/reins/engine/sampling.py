@@ -20,6 +20,7 @@ anything is drawn, so the caller can fail that row alone and sample the others.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,13 +81,22 @@ class SamplingParams:
             or self.min_tokens > 0
         )
 
-    def generator(self) -> np.random.Generator | None:
-        """The seeded request's own generator (PCG64), seeded with all 64 bits of `seed`: torch's
-        CPU generator keeps only the low 32 bits of its seed, so seeds 5, 2**32 + 5 and 2**40 + 5
-        sampled the very same answer."""
+    def generator(self) -> torch.Generator | None:
+        """The seeded request's own generator. torch's CPU generator keeps only the low 32 bits
+        of its seed (seeds 5, 2**32 + 5 and 2**40 + 5 sampled the very same answer): a seed past
+        them is first folded into 32 bits by a hash of all 64, while a seed under 2**32 keeps its
+        stream, so every answer sampled with one before is sampled again (a new stream, PCG64,
+        moved the draws of every seed; one then fell where float noise between the prefix
+        cache's and a full prefill's logits picks another token)."""
         if self.seed is None:
             return None
-        return np.random.default_rng(self.seed % 2**64)
+        seed = self.seed % 2**64
+        if seed >= 2**32:
+            folded = hashlib.blake2b(seed.to_bytes(8, "little"), digest_size=4).digest()
+            seed = int.from_bytes(folded, "little")
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        return generator
 
 
 GREEDY_TEMPERATURE = 1e-5
