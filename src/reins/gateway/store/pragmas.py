@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -17,6 +19,7 @@ under 3 % of 64 KB ones (docs/benchmarks.md, "Records at scale"). The cost: an e
 takes ~1.6 MB (a page per table and index), and a commit writes 64 KB WAL frames (one client's
 appends took ~0.6 ms more CPU each; 16 clients', the same)."""
 _WAL_CHECKPOINT_BYTES = 4 * 2**20
+_BUSY_TIMEOUT_MS = 10_000
 
 
 def sqlite_file(url: str) -> str:
@@ -37,18 +40,36 @@ def install_sqlite_pragmas(engine: sa.Engine, synchronous: str) -> None:
     @sa.event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
         # Before WAL mode, which fixes the page size of a new file; a no-op on an existing one.
         cursor.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _enter_wal_mode(cursor)
         # SQLite checkpoints every 1000 pages: 4 MB of WAL with 4 KB pages, 64 MB with 64 KB
         # ones. Kept near 4 MB whatever the file's page size.
         cursor.execute("PRAGMA page_size")
         (page_size,) = cursor.fetchone()
         cursor.execute(f"PRAGMA wal_autocheckpoint={max(1, _WAL_CHECKPOINT_BYTES // page_size)}")
         cursor.execute(f"PRAGMA synchronous={synchronous}")
-        cursor.execute("PRAGMA busy_timeout=10000")
         cursor.close()
         dbapi_connection.create_function(FOLD, 1, fold, deterministic=True)
+
+
+def _enter_wal_mode(cursor: Any) -> None:
+    """`PRAGMA journal_mode=WAL`, waiting out other connections. Turning a new file to WAL reads
+    it, then needs it alone: two gateways' stores opening one fresh file together each hold the
+    read and want the write, and SQLite answers one of them "database is locked" at once, without
+    its busy handler (waiting could be a deadlock). The one refused tries again, read anew: by
+    then the other has turned the file to WAL (that lasts; the pragma only reads it then)."""
+    deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.fetchall()
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+        time.sleep(0.01)
 
 
 def _keep_statement_journals_in_memory(engine: sa.Engine) -> None:
