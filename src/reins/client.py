@@ -14,6 +14,7 @@ import itertools
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from concurrent import futures
+from dataclasses import dataclass
 from typing import Any, Final, Self, TypeVar
 from urllib.parse import quote
 
@@ -24,6 +25,7 @@ from reins import recordbatch
 from reins.recordbatch import DecodedRollout
 from reins.retry import RETRY_FOR_S, retry_delays
 from reins.schemas import (
+    LEASE_NOT_HELD,
     Attempt,
     AttemptCreate,
     Event,
@@ -73,6 +75,33 @@ class GatewayError(Exception):
         )
         self.status_code = status_code
         self.message = message
+
+
+class LeaseNotHeld(GatewayError):
+    """A write under a lease was refused (409): the lease lapsed, or another holder took it
+    (or took it and gave it back) since the writer's grant. The writer no longer holds it."""
+
+
+@dataclass(frozen=True)
+class LeaseFence:
+    """What a lease's holder sends with its writes under it (`GatewayClient.*_under`)."""
+
+    name: str
+    holder: str
+    token: str
+    """The grant's `token`: it names the holder's tenure, so a write of an earlier one fails."""
+
+    @classmethod
+    def of(cls, lease: Lease) -> LeaseFence | None:
+        """The fence of a granted lease; None when not granted, or from a gateway older than
+        fenced writes (its answer has no token)."""
+        if not lease.granted or lease.token is None:
+            return None
+        return cls(lease.name, lease.holder, lease.token)
+
+    @property
+    def path(self) -> str:
+        return f"/api/leases/{quote(self.name, safe='')}"
 
 
 class DatabaseChanged(Exception):
@@ -468,16 +497,62 @@ class GatewayClient:
 
     async def claim_lease(self, name: str, holder: str, ttl_s: float) -> Lease:
         """Takes or renews lease `name` (`gateway.store.leases`); `granted` says whether this
-        holder has it. A `GatewayError` 404 from a gateway older than leases."""
+        holder has it, and `LeaseFence.of` what its writes under it carry. A `GatewayError` 404
+        from a gateway older than leases."""
         body = {"holder": holder, "ttl_s": ttl_s}
         answer = await self.request("POST", f"/api/leases/{quote(name, safe='')}", json=body)
         return Lease.model_validate(answer, extra=_NEWER)
 
-    async def release_lease(self, name: str, holder: str) -> bool:
-        answer = await self.request(
-            "DELETE", f"/api/leases/{quote(name, safe='')}", params={"holder": holder}
-        )
+    async def release_lease(self, name: str, holder: str, token: str | None = None) -> bool:
+        """Gives lease `name` up if `holder` holds it (under `token`, when given: not a tenure
+        the holder took again since)."""
+        params = {"holder": holder} if token is None else {"holder": holder, "token": token}
+        answer = await self.request("DELETE", f"/api/leases/{quote(name, safe='')}", params=params)
         return bool(answer["released"])
+
+    async def open_attempt_under(
+        self, fence: LeaseFence, rollout_id: str, attempt_id: int, reason: str | None = None
+    ) -> Attempt:
+        """`open_attempt`, by a lease's holder: `LeaseNotHeld` once the lease is not its own."""
+        body = AttemptCreate(attempt_id=attempt_id, reason=reason).model_dump(exclude_none=True)
+        path = f"{fence.path}{_rollout_path(rollout_id)[len('/api') :]}/attempts"
+        answer = await self._fenced("POST", path, fence, json=body)
+        return Attempt.model_validate(answer, extra=_NEWER)
+
+    async def set_status_under(
+        self, fence: LeaseFence, rollout_id: str, state: RolloutState, reason: str | None = None
+    ) -> Rollout:
+        """`set_status`, by a lease's holder: `LeaseNotHeld` once the lease is not its own."""
+        update = RolloutUpdate(status=RolloutStatus(state=state, reason=reason))
+        path = f"{fence.path}{_rollout_path(rollout_id)[len('/api') :]}"
+        body = update.model_dump(mode="json", exclude_none=True)
+        answer = await self._fenced("PATCH", path, fence, json=body)
+        return Rollout.model_validate(answer, extra=_NEWER)
+
+    async def post_event_under(
+        self,
+        fence: LeaseFence,
+        rollout_id: str,
+        attempt_id: int,
+        type: str,
+        data: dict[str, JsonValue],
+        idempotency_key: str | None = None,
+    ) -> EventAck:
+        """`post_event`, by a lease's holder: `LeaseNotHeld` once the lease is not its own."""
+        event = EventIn(type=type, data=data, idempotency_key=idempotency_key or _new_id())
+        path = f"{fence.path}{_rollout_path(rollout_id)[len('/api') :]}/attempt/{attempt_id}/events"
+        answer = await self._fenced("POST", path, fence, json=event.model_dump(mode="json"))
+        return EventAck.model_validate(answer, extra=_NEWER)
+
+    async def _fenced(self, method: str, path: str, fence: LeaseFence, **kwargs: Any) -> Any:
+        try:
+            return await self.request(
+                method, path, params={"holder": fence.holder, "token": fence.token}, **kwargs
+            )
+        except GatewayError as error:
+            if error.status_code == 409 and error.message.startswith(LEASE_NOT_HELD):
+                raise LeaseNotHeld(error.status_code, error.message) from None
+            raise
 
     async def healthz(self) -> bool:
         try:

@@ -362,6 +362,10 @@ class Model(_Wire):
     updated_at: datetime
 
 
+LEASE_NOT_HELD = "lease not held: "
+"""How the gateway's refusal (409) of a write under a lease that is not the writer's begins."""
+
+
 class Lease(_Wire):
     """A named role's holder among the clients of one gateway (`POST /api/leases/{name}`): the
     rollout controller holds `controller`."""
@@ -373,3 +377,7 @@ class Lease(_Wire):
     """When this holder took it (Unix time)."""
     expires_at: float
     granted: bool
+    token: str | None = None
+    """When granted: what the holder's writes under the lease carry (`/api/leases/{name}/
+    rollouts/...`). It names this tenure, and changes when the lease changes hands; None from
+    a gateway older than fenced writes."""

@@ -58,6 +58,9 @@ BODY_ROUTES = [
     ("POST", "/api/records"),
     ("POST", "/api/rollouts/stats"),
     ("POST", "/api/leases/controller"),
+    ("POST", "/api/leases/controller/rollouts/r/attempts"),
+    ("PATCH", "/api/leases/controller/rollouts/r"),
+    ("POST", "/api/leases/controller/rollouts/r/attempt/1/events"),
 ]
 
 

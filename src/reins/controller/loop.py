@@ -30,9 +30,9 @@ import re
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
-from reins.client import GatewayClient, GatewayError
+from reins.client import GatewayClient, GatewayError, LeaseFence, LeaseNotHeld
 from reins.schemas import AGENT_LAUNCH, AGENT_LOG, TERMINAL_STATES, Attempt, Lease, Rollout
 
 log = logging.getLogger("reins.controller")
@@ -50,6 +50,7 @@ Key = tuple[str, int]
 """An execution is named by its (rollout id, attempt id)."""
 
 _MODULE_FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -306,6 +307,12 @@ class Controller:
         self._lease_epoch = 0
         """How many times the lease changed hands under this controller: an action decided
         before a change acts on a stale read, so it stops at its next lease check."""
+        self._lease_fence: LeaseFence | None = None
+        """What this controller's writes carry, so that the gateway refuses them once the
+        lease is not its own (None: a gateway older than fenced writes, or no lease held)."""
+        self._fence_refused = False
+        """Whether the gateway refused a write under the lease since it was last renewed
+        (said once)."""
 
     # -- running ----------------------------------------------------------------------------
 
@@ -418,6 +425,7 @@ class Controller:
         except GatewayError as error:
             if error.status_code in (404, 405):
                 self._lease_renewed = self._lease_until = self._lease_since = None
+                self._lease_fence = None
                 return None
             raise
         if lease.granted:
@@ -426,6 +434,8 @@ class Controller:
             self._lease_renewed = time.monotonic()
             self._lease_until = sent + self.lease_ttl_s
             self._lease_since = lease.since
+            self._lease_fence = LeaseFence.of(lease)
+            self._fence_refused = False
         return lease
 
     def _lease_changed_hands(self, lease: Lease) -> None:
@@ -454,7 +464,11 @@ class Controller:
 
     async def _renew_lease(self) -> None:
         renewed = self._lease_renewed
-        if renewed is None or time.monotonic() - renewed < self.lease_ttl_s / 3:
+        if renewed is None:
+            return
+        now = time.monotonic()
+        lapsed = self._lease_until is not None and now >= self._lease_until
+        if now - renewed < self.lease_ttl_s / 3 and not lapsed:
             return
         lease = await self._claim()
         if lease is not None and not lease.granted:
@@ -467,9 +481,66 @@ class Controller:
     async def _release_lease(self) -> None:
         if self._lease_renewed is None:
             return
-        self._lease_renewed = self._lease_until = self._lease_since = None
+        fence = self._lease_fence
+        self._lease_renewed = self._lease_until = self._lease_since = self._lease_fence = None
         with contextlib.suppress(GatewayError):
-            await self.client.release_lease(CONTROLLER_LEASE, self.reconciler.lease_holder)
+            await self.client.release_lease(
+                CONTROLLER_LEASE, self.reconciler.lease_holder, fence.token if fence else None
+            )
+
+    # -- writes, under the lease ------------------------------------------------------------
+
+    async def _under_lease(self, fence: LeaseFence, write: Coroutine[Any, Any, _T]) -> _T:
+        """`write`, made under `fence`, which the gateway refuses (`LeaseNotHeld`) once the
+        lease is not this controller's: it lapsed, or changed hands, since the grant. The
+        controller then acts no more until it has renewed the lease (and stops, if another
+        controller holds it)."""
+        try:
+            return await write
+        except LeaseNotHeld as error:
+            if fence == self._lease_fence:  # not a write under a grant renewed since
+                if not self._fence_refused:
+                    self._fence_refused = True
+                    log.warning(
+                        "the gateway refused this controller's write: %s; it acts no more "
+                        "until it has renewed its lease",
+                        error.message,
+                    )
+                self._lease_until = 0.0  # every action stops at its next lease check
+                self._wake.set()  # the next pass renews the lease first
+            raise LeaseLapsed(error.message) from None
+
+    async def _open_attempt(
+        self, rollout_id: str, attempt_id: int, reason: str | None = None
+    ) -> Attempt:
+        fence = self._lease_fence
+        if fence is None:
+            return await self.client.open_attempt(rollout_id, attempt_id=attempt_id, reason=reason)
+        return await self._under_lease(
+            fence, self.client.open_attempt_under(fence, rollout_id, attempt_id, reason)
+        )
+
+    async def _set_status(
+        self, rollout_id: str, state: Literal["succeeded", "failed"], reason: str | None = None
+    ) -> Rollout:
+        fence = self._lease_fence
+        if fence is None:
+            return await self.client.set_status(rollout_id, state, reason=reason)
+        return await self._under_lease(
+            fence, self.client.set_status_under(fence, rollout_id, state, reason)
+        )
+
+    async def _post_event(
+        self, rollout_id: str, attempt_id: int, type: str, data: dict[str, Any]
+    ) -> None:
+        """The attempt's `agent_launch` or `agent_log` (one each: its type is its key)."""
+        fence = self._lease_fence
+        if fence is None:
+            await self.client.post_event(rollout_id, attempt_id, type, data, idempotency_key=type)
+        else:
+            await self._under_lease(
+                fence, self.client.post_event_under(fence, rollout_id, attempt_id, type, data, type)
+            )
 
     async def close(self, drain_s: float = 10.0) -> None:
         """Lets in-flight actions finish (up to `drain_s`, so a launch is not left without its
@@ -687,9 +758,7 @@ class Controller:
     async def _start(self, rollout: Rollout) -> None:
         """Opens the rollout's first attempt and launches its agent."""
         self._check_lease()
-        attempt = await self.client.open_attempt(
-            rollout.rollout_id, attempt_id=rollout.attempt_count + 1
-        )
+        attempt = await self._open_attempt(rollout.rollout_id, rollout.attempt_count + 1)
         self._opened[rollout.rollout_id] = attempt.attempt_id
         if self.reconciler.state((rollout.rollout_id, attempt.attempt_id)) is not None:
             return  # a stale read: this attempt is launched already
@@ -739,7 +808,7 @@ class Controller:
             # Launched by a controller that stopped before it could record the launch, maybe.
             await self._record_launch(rollout, attempt_id, f"adopted; log {agent_log.path}")
         try:
-            await self.client.post_event(
+            await self._post_event(
                 rollout_id,
                 attempt_id,
                 AGENT_LOG,
@@ -749,14 +818,13 @@ class Controller:
                     "path": agent_log.path,
                     "tail": agent_log.tail,
                 },
-                idempotency_key=AGENT_LOG,
             )
         except GatewayError as error:
             if error.status_code != 409:  # 409: an earlier report of this end stored it already
                 raise
         max_attempts = self._max_attempts(rollout)
         if ended.outcome == "succeeded":
-            self._observe(await self.client.set_status(rollout_id, "succeeded"))
+            self._observe(await self._set_status(rollout_id, "succeeded"))
             self.stats.succeeded += 1
         else:
             if ended.outcome == "lost":
@@ -767,9 +835,7 @@ class Controller:
             if agent_log.path:
                 reason += f" (log: {agent_log.path})"
             if attempt_id < max_attempts:
-                attempt = await self.client.open_attempt(
-                    rollout_id, attempt_id=attempt_id + 1, reason=reason
-                )
+                attempt = await self._open_attempt(rollout_id, attempt_id + 1, reason=reason)
                 self._opened[rollout_id] = attempt.attempt_id
                 self.stats.retried += 1
                 log.info("rollout %s: %s; retrying", rollout_id, reason)
@@ -777,7 +843,7 @@ class Controller:
                 if attempt.state == "running":
                     await self._launch(rollout, attempt)
                 return
-            self._observe(await self.client.set_status(rollout_id, "failed", reason=reason))
+            self._observe(await self._set_status(rollout_id, "failed", reason=reason))
             self.stats.failed += 1
             log.info("rollout %s failed: %s", rollout_id, reason)
         await self.reconciler.remove(key)
@@ -806,7 +872,7 @@ class Controller:
         except LaunchError as error:
             reason = f"cannot launch the agent of attempt {attempt.attempt_id}: {error}"
             log.warning("rollout %s failed: %s", rollout.rollout_id, reason)
-            self._observe(await self.client.set_status(rollout.rollout_id, "failed", reason=reason))
+            self._observe(await self._set_status(rollout.rollout_id, "failed", reason=reason))
             self.stats.failed += 1
             return
         self.stats.launched += 1
@@ -815,7 +881,7 @@ class Controller:
     async def _record_launch(self, rollout: Rollout, attempt_id: int, where: str) -> None:
         """The attempt's `agent_launch` event; one per attempt (a fixed idempotency key)."""
         try:
-            await self.client.post_event(
+            await self._post_event(
                 rollout.rollout_id,
                 attempt_id,
                 AGENT_LAUNCH,
@@ -824,7 +890,6 @@ class Controller:
                     "where": where,
                     "timeout_s": rollout.config.timeout_s or self.default_timeout_s,
                 },
-                idempotency_key=AGENT_LAUNCH,
             )
         except GatewayError as error:
             if error.status_code != 409:  # 409: recorded already, by the controller that launched
