@@ -78,6 +78,7 @@ from reins.gateway.store.pragmas import install_sqlite_pragmas, sqlite_engine, s
 from reins.gateway.store.reads import DashboardReads, rollout_filters
 from reins.gateway.store.tables import (
     ADDED_COLUMNS,
+    ADDED_INDEXES,
     ATTEMPT_STATE,
     attempt_of,
     attempts,
@@ -215,7 +216,7 @@ def _packed_events(rows: list[sa.Row[Any]]) -> list[PackedEvent]:
 
 def _add_packing_columns(conn: sa.Connection) -> None:
     """The migration of a database made before events were packed: its rows stay as they are
-    (read whole), new `model_request` rows are packed."""
+    (read whole), new `model_request` rows are packed. The indexes added since are made too."""
     present = {column["name"] for column in sa.inspect(conn).get_columns("events")}
     for name in ADDED_COLUMNS:
         if name not in present:
@@ -223,6 +224,8 @@ def _add_packing_columns(conn: sa.Connection) -> None:
             kind = column.type.compile(dialect=conn.dialect)
             guard = "IF NOT EXISTS " if conn.dialect.name == "postgresql" else ""
             conn.execute(sa.text(f"ALTER TABLE events ADD COLUMN {guard}{name} {kind}"))
+    for index in ADDED_INDEXES:  # `create_all` makes no index of a table that exists
+        index.create(conn, checkfirst=True)
 
 
 def _stored_or_refused(append: PendingAppend) -> bool:

@@ -91,6 +91,20 @@ PACKING_COLUMNS = ("packed", "prompt_tokens", "response_tokens")
 ADDED_COLUMNS = (*PACKING_COLUMNS, "packed_head")
 """The columns `SqlStore.init` adds to an older database (`packed_head` on 2026-12-06)."""
 
+_IS_REWARD = sa.text("type = 'reward'")
+REWARD_EVENTS = sa.Index(
+    "ix_events_reward",
+    events.c.rollout_id,
+    events.c.attempt_id,
+    events.c.seq,
+    sqlite_where=_IS_REWARD,
+    postgresql_where=_IS_REWARD,
+)
+"""The `reward` events alone, by attempt then seq: the dashboard's sort by reward reads each
+rollout's last one (`reads.DashboardReads._last_reward`); the other events' writes skip it."""
+ADDED_INDEXES = (REWARD_EVENTS,)
+"""The indexes `SqlStore.init` adds to an older database (`ix_events_reward` on 2026-12-07)."""
+
 models = sa.Table(
     "models",
     metadata,
