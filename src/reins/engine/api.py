@@ -101,6 +101,63 @@ class _Request(BaseModel):
     structured_outputs: Any = None
     """vLLM's structured output field (`json`, `regex`, `choice`, `grammar`, `json_object`)."""
 
+    return_tokens_as_token_ids: StrictBool = False
+    """vLLM's: logprobs name each token `token_id:N` (its ID) instead of its text."""
+    stop_token_ids: list[StrictInt] | None = None
+    """vLLM's: more tokens that end the response when sampled (not shown in it, and named as
+    its `stop_reason`), as the tokenizer's special tokens end it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _guided_is_structured_outputs(cls, body: Any) -> Any:
+        """vLLM's older fields (`guided_json`, `guided_regex`, `guided_choice`,
+        `guided_grammar`, `structural_tag`) are its `structured_outputs` of that kind: read as
+        such (ignored, they left the answer unconstrained)."""
+        if not isinstance(body, dict):
+            return body
+        given = [name for name in GUIDED if body.get(name) is not None]
+        if not given:
+            return body
+        others = [name for name in ("structured_outputs", "response_format") if body.get(name)]
+        if len(given) > 1 or others:
+            named = [f"`{name}`" for name in [*given, *others]]
+            raise ValueError(
+                f"give one structured-output constraint, not {' and '.join(named)} together"
+            )
+        (name,) = given
+        value = body[name]
+        if name == "guided_json" and isinstance(value, str):  # vLLM takes the schema as text too
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"`guided_json` is not a JSON schema: {error}") from error
+        return {
+            **{key: item for key, item in body.items() if key != name},
+            "structured_outputs": {GUIDED[name]: value},
+        }
+
+    @model_validator(mode="after")
+    def _nothing_asked_that_is_not_done(self) -> Any:
+        """A field of vLLM's or OpenAI's that would change the answer, which this engine does
+        not implement, is refused, naming it: accepted and ignored, the client took the answer
+        for one that honoured it (fields that change nothing, such as `user`, are taken)."""
+        extra = self.model_extra or {}
+        for name, why in NOT_IMPLEMENTED.items():
+            value = extra.get(name)
+            if value is None or value is False or value == [] or value == {}:
+                continue
+            if name == "best_of" and value in (1, self.n):  # as many sampled as returned
+                continue
+            if name == "modalities" and value == ["text"]:
+                continue
+            raise ValueError(f"`{name}` is not supported by this engine: {why}")
+        if (self.stream_options or {}).get("continuous_usage_stats"):
+            raise ValueError(
+                "`stream_options.continuous_usage_stats` is not supported by this engine: "
+                "usage comes once, in the last chunk (`include_usage`)"
+            )
+        return self
+
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> Any:
         """As vLLM and OpenAI refuse them (an empty object passes, as in vLLM)."""
@@ -114,6 +171,36 @@ class _Request(BaseModel):
         """`n: null` is the default, one choice, as OpenAI and vLLM take it (the openai SDK
         sends `n=None` as null)."""
         return 1 if value is None else value
+
+
+GUIDED = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+    "structural_tag": "structural_tag",
+}
+"""vLLM's older structured-output fields, and the kind of `structured_outputs` each one is."""
+
+NOT_IMPLEMENTED = {
+    "best_of": "it returns every choice it samples (`n` of them) and cannot keep the best",
+    "use_beam_search": "it samples, it does not search beams",
+    "prompt_logprobs": "it scores only the tokens it samples, not the prompt's",
+    "echo": "the answer does not repeat the prompt",
+    "ignore_eos": "the end of sequence always ends the answer",
+    "bad_words": "give the tokens to avoid as `logit_bias` (-100)",
+    "allowed_token_ids": "give a constraint as `structured_outputs` or `response_format`",
+    "logits_processors": "no processor of the request's own runs",
+    "truncate_prompt_tokens": "the prompt is taken whole (a prompt too long is a 400)",
+    "guided_whitespace_pattern": "JSON may hold any whitespace between its tokens",
+    "prompt_embeds": "the prompt is text or token IDs",
+    "documents": "the chat template gets the messages and tools only",
+    "modalities": "it answers in text only",
+    "audio": "it answers in text only",
+    "web_search_options": "it searches nothing",
+}
+"""Request fields (vLLM's and OpenAI's) that would change the answer, and why each is refused:
+a value that asks for something (not null, false or empty)."""
 
 
 class ChatRequest(_Request):
@@ -567,6 +654,7 @@ class _Api:
             asked = min(asked, room)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         logit_bias = self._logit_bias(body.logit_bias)
+        stop_token_ids = self.stop_token_ids | self._stop_token_ids(body.stop_token_ids)
         return [
             SamplingParams(
                 temperature=1.0 if body.temperature is None else body.temperature,
@@ -575,7 +663,7 @@ class _Api:
                 min_p=body.min_p or 0.0,
                 max_tokens=asked or room,
                 stop=tuple(s for s in stop if s),
-                stop_token_ids=self.stop_token_ids,
+                stop_token_ids=stop_token_ids,
                 tool_calls=tool_calls,
                 parallel_tool_calls=parallel_tool_calls,
                 # Wrapped, as the generator wraps negative seeds: the last seed's n choices fit.
@@ -588,11 +676,17 @@ class _Api:
                 ),
                 grammar=grammar,
                 min_tokens=min_tokens,
-                end_token_ids=frozenset(self.engine.eos_token_ids) | self.stop_token_ids,
+                end_token_ids=frozenset(self.engine.eos_token_ids) | stop_token_ids,
                 top_logprobs=_alternatives_asked(body),
             )
             for index in range(body.n)
         ]
+
+    def _stop_token_ids(self, ids: list[int] | None) -> frozenset[int]:
+        vocab = len(self.engine.tokenizer)
+        if any(not 0 <= item < vocab for item in ids or ()):
+            raise EngineError(400, f"stop_token_ids must be in [0, {vocab})")
+        return frozenset(ids or ())
 
     def _logit_bias(self, bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
         """OpenAI's `logit_bias` checked as it checks it: token IDs of the vocabulary, biases
@@ -777,6 +871,11 @@ class _Call:
             "prompt_token_ids": self.prompt_ids,
         }
 
+    def _token_name(self, token: int, text: str) -> str:
+        """How logprobs name a token: its text, or `token_id:N` when the request asked
+        `return_tokens_as_token_ids` (vLLM's form)."""
+        return f"token_id:{token}" if self.body.return_tokens_as_token_ids else text
+
     def _chat_logprobs(self, choice: _Choice, start: int, end: int) -> list[dict[str, Any]]:
         """Chat's logprobs of the choice's tokens `start:end`, each with its alternatives."""
         texts = self.engine.token_texts
@@ -788,8 +887,13 @@ class _Call:
             strict=True,
         ):
             text, raw = texts(token)
+            text = self._token_name(token, text)
             alternatives = [
-                {"token": texts.text(other), "logprob": value, "bytes": texts(other)[1]}
+                {
+                    "token": self._token_name(other, texts.text(other)),
+                    "logprob": value,
+                    "bytes": texts(other)[1],
+                }
                 for other, value in top
             ]
             entries.append(
@@ -801,7 +905,7 @@ class _Call:
         """The legacy API's parallel lists for the choice's tokens `start:end`; `top_logprobs`
         (when asked) maps the most likely tokens' texts, and the sampled one's, to logprobs."""
         texts = self.engine.token_texts
-        tokens = [texts.text(token) for token in choice.token_ids[start:end]]
+        tokens = [self._token_name(t, texts.text(t)) for t in choice.token_ids[start:end]]
         offsets = choice.text_offsets
         while len(offsets) <= end:
             raw = texts(choice.token_ids[len(offsets) - 1])[1]
@@ -809,7 +913,8 @@ class _Call:
         top: list[dict[str, float]] | None = None
         if isinstance(self.body, CompletionRequest) and self.body.logprobs is not None:
             top = [
-                {texts.text(other): value for other, value in alternatives} | {text: logprob}
+                {self._token_name(other, texts.text(other)): value for other, value in alternatives}
+                | {text: logprob}
                 for text, logprob, alternatives in zip(
                     tokens, choice.logprobs[start:end], choice.tops[start:end], strict=True
                 )
