@@ -126,3 +126,19 @@ def test_requests_the_gateway_does_not_serve_are_reported(engine: ServedEngine) 
     assert "POST …/openai/v1/embeddings (404) x2" in finding["message"]
     assert "embeddings" in finding["fix"]
     assert report["trainable_calls"] == 1
+
+
+def test_the_help_names_the_argument_not_its_python_type() -> None:
+    """`reins doctor --help` showed the argument as `command... <list[str]>` (typer writes an
+    argument's Python type); now it is named, and said in the command's help."""
+    from typer.testing import CliRunner
+
+    from reins.cli import app
+
+    shown = CliRunner().invoke(app, ["doctor", "--help"], terminal_width=100)
+    assert shown.exit_code == 0, shown.output
+    assert "doctor [OPTIONS] [NAME | -- CMD ARGS]..." in shown.output
+    said = " ".join(shown.output.split())  # as wrapped to the terminal
+    assert "NAME is a named harness (see --list)" in said
+    assert "reins doctor -- python agent.py" in said
+    assert "list[" not in shown.output

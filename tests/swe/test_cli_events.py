@@ -3,12 +3,17 @@ events shaped as Claude Code's stream-json and Codex's `--json` write them."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
 
 from reins.agent import AgentContext
+from reins.sandbox import CommandResult, Sandbox, SandboxLimits
 from reins.swe.cli_harness import EVENTS_FILE, CliHarness, _claude_commands, _codex_commands
+from reins.swe.environment import POSTED_CHARS, SandboxEnvironment
+from reins.swe.hacks import HackAttempt
+from tests.swe.conftest import needs_sandbox
 
 
 def test_claude_tool_uses_are_paired_with_their_results() -> None:
@@ -111,3 +116,40 @@ def test_the_events_file_is_read_as_the_session_left_it_never_through_a_link(
         assert _commands_within(harness, 10) == []
     finally:
         harness.close()
+
+
+def test_a_huge_output_or_command_is_posted_as_head_and_tail_its_hacks_found_in_all(
+    tmp_path: Path,
+) -> None:
+    """A Codex command's `aggregated_output` went whole into its `tool` event: one of 40 MB
+    made an event larger than the gateway takes in a post (32 MB), and the rollout failed
+    before its reward. Now what is posted is cut as the sandbox cuts an output (head and tail,
+    a note in place of the middle), and so is a command's text (the session can write the
+    events file itself); the hacks are still looked for in the whole of both."""
+    needs_sandbox()
+    output = "first line\n" + "y" * 20_000_000 + "\nNetwork is unreachable\n"
+    output += "y" * 20_000_000 + "\nlast line"
+    command = "echo " + "z" * 300_000 + "\ngit log\n" + "z" * 300_000
+    event = {"type": "item.completed", "item": {"type": "command_execution",
+             "command": command, "aggregated_output": output, "exit_code": 0}}  # fmt: skip
+    harness = _harness(tmp_path / "home")
+    posted: list[tuple[str, CommandResult, list[HackAttempt]]] = []
+    (tmp_path / "work").mkdir()
+    try:
+        (tmp_path / "home" / EVENTS_FILE).write_text(json.dumps(event) + "\n" + CODEX_EVENT)
+        with Sandbox(tmp_path / "work", SandboxLimits()) as box:
+            environment = SandboxEnvironment(box, on_command=lambda *done: posted.append(done))
+            for ran, text, ok in harness.commands():
+                environment.record(ran, CommandResult(0 if ok else 1, text, None, 0.0))
+    finally:
+        harness.close()
+    (shown_command, shown, hacks), small = posted
+    assert (small[0], small[1].output, small[2]) == ("ls", "", [])
+    assert shown.output.startswith("first line\n") and shown.output.endswith("\nlast line")
+    note = f"[... output truncated: {len(output)} characters in all, the middle left out ...]"
+    assert note in shown.output
+    assert len(shown.output) == POSTED_CHARS + len(note) + 2
+    assert shown_command.startswith("echo zzz") and f"{len(command)} characters" in shown_command
+    assert len(shown_command) < POSTED_CHARS + 200
+    assert [hack.kind for hack in hacks] == ["git-history", "python-network"]
+    assert [hack.kind for hack in environment.hacks] == ["git-history", "python-network"]

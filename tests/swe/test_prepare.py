@@ -168,3 +168,16 @@ def test_rollouts_that_end_without_a_reward_are_no_verdict(tmp_path: Path) -> No
     prepared = config(tmp_path, policy=policy, limit=2, attempts=1, test_size=1)
     with pytest.raises(PrepareError, match="2 of 2 difficulty rollouts failed to run or ended"):
         prepare(prepared, say=lambda line: None)
+
+
+def test_the_help_of_prepare_names_its_set_option_as_train_does() -> None:
+    """`reins swe prepare --help` showed `--set <list[str]>` (typer writes an option's Python
+    type when it has no metavar); `reins train`'s `--set` says `KEY=VALUE`."""
+    from typer.testing import CliRunner
+
+    from reins.cli import app
+
+    shown = CliRunner().invoke(app, ["swe", "prepare", "--help"], terminal_width=100)
+    assert shown.exit_code == 0, shown.output
+    assert "--set KEY=VALUE" in shown.output
+    assert "list[" not in shown.output

@@ -197,6 +197,51 @@ def test_modules_of_a_new_root_folder_are_left_out_as_namespace_package_portions
     assert all(f" b/{name}\n" in workspace.diff(with_tests=True) for name in shadows)
 
 
+def src_layout_repo(folder: Path, branch: str) -> RepoSource:
+    """A repository of a src layout (`src/pkg/`, which pytest's `pythonpath = ["src"]` or the
+    package's install puts `src/` on `sys.path` for) with one task branch."""
+    files = {
+        "src/pkg/__init__.py": "",
+        "src/pkg/core.py": "VALUE = 1\n",
+        "pyproject.toml": '[tool.pytest.ini_options]\npythonpath = ["src"]\n',
+        "tests/test_core.py": "from pkg.core import VALUE\n",
+    }
+    for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(content)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
+        subprocess.run([*git, *command], cwd=folder, check=True, capture_output=True)
+    subprocess.run([*git, "branch", branch], cwd=folder, check=True, capture_output=True)
+    return RepoSource(repo="src-layout", source=folder, test_command="true")
+
+
+def test_modules_outside_the_packages_of_another_sys_path_folder_are_left_out(
+    tmp_path: Path,
+) -> None:
+    """The namespace portion's guard looked at root folders only: a new
+    `src/google/protobuf/__init__.py` was kept, where a src layout's `src/` is on `sys.path`
+    (pytest's `pythonpath`, the package's install), so `import google.protobuf` loaded the
+    agent's. So was a new `src/yaml.py`. New modules inside the package (`src/pkg/`) stay."""
+    source = tmp_path / "source"
+    source.mkdir()
+    workspace = Workspace(tmp_path / "rollout", src_layout_repo(source, "task"), "task")
+    work = workspace.checkout()
+    shadows = ["src/google/protobuf/__init__.py", "src/zope/interface.py", "src/yaml.py"]
+    shadows += ["src/six.cpython-311-x86_64-linux-gnu.so"]
+    kept = ["src/pkg/extra/helpers.py", "src/pkg/new.py", "src/notes/readme.txt"]
+    kept += ["src/my-tool/run.py", "src/pkg/core.py"]
+    for name in shadows + kept:
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text("FORGED = 1\n")
+    (work / "src" / "sphinxcontrib").symlink_to("pkg")  # a package of the agent's
+    shadows.append("src/sphinxcontrib")
+    diff = workspace.diff()
+    shown = sorted(name for name in shadows + kept if f" b/{name}\n" in diff)
+    assert shown == sorted(kept)
+    assert all(f" b/{name}\n" in workspace.diff(with_tests=True) for name in shadows)
+
+
 FLIP_PLUGIN = (
     "import pytest\n"
     "@pytest.hookimpl(hookwrapper=True)\n"

@@ -829,12 +829,23 @@ def _signal_name(number: int) -> str:
 
 
 def _tail(path: Path) -> str:
+    """The last `TAIL_BYTES` of the agent's log; '' when it is no regular file. The harness
+    can write its folder: a log it replaced by a link (to `/dev/zero`, or a host file whose end
+    would go into an event) or a FIFO (the open waited forever) is not read, and the read is
+    bounded (the agent may still be appending: an unbounded `read()` took all of it)."""
+    from stat import S_ISREG  # here: `stat` names a local variable elsewhere in this module
+
     try:
-        with path.open("rb") as file:
-            file.seek(0, os.SEEK_END)
-            size = file.tell()
-            file.seek(max(0, size - TAIL_BYTES))
-            return file.read().decode("utf-8", errors="replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # missing, or a link
+        return ""
+    try:
+        with open(fd, "rb") as file:
+            status = os.fstat(file.fileno())
+            if not S_ISREG(status.st_mode):
+                return ""
+            file.seek(max(0, status.st_size - TAIL_BYTES))
+            return file.read(TAIL_BYTES).decode("utf-8", errors="replace")
     except OSError:
         return ""
 

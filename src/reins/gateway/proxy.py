@@ -125,6 +125,15 @@ _NOT_STORED: tuple[type[Exception], ...] = (*OUTAGES, UnrecordableAnswer)
 
 _NO_MODEL = "no model is registered at the gateway; the trainer registers one: POST /api/models"
 
+_PROMPT = frozenset(
+    {"messages", "tools", "tool_choice", "documents", "chat_template", "chat_template_kwargs"}
+    | {"add_generation_prompt", "continue_final_message", "add_special_tokens"}
+    | {"mm_processor_kwargs"}
+)
+"""The chat request's fields that make its prompt (vLLM's `/tokenize` chat request's, and
+`tool_choice`, whose `none` leaves the tools out on the embedded engine): those a mode's policy
+sets are counted by `count_tokens` as the call sends them."""
+
 
 def _error_message(text: str) -> str:
     """The message of an engine's error body (OpenAI's shape, FastAPI's, or plain text)."""
@@ -416,9 +425,11 @@ class LLMProxy:
                     f"{name} dropped: train mode samples from the policy's own distribution"
                 )
 
-    async def count_tokens(self, chat: dict[str, Any], rollout_id: str) -> int:
+    async def count_tokens(self, chat: dict[str, Any], rollout_id: str, mode: str) -> int:
         """The prompt length of a chat request, counted by the engine's own tokenizer and chat
-        template (`POST /tokenize`, as vLLM and the embedded engine serve it).
+        template (`POST /tokenize`, as vLLM and the embedded engine serve it), with the prompt
+        fields `mode`'s sampling policy sets, as the call itself would send them (a policy's
+        `chat_template_kwargs` can change the rendered prompt: Qwen3's `enable_thinking`).
 
         Raises `WireError`: 400 with the engine's message when it refuses the request (400 or
         422, as its chat completions would refuse the same prompt: the harness's to fix, not to
@@ -426,13 +437,14 @@ class LLMProxy:
         target = await self.directory.target(chat.get("model"), rollout_id)
         if target is None:
             raise WireError(_NO_MODEL, status=404, kind="not_found_error")
+        prompt = self._prompt_as_sent(chat, mode, target.model.model)
         failure = ""
         for endpoint in target.endpoints:
             body = {
                 # The call's own prompt: a new turn's header, unless the request continues its
                 # last message (a prefill, `continue_final_message`), as the call would.
                 "add_generation_prompt": True,
-                **chat,
+                **prompt,
                 "model": await self._served_name(endpoint, target.model.model),
             }
             url = endpoint.rstrip("/").removesuffix("/v1") + "/tokenize"
@@ -449,6 +461,13 @@ class LLMProxy:
             except (aiohttp.ClientError, TimeoutError, ValueError) as error:
                 failure = f"the engine at {endpoint} could not count tokens: {error!r}"
         raise WireError(failure, status=502, kind="api_error")
+
+    def _prompt_as_sent(self, chat: dict[str, Any], mode: str, model: str) -> dict[str, Any]:
+        """`chat`'s prompt fields as the call would send them, `mode`'s policy applied the way
+        `upstream_body` applies it to the call; its sampling fields and token capture left out,
+        which change no prompt."""
+        sent = upstream_body(chat, kind="chat", model=model, policy=self.sampling[mode])
+        return {name: value for name, value in sent.items() if name in chat or name in _PROMPT}
 
     async def _open(
         self, requested: object, rollout_id: str, failure: Callable[..., Response]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gzip
 import hashlib
 import hmac
 import inspect
@@ -328,9 +329,63 @@ class _PageRoute(APIRoute):
             except Exception as error:
                 response = await _error_answer(request, error)
             response.headers.update(PAGE_HEADERS)
-            return response
+            return await _gzipped(request, response)
 
         return with_headers
+
+
+GZIP_MIN_BYTES = 1024
+"""Smaller answers go as they are: gzip would save next to nothing on them."""
+_GZIP_ON_THREAD_BYTES = 64 * 1024
+"""Larger answers are compressed off the event loop, which also serves the proxy's calls (a run
+page of 600 metric keys is ~13 MB of SVG)."""
+_GZIP_LEVEL = 1
+"""The fastest: 600 metric keys' charts (12.9 MB) took 0.16 s to 2.3 MB, against 0.6-0.8 s to
+1.9 MB at level 6, on the gateway's CPU."""
+
+
+async def _gzipped(request: Request, response: Response) -> Response:
+    """`response` gzipped when the client's `Accept-Encoding` takes gzip: the run page and its
+    polled charts are SVG text of up to ~13 MB, which were sent whole on every change."""
+    body = getattr(response, "body", None)
+    if (
+        not isinstance(body, bytes)
+        or len(body) < GZIP_MIN_BYTES
+        or "content-encoding" in response.headers
+    ):
+        return response
+    response.headers.append("Vary", "Accept-Encoding")  # what a cache must key it by
+    if not accepts_gzip(request.headers.get("accept-encoding", "")):
+        return response
+    if len(body) < _GZIP_ON_THREAD_BYTES:
+        packed = gzip.compress(body, _GZIP_LEVEL, mtime=0)
+    else:
+        packed = await asyncio.to_thread(gzip.compress, body, _GZIP_LEVEL, mtime=0)
+    response.body = packed
+    response.headers["Content-Encoding"] = "gzip"
+    response.headers["Content-Length"] = str(len(packed))
+    return response
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an `Accept-Encoding` header takes gzip (RFC 9110 12.5.3): named with a q above
+    0, or matched by `*` with one when gzip is not named; `gzip;q=0` refuses it."""
+    wildcard = False
+    for item in accept_encoding.split(","):
+        name, *parameters = (part.strip() for part in item.split(";"))
+        weight = 1.0
+        for parameter in parameters:
+            key, _, value = parameter.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0  # an unreadable weight is no consent
+        if name.lower() in ("gzip", "x-gzip"):
+            return weight > 0
+        if name == "*":
+            wildcard = weight > 0
+    return wildcard
 
 
 async def _error_answer(request: Request, error: Exception) -> Response:

@@ -127,6 +127,22 @@ def _overview(plt: ModuleType, title: str, shown: list[Chart], path: Path) -> Pa
     return path
 
 
+_OVERVIEW_PAGE = re.compile(r"overview-([1-9][0-9]*)\.png")
+"""The name of an overview page past the first (`overview-2.png`, ...)."""
+
+
+def _remove_stale_pages(out_dir: Path, pages: int) -> None:
+    """Removes the overview pages past `pages` that an earlier report left in `out_dir` (a run
+    with fewer charts now, or another run's report there): left, the folder showed pages of two
+    reports. Only files of the report's own page names; links and folders are left alone."""
+    for path in out_dir.iterdir():
+        page = _OVERVIEW_PAGE.fullmatch(path.name)
+        if page is None or int(page.group(1)) <= pages:
+            continue
+        if path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+
+
 def write_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     """Writes the PNGs of the run in `run_dir` into `out_dir` (default `<run_dir>/report`);
     returns their paths, overview first."""
@@ -141,6 +157,8 @@ def write_report(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     out_dir = out_dir or run_dir / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     pages = math.ceil(len(found) / OVERVIEW_CHARTS)
+    # Before this report's own files: a chart of a metric named `overview-3` may be one of them.
+    _remove_stale_pages(out_dir, pages)
     written: list[Path] = []
     for page in range(1, pages + 1):
         name = "overview.png" if page == 1 else f"overview-{page}.png"

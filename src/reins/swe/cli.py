@@ -21,7 +21,8 @@ console = Console(stderr=True, soft_wrap=True, highlight=False)
 def prepare_command(
     config: Annotated[Path, typer.Argument(help="The prepare config (examples/swe/prepare.yaml).")],
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a field: --set attempts=2")
+        list[str] | None,
+        typer.Option("--set", metavar="KEY=VALUE", help="Override a field: --set attempts=2"),
     ] = None,
 ) -> None:
     """Filter SWE-smith task instances as the paper does (empty statements, missing problem

@@ -167,20 +167,63 @@ def _new_root_module(path: str, *, link: bool = False) -> bool:
     return module.isidentifier() and file.endswith(_IMPORT_SUFFIXES)
 
 
-def _in_new_root_package(path: str, roots: set[str], *, link: bool = False) -> bool:
-    """A module file, or a `link` (`google/protobuf` to a folder of the agent's), under a root
-    folder that HEAD does not have (`google/protobuf/__init__.py` when there was no `google/`).
-    Python joins such a folder, with or without an `__init__.py`, to an installed namespace
-    package of its name (`google`, `zope`, `sphinxcontrib`), the root's portion first: `import
-    google.protobuf` then loads the agent's. A fix of the package never needs a new root
-    folder of modules."""
+@dataclass(frozen=True)
+class _HeadFolders:
+    """HEAD's folders, and those of them that are regular packages (an `__init__` module)."""
+
+    folders: frozenset[str]
+    packages: frozenset[str]
+
+    @classmethod
+    def read(cls, env: dict[str, str]) -> _HeadFolders:
+        # `<mode> <type> <object>\t<path>` per entry; `-t` lists the folders too.
+        raw = _git("ls-tree", "-r", "-t", "-z", "HEAD", env=env).decode(errors="surrogateescape")
+        folders, packages = set(), set()
+        for entry in filter(None, raw.split("\0")):
+            info, _, path = entry.partition("\t")
+            parts = PurePosixPath(path).parts
+            if info.split()[1] == "tree":
+                folders.add(path)
+            elif len(parts) > 1 and _is_init_module(parts[-1]):
+                packages.add(str(PurePosixPath(*parts[:-1])))
+        return cls(frozenset(folders), frozenset(packages))
+
+
+def _is_init_module(name: str) -> bool:
+    """`__init__.py`, `__init__.pyc`, `__init__.cpython-312-x86_64-linux-gnu.so`..."""
+    return name.split(".")[0] == "__init__" and name.endswith(_IMPORT_SUFFIXES)
+
+
+def _outside_head_packages(path: str, head: _HeadFolders, *, link: bool = False) -> bool:
+    """A new module file, or a `link` (`google/protobuf` to a folder of the agent's), outside
+    the regular packages of HEAD: in a folder HEAD does not have, made at the root or in a
+    folder of HEAD that is no package (`google/protobuf/__init__.py`, or
+    `src/google/protobuf/__init__.py` in a src layout, when HEAD had no `google/` there), or
+    itself in such a folder (`src/yaml.py`). A folder that is no package may be on `sys.path`
+    (the root; `src/` by pytest's `pythonpath` or the package's install), where Python joins a
+    new folder, with or without an `__init__.py`, to an installed namespace package of its name
+    (`google`, `zope`, `sphinxcontrib`), the first portion on `sys.path` first, and a module
+    shadows an installed one: `import google.protobuf` then loads the agent's. A new folder
+    inside a package of HEAD (`minilib/extra/`) is that package's subpackage, no shadow. A fix
+    of the package never needs a new module outside its packages."""
     parts = PurePosixPath(path).parts
-    return (
-        len(parts) > 1
-        and parts[0] not in roots
-        and parts[0].isidentifier()
-        and (link or parts[-1].endswith(_IMPORT_SUFFIXES))
+    if not (link or parts[-1].endswith(_IMPORT_SUFFIXES)):
+        return False
+    # A link is a folder too when it leads to one (`zope/schema`, `src/google`).
+    folders = parts if link else parts[:-1]
+    depth = next(
+        (
+            d
+            for d in range(len(folders))
+            if str(PurePosixPath(*folders[: d + 1])) not in head.folders
+        ),
+        None,
     )
+    if depth is None:  # a module file in a folder of HEAD
+        name, parent = parts[-1].split(".")[0], folders
+    else:
+        name, parent = folders[depth], folders[:depth]
+    return name.isidentifier() and str(PurePosixPath(*parent)) not in head.packages
 
 
 def _added(env: dict[str, str]) -> Iterator[tuple[str, bool]]:
@@ -249,8 +292,8 @@ class Workspace:
         """The agent's change to the work tree as a binary git diff (new files included); left
         out unless `with_tests`: the repository's test paths, the files that configure the test
         run (`RUN_CONFIGURATION`), and new (or renamed) modules and packages at the root, which
-        shadow what the runner and the tests import (`_new_root_module`), and the modules of
-        a new root folder (`_in_new_root_package`)."""
+        shadow what the runner and the tests import (`_new_root_module`), and every other new
+        module outside the packages of HEAD (`_outside_head_packages`)."""
         env = self._tree_env()
         _git("read-tree", "HEAD", env=env)
         _git("add", "--all", env=env)
@@ -262,13 +305,12 @@ class Workspace:
                 for name in RUN_CONFIGURATION
                 for inside in ("", "/**")
             ]
-            roots = set(_git("ls-tree", "--name-only", "-z", "HEAD", env=env).decode(
-                errors="surrogateescape"
-            ).split("\0"))  # fmt: skip
+            head = _HeadFolders.read(env)
             excluded += [
                 f":(exclude,literal){path}"
                 for path, link in _added(env)
-                if _new_root_module(path, link=link) or _in_new_root_package(path, roots, link=link)
+                if _new_root_module(path, link=link)
+                or _outside_head_packages(path, head, link=link)
             ]
         return _git("diff", "--cached", "--binary", "HEAD", "--", ".", *excluded, env=env).decode(
             errors="surrogateescape"

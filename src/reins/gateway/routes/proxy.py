@@ -118,7 +118,7 @@ async def forward_call(
     if isinstance(body, Response):
         return body
     if kind == "count_tokens":
-        return await _count_tokens(body, rollout_id, proxy)
+        return await _count_tokens(body, rollout_id, mode, proxy)
     refused = await _ensure_attempt(store, caller, rollout_id, attempt_id, kind)
     if refused is not None:
         return refused
@@ -151,11 +151,14 @@ async def forward_call(
     )
 
 
-async def _count_tokens(body: dict[str, Any], rollout_id: str, proxy: LLMProxy) -> Response:
-    """Anthropic's `count_tokens`: the real count, by the engine's tokenizer and template."""
+async def _count_tokens(
+    body: dict[str, Any], rollout_id: str, mode: Mode, proxy: LLMProxy
+) -> Response:
+    """Anthropic's `count_tokens`: the real count, by the engine's tokenizer and template, of
+    the prompt the call would send in `mode` (its policy's prompt fields applied)."""
     try:
         chat = {**messages.count_tokens_request(body), "model": body.get("model")}
-        count = await proxy.count_tokens(chat, rollout_id)
+        count = await proxy.count_tokens(chat, rollout_id, mode)
     except WireError as error:
         return JSONResponse(
             messages.error_body(error.status, error.message, error.kind), error.status
