@@ -344,8 +344,7 @@ async def train(*args, on_serving, **kwargs):
     probe()
     return []
 
-uvicorn.run = probe  # `reins gateway` serves here
-uvicorn.Server.run = probe  # `reins engine` here (`reins.serving.serve`)
+uvicorn.Server.run = probe  # `reins gateway` and `reins engine` serve here (`reins.serving.serve`)
 reins.trainer.runtime.train = train  # `reins train` trains here
 app(sys.argv[1:])
 """
@@ -713,3 +712,73 @@ def test_train_names_a_runs_folder_with_brackets_as_it_is(
     assert "run r1: 1 step, " in said
     assert "1 task x 2 rollouts per step" in said
     assert f"files in {runs_dir / 'r1'}" in said
+
+
+def _engine_that_never_answers(arrived: Any) -> Any:
+    """An engine app whose chat completions answer only once the client has left (`arrived`,
+    a `threading.Event`, is set when one comes)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    async def models(_: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    async def never(request: Request) -> Response:
+        arrived.set()
+        while (await request.receive())["type"] != "http.disconnect":
+            pass  # the body; then nothing comes until the client leaves
+        return Response(status_code=499)
+
+    return Starlette(
+        routes=[
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/chat/completions", never, methods=["POST"]),
+        ]
+    )
+
+
+@pytest.mark.slow
+def test_gateway_stops_at_ctrl_c_with_a_proxied_call_in_flight(tmp_path: Path) -> None:
+    """`reins gateway` served with plain uvicorn, which waits at Ctrl-C for every answer in
+    flight, with no bound: a proxied call whose engine never answers kept it from stopping for
+    ever. It serves through `reins.serving.serve` now, which waits `GRACEFUL_SHUTDOWN_S` at
+    most, then cancels the calls and exits."""
+    import threading
+
+    from reins.serving import GRACEFUL_SHUTDOWN_S, BackgroundServer
+    from tests.support import GatewayProcess
+
+    arrived = threading.Event()
+    with BackgroundServer(_engine_that_never_answers(arrived)) as engine:
+        gateway = GatewayProcess(str(tmp_path / "g.db"), "k", free_port())
+        gateway.start()
+        try:
+            admin = {"Authorization": "Bearer k"}
+            api = f"{gateway.url}/api"
+            model = {"model": "m", "endpoint": f"{engine.url}/v1"}
+            httpx.post(f"{api}/models", json=model, headers=admin).raise_for_status()
+            httpx.post(f"{api}/rollouts", json=[{"rollout_id": "r"}], headers=admin)
+            token = httpx.post(f"{api}/rollouts/r/attempts", headers=admin).json()["token"]
+            url = f"{gateway.url}/proxy/rollout/r/attempt/1/mode/train/openai/v1/chat/completions"
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            answered: list[int] = []
+
+            def call() -> None:
+                with contextlib.suppress(httpx.TransportError):
+                    headers = {"Authorization": f"Bearer {token}"}
+                    answer = httpx.post(url, json=body, headers=headers, timeout=300)
+                    answered.append(answer.status_code)
+
+            caller = threading.Thread(target=call, daemon=True)
+            caller.start()
+            assert arrived.wait(timeout=60), "the call never reached the engine"
+            assert gateway.process is not None
+            signalled = time.monotonic()
+            gateway.process.send_signal(signal.SIGINT)
+            assert gateway.process.wait(timeout=GRACEFUL_SHUTDOWN_S + 60) == 0
+            assert time.monotonic() - signalled < GRACEFUL_SHUTDOWN_S + 30
+            caller.join(timeout=30)
+        finally:
+            gateway.stop()

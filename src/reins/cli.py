@@ -189,13 +189,12 @@ def gateway(
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
 ) -> None:
     """Serve the API Gateway: rollouts, events, models (and the LLM proxy)."""
-    import uvicorn
     from sqlalchemy import make_url
 
     from reins.gateway import create_app
     from reins.gateway.settings import SettingsRefused, load_settings
     from reins.gateway.store.reachable import DatabaseUnreachable, check_reachable
-    from reins.serving import collect_young_objects_less_often, freeze_startup_objects
+    from reins.serving import collect_young_objects_less_often, freeze_startup_objects, serve
 
     overrides: dict[str, object] = {}
     if db is not None:
@@ -226,7 +225,9 @@ def gateway(
     gateway_app = create_app(settings)
     freeze_startup_objects()
     collect_young_objects_less_often()
-    uvicorn.run(gateway_app, host=host, port=port, access_log=access_log, log_level="info")
+    # `serve`: at Ctrl-C it waits `GRACEFUL_SHUTDOWN_S` at most for the calls in flight
+    # (uvicorn alone waited for every proxied generation to end, however long).
+    serve(gateway_app, host=host, port=port, access_log=access_log, log_level="info")
 
 
 @app.command()
@@ -681,7 +682,9 @@ def report(
 def doctor(
     command: Annotated[
         list[str] | None,
-        typer.Argument(help="A named harness (see --list), or the harness command: -- CMD ARGS..."),
+        # Said in the command's help, not in an "Arguments" list: typer writes an argument's
+        # Python type there, whatever its metavar (`<list[str]>`).
+        typer.Argument(metavar="NAME | -- CMD ARGS", hidden=True),
     ] = None,
     runs: Annotated[int, typer.Option(help="Runs of the command; each is one rollout.")] = 3,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
@@ -716,7 +719,11 @@ def doctor(
         typer.Option(help="Where the coding-agent CLIs are (claude, codex, opencode); else PATH."),
     ] = None,
 ) -> None:
-    """Run a harness N times through a private gateway and say whether it can be trained."""
+    """Run a harness N times through a private gateway and say whether it can be trained.
+
+    NAME is a named harness (see --list); or give the harness command after `--`:
+    reins doctor -- python agent.py
+    """
     import json
     import shutil
 
