@@ -16,6 +16,7 @@ from typing import Any
 from reins.engine.api import create_engine_app
 from reins.engine.embedded import EmbeddedEngine
 from reins.serving import BackgroundServer
+from tests.tiny_model import default_tokenizer, tiny_llama
 
 # Nothing outside this machine can be reached: the model comes from the local cache only.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,27 +49,12 @@ class ServedEngine:
 
 
 def tiny_engine(**options: Any) -> EmbeddedEngine:
-    """A tiny random Llama (2 layers, hidden 64; built in memory, milliseconds a step) with the
-    default model's tokenizer; `options` go to `EmbeddedEngine`."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from reins.engine.prepare import prepare_default_model
-
-    tokenizer = AutoTokenizer.from_pretrained(prepare_default_model())
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    return EmbeddedEngine(LlamaForCausalLM(config).eval(), tokenizer, name="tiny", **options)
+    """A tiny random Llama (`tests.tiny_model`; built in memory, milliseconds a step) with the
+    default model's tokenizer and `LlamaConfig`'s own bos and padding ids; `options` go to
+    `EmbeddedEngine`."""
+    tokenizer = default_tokenizer()
+    model = tiny_llama(tokenizer, tokenizer_bos_and_pad=False)
+    return EmbeddedEngine(model.eval(), tokenizer, name="tiny", **options)
 
 
 @contextlib.contextmanager

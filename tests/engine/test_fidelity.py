@@ -18,16 +18,16 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from reins.engine.api import create_engine_app
 from reins.engine.chat import SampledTurns, parse_tool_calls
 from reins.engine.embedded import EmbeddedEngine
-from reins.engine.prepare import prepare_default_model
 from reins.gateway.capture import CallFacts, answer_and_records
 from reins.samples import Call, merge_calls
 from reins.serving import BackgroundServer
 from tests.embedded_support import FEW_SHOT_TOOL_USE, WEATHER_TOOL, ServedEngine
+from tests.tiny_model import default_tokenizer, tiny_llama
 
 SCRIPT_BONUS = 1e4
 """Added to the scripted token's logit: greedy decoding picks it, and its logprob is ~0."""
@@ -76,22 +76,8 @@ class ScriptedLlama(LlamaForCausalLM):
 
 @pytest.fixture(scope="module")
 def scripted() -> Iterator[ServedEngine]:
-    tokenizer = AutoTokenizer.from_pretrained(prepare_default_model())
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = ScriptedLlama(config).eval()
+    tokenizer = default_tokenizer()
+    model = tiny_llama(tokenizer, model_class=ScriptedLlama).eval()
     model.end_token = tokenizer.eos_token_id
     engine = EmbeddedEngine(model, tokenizer, name="scripted", prefix_cache_gb=0)
     server = BackgroundServer(create_engine_app(engine)).start()

@@ -37,6 +37,7 @@ from reins.engine.sampling import SamplingParams
 from reins.engine.scheduler import PREFILL_KEEP_TOKENS
 from reins.serving import BackgroundServer
 from tests.embedded_support import served_engine
+from tests.tiny_model import default_tokenizer, tiny_llama
 
 TOLERANCE = 1e-4
 """Largest |logprob with cache - logprob without| accepted (see the module docstring)."""
@@ -159,26 +160,11 @@ def pair_on(model: Any, tokenizer: Any) -> Pair:
 
 @pytest.fixture(scope="module")
 def tiny() -> Iterator[Pair]:
-    """A tiny random Llama (2 layers, hidden 64; built in memory) with the default model's
-    tokenizer."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from reins.engine.prepare import prepare_default_model
-
-    tokenizer = AutoTokenizer.from_pretrained(prepare_default_model())
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    pair = pair_on(LlamaForCausalLM(config).eval(), tokenizer)
+    """A tiny random Llama (`tests.tiny_model`; built in memory) with the default model's
+    tokenizer and `LlamaConfig`'s own bos and padding ids."""
+    tokenizer = default_tokenizer()
+    model = tiny_llama(tokenizer, tokenizer_bos_and_pad=False)
+    pair = pair_on(model.eval(), tokenizer)
     yield pair
     pair.close()
 

@@ -6,31 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
+
+from tests.tiny_model import default_tokenizer, tiny_llama
 
 
 def make_tiny_model(folder: Path, seed: int = 0, initializer_range: float = 0.02) -> Path:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from reins.engine.prepare import prepare_default_model
-
-    tokenizer = AutoTokenizer.from_pretrained(prepare_default_model())
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        initializer_range=initializer_range,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    """The tiny model (`tests.tiny_model`, the tokenizer's bos and padding ids) and its
+    tokenizer, saved in `folder` as a model folder `reins train` loads."""
+    tokenizer = default_tokenizer()
+    model = tiny_llama(tokenizer, seed=seed, initializer_range=initializer_range)
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

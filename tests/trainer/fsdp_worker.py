@@ -5,7 +5,9 @@ MODE `train`: three steps (one mini-batch, two mini-batches, one again) on batch
 the optimizer stepped on (whole, gathered from the shards) and the step's loss, and the whole
 weights at the end. MODE `resume`: loads that checkpoint and makes the third step again.
 `train-lora` and `resume-lora`: the same with LoRA adapters (`lora_model`), the gradients of the
-adapters only, the whole weights with the adapters merged in.
+adapters only, the whole weights with the adapters merged in. `train-dropout` and
+`resume-dropout`: the same on the model with attention dropout (`DROPOUT`), so that each step
+draws from every rank's random stream.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from reins.trainer.backend import BackendConfig, StepStats, TorchBackend
 from reins.trainer.fsdp import FSDPBackend
 from reins.trainer.ranks import exit_rank
 from tests.trainer.reference import split_rollouts
+
+DROPOUT = 0.1
+"""The attention dropout of the `-dropout` modes."""
 
 
 def batches(world: int) -> list[Batch]:
@@ -99,7 +104,11 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    dropout = DROPOUT if mode.endswith("-dropout") else 0.0
+    mode = mode.removesuffix("-dropout")
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attention_dropout=dropout
+    )
     if mode.endswith("-lora"):
         mode, model = mode.removesuffix("-lora"), lora_model(model)
     if mode == "publish":  # one step in bf16, then the engine's weights into `checkpoint`

@@ -9,6 +9,7 @@ weights after an Adam step alone would hide a wrong scale.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,7 +34,9 @@ from tests.trainer.test_gradient import TOLERANCE
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _torchrun(ranks: int, mode: str, model_dir: Path, out: Path, checkpoint: Path) -> None:
+def _torchrun(
+    ranks: int, mode: str, model_dir: Path, out: Path, checkpoint: Path
+) -> subprocess.CompletedProcess[str]:
     args = (mode, model_dir, out, checkpoint)
     # TMPDIR: torchrun's log folder (`torchelastic_*`) goes with the test's folder.
     env = {
@@ -49,6 +52,7 @@ def _torchrun(ranks: int, mode: str, model_dir: Path, out: Path, checkpoint: Pat
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +113,51 @@ def assert_resumes_the_third_step(resumed: dict[str, Any], two: dict[str, Any]) 
         assert torch.equal(got, want)
     for name, want in two["weights"].items():
         assert torch.equal(resumed["weights"][name], want), name
+
+
+@pytest.fixture(scope="module")
+def dropout_trained(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """Three steps on 2 ranks of the model with attention dropout, checkpointed after the
+    second."""
+    folder = tmp_path_factory.mktemp("fsdp-dropout")
+    _torchrun(2, "train-dropout", tiny_model_dir, folder / "two.pt", folder / "checkpoint")
+    return {"two": torch.load(folder / "two.pt"), "checkpoint": folder / "checkpoint"}
+
+
+@pytest.mark.slow
+def test_each_rank_resumes_its_own_random_state_and_drops_as_an_unbroken_run(
+    dropout_trained: dict[str, Any], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Only rank 0's random state was saved (in `trainer.json`): rank 1 resumed on a fresh
+    stream and dropped other units in the redone step than the unbroken run."""
+    saved = dropout_trained["checkpoint"] / "rng"
+    states = [json.loads((saved / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    # The ranks drew apart (each its own micro-batches): rank 0's state would not do for both.
+    assert states[0]["torch"] != states[1]["torch"]
+    _torchrun(
+        2, "resume-dropout", tiny_model_dir, tmp_path / "resumed.pt", dropout_trained["checkpoint"]
+    )
+    assert_resumes_the_third_step(torch.load(tmp_path / "resumed.pt"), dropout_trained["two"])
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_resumed_on_another_number_of_ranks_says_what_it_restores(
+    dropout_trained: dict[str, Any], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Resharded by `torch.distributed.checkpoint`; the random streams cannot go on as the 2
+    ranks' did (the batches split otherwise), and the run says so rather than nothing."""
+    done = _torchrun(
+        1, "resume-dropout", tiny_model_dir, tmp_path / "resumed.pt", dropout_trained["checkpoint"]
+    )
+    assert (
+        f"checkpoint {dropout_trained['checkpoint']} was written by 2 ranks, this run has 1: "
+        "the weights and optimizer are resharded; ranks with a saved random state of their "
+        "number restore it, the others' random streams (dropout) start afresh"
+    ) in done.stderr
+    # It made the third step (the worker checks it loaded 2 steps done).
+    assert len(torch.load(tmp_path / "resumed.pt")["losses"]) == 1
 
 
 @pytest.fixture(scope="module")

@@ -360,8 +360,10 @@ def test_a_resume_with_another_lora_alpha_is_refused_and_an_older_checkpoint_sti
     [
         (lambda rng: {k: v for k, v in rng.items() if k != "numpy"}, "state lacks numpy"),
         (lambda rng: {**rng, "torch": rng["torch"][:10]}, "state cannot be restored"),
+        (lambda rng: {**rng, "cuda": "gpu"}, "GPU states are str, not a list"),
+        (lambda rng: {**rng, "cuda": [[]]}, "holds a malformed GPU state"),
     ],
-    ids=["missing-key", "truncated"],
+    ids=["missing-key", "truncated", "gpus-not-a-list", "gpu-state-empty"],
 )
 def test_a_checkpoint_whose_rng_state_is_damaged_is_refused_before_loading(
     tmp_path: Path, tiny_model_dir: Path, rng: Any, says: str
@@ -376,6 +378,55 @@ def test_a_checkpoint_whose_rng_state_is_damaged_is_refused_before_loading(
     assert str(refused.value).startswith(f"checkpoint {second} cannot be loaded (")
     assert says in str(refused.value)
     assert str(refused.value).endswith(f"to resume from {first.name}, the one before it")
+
+
+def test_a_checkpoint_whose_rank_rng_state_is_damaged_is_refused_before_loading(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A sharded checkpoint's other ranks' random states (`rng/rank-N.json`) were read only by
+    their rank, after every rank had loaded its weights: a damaged one ended that rank with a
+    traceback. Checked with `trainer.json`, before anything is loaded."""
+    run = config(tmp_path, tiny_model_dir)
+    first, second = damaged_checkpoints(run, tiny_model_dir)
+    ranks = second / checkpoint.RANK_RNG
+    ranks.mkdir()
+    state = json.dumps(checkpoint.capture_rng(), default=checkpoint.plain)
+    (ranks / "rank-0.json").write_text(state)
+    (ranks / "rank-1.json").write_text(json.dumps({"python": json.loads(state)["python"]}))
+    with pytest.raises(resume.ResumeError) as refused:
+        asyncio.run(train(run, resume=True))
+    assert str(refused.value).startswith(
+        f"checkpoint {second} cannot be loaded (rng/rank-1.json: its random number "
+        "generators' state lacks numpy, torch)"
+    )
+    assert str(refused.value).endswith(f"to resume from {first.name}, the one before it")
+
+
+def test_the_rng_state_holds_gpu_states_only_where_the_process_uses_cuda() -> None:
+    """This machine has no GPU (and the process never started CUDA): no `cuda` entry."""
+    assert not torch.cuda.is_available() or not torch.cuda.is_initialized()
+    assert sorted(checkpoint.capture_rng()) == ["numpy", "python", "torch"]
+
+
+def test_a_checkpoint_from_a_machine_with_other_gpus_restores_the_rest_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The GPUs' states were not kept at all; now a checkpoint that holds 2 GPUs' states
+    resumes on a machine with another number of them (here none) with a warning that names
+    both counts, its CPU generators restored."""
+    state = checkpoint.capture_rng()
+    want = torch.rand(4)
+    # Two GPUs' states as `torch.cuda.get_rng_state_all` gives them (seed and offset bytes).
+    state["cuda"] = [list(range(16)), list(range(16, 32))]
+    checkpoint.check_rng(state)
+    torch.rand(7)  # moves the CPU generator on
+    with caplog.at_level("WARNING", logger="reins.trainer.checkpoint"):
+        checkpoint.restore_rng(json.loads(json.dumps(state, default=checkpoint.plain)))
+    assert torch.equal(torch.rand(4), want)
+    assert [r.getMessage() for r in caplog.records] == [
+        "the checkpoint holds the random state of 2 GPU(s), this machine has 0: the GPUs' "
+        "random streams start afresh"
+    ]
 
 
 @pytest.mark.parametrize(

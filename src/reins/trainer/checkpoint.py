@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -30,7 +31,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from reins.trainer.backend import Backend
 
+log = logging.getLogger(__name__)
+
 PREFIX = "step-"
+RANK_RNG = "rng"
+"""The folder of a sharded checkpoint that holds each rank's random state, `rank-N.json`."""
 STAGING = ".partial"
 TRASH = ".trash"
 
@@ -61,24 +66,62 @@ class TrainerState:
 
 
 def capture_rng() -> dict[str, Any]:
-    return {
+    """This process's random number generators' states: Python's, numpy's, torch's CPU one and,
+    when this process uses CUDA, each GPU's (dropout on a GPU draws from the GPU's generator:
+    without them a resumed run drops other units than an unbroken one)."""
+    state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": np.random.get_state(legacy=True),
         "torch": torch.get_rng_state().tolist(),
     }
+    # CUDA started, not merely present: a run on the CPUs of a GPU machine leaves CUDA alone
+    # (reading a GPU's state would start CUDA in it).
+    if _using_cuda():
+        state["cuda"] = [gpu.tolist() for gpu in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _using_cuda() -> bool:
+    return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    python, numpy, generator = _rng_states(state)
+    python, numpy, generator, gpus = _rng_states(state)
     random.setstate(python)
     np.random.set_state(numpy)
     torch.set_rng_state(generator)
+    _restore_cuda(gpus)
+
+
+def _restore_cuda(gpus: list[torch.Tensor] | None) -> None:
+    """Sets each GPU's generator the checkpoint holds one for; a machine with another number of
+    GPUs than the one that saved it resumes (the devices in common get theirs) with a warning:
+    the others' random streams start afresh, so the run does not sample as an unbroken one."""
+    here = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus is None:
+        if here and _using_cuda():
+            log.warning(
+                "the checkpoint holds no GPU random state (it was written on CPUs, or before "
+                "GPU states were kept): the GPUs' random streams start afresh"
+            )
+        return
+    if len(gpus) != here:
+        log.warning(
+            "the checkpoint holds the random state of %d GPU(s), this machine has %d: %s",
+            len(gpus),
+            here,
+            "the GPUs' random streams start afresh"
+            if not here or not gpus
+            else f"the first {min(here, len(gpus))} get theirs, the others start afresh",
+        )
+    for index, gpu in enumerate(gpus[:here]):
+        torch.cuda.set_rng_state(gpu, index)
 
 
 def check_rng(state: Any) -> None:
     """Raises ValueError, saying what is wrong, when `state` is no RNG state `restore_rng`
     takes (tried on fresh generators: the process's own are left alone)."""
-    python, numpy, generator = _rng_states(state)
+    python, numpy, generator, gpus = _rng_states(state)
     try:
         random.Random().setstate(python)
         np.random.RandomState().set_state(numpy)
@@ -87,9 +130,25 @@ def check_rng(state: Any) -> None:
         raise ValueError(
             f"its random number generators' state cannot be restored: {error}"
         ) from error
+    if gpus is not None and any(gpu.dim() != 1 or gpu.numel() == 0 for gpu in gpus):
+        raise ValueError("its random number generators' state holds a malformed GPU state")
 
 
-def _rng_states(state: Any) -> tuple[Any, Any, torch.Tensor]:
+def rank_rng_file(folder: Path, rank: int) -> Path:
+    return folder / RANK_RNG / f"rank-{rank}.json"
+
+
+def check_rank_rngs(folder: Path) -> None:
+    """Raises ValueError naming the file when a rank's random state in checkpoint `folder` is
+    no state `restore_rng` takes (that rank found it only after the weights were loaded)."""
+    for path in sorted((folder / RANK_RNG).glob("rank-*.json")):
+        try:
+            check_rng(json.loads(path.read_text()))
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{RANK_RNG}/{path.name}: {error}") from error
+
+
+def _rng_states(state: Any) -> tuple[Any, Any, torch.Tensor, list[torch.Tensor] | None]:
     missing = [
         key
         for key in ("python", "numpy", "torch")
@@ -100,10 +159,14 @@ def _rng_states(state: Any) -> tuple[Any, Any, torch.Tensor]:
     try:
         python = state["python"]
         numpy = state["numpy"]
+        cuda = state.get("cuda")
+        if cuda is not None and not isinstance(cuda, list):
+            raise TypeError(f"its GPU states are {type(cuda).__name__}, not a list")
         return (
             (python[0], tuple(python[1]), python[2]),
             (numpy[0], np.asarray(numpy[1], dtype=np.uint32), *numpy[2:]),
             torch.tensor(state["torch"], dtype=torch.uint8),
+            None if cuda is None else [torch.tensor(gpu, dtype=torch.uint8) for gpu in cuda],
         )
     except (TypeError, ValueError, IndexError, KeyError, RuntimeError) as error:
         raise ValueError(f"its random number generators' state is malformed: {error!r}") from error
@@ -131,7 +194,7 @@ def save(run_dir: Path, backend: Backend, state: TrainerState, *, keep: int) -> 
     shutil.rmtree(staging, ignore_errors=True)
     try:
         backend.save_checkpoint(staging)
-        (staging / "trainer.json").write_text(json.dumps(asdict(state), default=_plain))
+        (staging / "trainer.json").write_text(json.dumps(asdict(state), default=plain))
         # Without it a power loss after the rename could leave the name of a complete
         # checkpoint on files the disk never received.
         _sync_tree(staging)
@@ -248,7 +311,8 @@ def load(folder: Path, backend: Backend) -> TrainerState:
     return read_state(folder)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """`json.dumps`'s `default` for what a checkpoint holds: numpy's arrays and numbers."""
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, np.integer | np.floating):

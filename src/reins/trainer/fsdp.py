@@ -11,6 +11,8 @@ without a gradient are cut) runs passes on no data, with a zero loss, until they
 
 Checkpoints are sharded (`torch.distributed.checkpoint`: each rank writes its own shard, and a
 checkpoint may be loaded on another number of ranks); with LoRA they hold the adapters only.
+Each rank's random state is saved beside its shard (`rng/rank-N.json`) and restored by the same
+rank, so a resumed run draws the dropout masks an unbroken one would.
 `save_weights` gathers the full weights on rank 0 (LoRA merged in, `lora.py`) and writes a
 Hugging Face folder an engine loads.
 """
@@ -18,6 +20,7 @@ Hugging Face folder an engine loads.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,8 +38,11 @@ from torch.distributed.checkpoint.state_dict_saver import save as save_sharded
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from reins.filemodes import readable_as_umask_allows
+from reins.trainer import checkpoint
 from reins.trainer.backend import BackendConfig, Packed, ResponseLogits, TorchBackend
 from reins.trainer.lora import is_lora, merged_state
+
+log = logging.getLogger(__name__)
 
 ParamDtype = Literal["fp32", "bf16"]
 
@@ -142,7 +148,14 @@ class FSDPBackend(TorchBackend):
 
     def save_checkpoint(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
+        # Taken first: nothing the save does may move it. Each rank draws its own dropout
+        # masks, on its own micro-batches: rank 0's state alone (in `trainer.json`) left the
+        # others to resume on a fresh stream, unlike an unbroken run.
+        rng = json.dumps(checkpoint.capture_rng(), default=checkpoint.plain)
         save_sharded(self._state(), checkpoint_id=folder / "sharded")
+        own = checkpoint.rank_rng_file(folder, self.rank)
+        own.parent.mkdir(exist_ok=True)
+        own.write_text(rng)
         if self.rank == 0:
             (folder / "backend.json").write_text(
                 json.dumps({"steps_done": self.steps_done, "world_size": self.world_size})
@@ -150,6 +163,11 @@ class FSDPBackend(TorchBackend):
         dist.barrier()
 
     def load_checkpoint(self, folder: Path) -> None:
+        """Loads the weights and optimizer (resharded when the checkpoint was written by
+        another number of ranks), then this rank's random state: on as many ranks as wrote
+        it, each rank's own; on another number, the ranks that have a saved state of their
+        number restore it and the others keep theirs (the batches split otherwise across ranks
+        then: no run would draw as the unbroken one did), with a warning."""
         if not (folder / "sharded").is_dir():
             raise ValueError(
                 f"checkpoint {folder} has no sharded state: it was not written by the FSDP "
@@ -167,7 +185,37 @@ class FSDPBackend(TorchBackend):
                 f"unexpected {sorted(keys.unexpected_keys)[:3]}"
             )
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
-        self.steps_done = json.loads((folder / "backend.json").read_text())["steps_done"]
+        saved = json.loads((folder / "backend.json").read_text())
+        self.steps_done = saved["steps_done"]
+        self._restore_rng(folder, saved.get("world_size"))
+
+    def _restore_rng(self, folder: Path, saved_world: int | None) -> None:
+        own = checkpoint.rank_rng_file(folder, self.rank)
+        if saved_world != self.world_size and self.rank == 0:
+            log.warning(
+                "checkpoint %s was written by %s ranks, this run has %d: the weights and "
+                "optimizer are resharded; ranks with a saved random state of their number "
+                "restore it, the others' random streams (dropout) start afresh",
+                folder,
+                saved_world if saved_world is not None else "an unknown number of",
+                self.world_size,
+            )
+        if not own.is_file():
+            if saved_world == self.world_size and self.rank == 0:
+                log.warning(
+                    "checkpoint %s holds no rank's random state (written before they were "
+                    "kept): the ranks' random streams (dropout) start afresh",
+                    folder,
+                )
+            return
+        try:
+            rng = json.loads(own.read_text())
+            checkpoint.check_rng(rng)
+        except ValueError as error:
+            raise ValueError(
+                f"checkpoint {folder}: {own.name} cannot be restored: {error}"
+            ) from error
+        checkpoint.restore_rng(rng)
 
     def _state(self) -> dict[str, Any]:
         # Frozen weights (LoRA's base) never change: a checkpoint holds what trains. Filtered

@@ -82,6 +82,7 @@ def find(config: TrainConfig) -> ResumePoint:
     try:
         state = checkpoint.read_state(found)
         checkpoint.check_rng(state.rng)
+        checkpoint.check_rank_rngs(found)  # a sharded checkpoint's ranks' own
     except (OSError, ValueError, TypeError) as error:  # missing, not JSON, not a TrainerState
         raise ResumeError(damaged(found, error)) from error
     return ResumePoint(found, state, removed)
