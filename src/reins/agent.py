@@ -26,6 +26,7 @@ every call they would make beyond the proxy (updates, telemetry, model lists, pl
 
 from __future__ import annotations
 
+import http.client
 import json
 import numbers
 import os
@@ -60,9 +61,23 @@ _VARIABLES = {
 }
 _OPENAI_SUFFIX = "/openai/v1"
 
+POSTED_CHARS = 100_000
+"""The most of a tool's input and output text, and of a reward's reason, that is posted: the
+middle of a longer text is left out, with a note saying how long it was (as the sandbox cuts a
+command's output). A tool's whole output was posted: past the gateway's body limit the post was
+refused, and the agent crashed on it before its reward."""
+
+MAX_EVENT_BYTES = 32 * 1024 * 1024
+"""The largest event post sent (`emit_event(max_bytes=...)`): the gateway's default body limit
+(its `REINS_MAX_BODY_BYTES`). A larger post is refused at once, before any byte is sent: the
+gateway answers 413 to it, and resets a body past 256 MB unread, which was retried for two
+minutes as an outage."""
+
 
 _HEADER_VALUE = re.compile(r"[\x21-\x7e]+")
 """A bearer token as an HTTP header carries it: visible ASCII, no spaces."""
+_ROLLOUT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,199}")
+"""The gateway's rollout ids (`reins.schemas.RolloutId`): each goes into the event URL as is."""
 
 
 def _not_json(constant: str) -> Any:
@@ -109,6 +124,14 @@ class AgentContext:
             )
         if not self.rollout_id:
             raise AgentEnvError("the rollout id (REINS_ROLLOUT_ID) is empty")
+        if not _ROLLOUT_ID.fullmatch(self.rollout_id):
+            # A space made every post a bare `http.client.InvalidURL`; a slash posted elsewhere.
+            raise AgentEnvError(
+                f"the rollout id {self.rollout_id!r} (REINS_ROLLOUT_ID) is not one the gateway "
+                "gives: letters, digits and . _ : - (at most 200)"
+            )
+        if self.mode not in ("train", "val"):
+            raise AgentEnvError(f"the mode {self.mode!r} (REINS_MODE) is neither train nor val")
         if isinstance(self.attempt_id, bool) or self.attempt_id < 1:
             raise AgentEnvError(f"the attempt id is {self.attempt_id!r}: attempts count from 1")
 
@@ -196,14 +219,23 @@ def emit_event(
     idempotency_key: str | None = None,
     retry_for_s: float = RETRY_FOR_S,
     timeout_s: float = 10.0,
+    max_bytes: int = MAX_EVENT_BYTES,
 ) -> None:
     """Appends one event of `type` to this attempt at the gateway; transport errors and 5xx
     answers are retried for `retry_for_s` (`reins.retry`, past a gateway restart), each try
-    with the same idempotency key."""
+    with the same idempotency key. A post larger than `max_bytes` (the gateway's default body
+    limit) raises `ReportError` at once: trim the data, or raise `max_bytes` to a gateway's own
+    larger `REINS_MAX_BODY_BYTES`."""
     ctx = context or AgentContext.from_env()
     key = idempotency_key or uuid.uuid4().hex
     url = f"{ctx.gateway_url}/api/rollouts/{ctx.rollout_id}/attempt/{ctx.attempt_id}/events"
     body = json.dumps({"type": type, "data": dict(data), "idempotency_key": key}).encode()
+    if len(body) > max_bytes:
+        raise ReportError(
+            f"the {type} event is {len(body)} bytes of JSON, over the {max_bytes} bytes one post "
+            "may carry (the gateway's body limit): not posted; trim its data (or pass a larger "
+            "max_bytes to a gateway whose REINS_MAX_BODY_BYTES is larger)"
+        )
     headers = {"Authorization": f"Bearer {ctx.api_key}", "Content-Type": "application/json"}
     problem = ""
     delays = retry_delays(retry_for_s)
@@ -214,13 +246,15 @@ def emit_event(
                 response.read()
             return
         except urllib.error.HTTPError as error:
-            problem = f"{error.code}: {_message(error.read())}"
+            problem = f"{error.code}: {_message(_error_body(error))}"
             if 300 <= error.code < 400:
                 where = error.headers.get("Location", "another URL")
                 problem = f"{error.code}: redirected to {where}; set the gateway's own URL"
             if error.code < 500:
                 raise ReportError(f"the gateway refused the {type} event ({problem})") from error
-        except (urllib.error.URLError, OSError) as error:  # refused, reset, timed out
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
+            # Refused, reset, timed out; or an answer cut short (`IncompleteRead`) or garbled
+            # (`BadStatusLine`), which are no OSErrors: they escaped as bare tracebacks.
             problem = repr(error)
         delay = next(delays, None)
         if delay is None:
@@ -245,7 +279,7 @@ def report_reward(
     validation as `val/agent/<name>`."""
     data: dict[str, Json] = {"value": _number("the reward", value), "source": source}
     if reason is not None:
-        data["reason"] = reason
+        data["reason"] = _trimmed(reason, "reason")
     if metrics:
         for name in metrics:
             if not isinstance(name, str):
@@ -277,11 +311,37 @@ def report_tool(
     context: AgentContext | None = None,
 ) -> None:
     """Posts a `tool` event: one tool use of the harness (a search and its passages, a shell
-    command and its output), shown on the dashboard's rollout page in the calls' timeline."""
+    command and its output), shown on the dashboard's rollout page in the calls' timeline.
+    An `input` or `output` text longer than `POSTED_CHARS` is posted as its head and tail with
+    a note in place of the middle."""
+    if isinstance(input, str):
+        input = _trimmed(input, "input")
+    if isinstance(output, str):
+        output = _trimmed(output, "output")
     data: dict[str, Json] = {"name": name, "input": input, "output": output, "ok": ok}
     if seconds is not None:
         data["seconds"] = round(float(seconds), 4)
     emit_event(TOOL, data, context=context)
+
+
+def _trimmed(text: str, what: str) -> str:
+    """`text` itself, or its head and tail with a note in place of the middle past
+    `POSTED_CHARS` (as `reins.swe.environment` and the sandbox cut an output)."""
+    if len(text) <= POSTED_CHARS:
+        return text
+    half = POSTED_CHARS // 2
+    note = f"\n[... {what} truncated: {len(text)} characters in all, the middle left out ...]\n"
+    return text[:half] + note + text[len(text) - half :]
+
+
+def _error_body(error: urllib.error.HTTPError) -> bytes:
+    """The body of an error answer, or what arrived of it before the connection was cut."""
+    try:
+        return error.read()
+    except http.client.IncompleteRead as cut:
+        return cut.partial
+    except (OSError, http.client.HTTPException):
+        return b""
 
 
 def _message(body: bytes) -> str:

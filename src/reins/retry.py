@@ -24,8 +24,15 @@ def retry_delays(
 ) -> Iterator[float]:
     """The waits before each retry of one write: `first_s * 2**n`, capped at `max_s`, jittered
     (x0.5 to x1.5, so that clients cut off together do not retry together), the last one
-    shortened to end `retry_for_s` after this was called; then none (give up)."""
-    deadline = time.monotonic() + retry_for_s
+    shortened to end `retry_for_s` after this was called; then none (give up).
+
+    Not a generator: a generator's body, and so its deadline, would start at the first wait,
+    after the first try had failed, and a first try that timed out (10 s for an agent's event
+    post) was added to `retry_for_s`."""
+    return _delays(time.monotonic() + retry_for_s, first_s, max_s)
+
+
+def _delays(deadline: float, first_s: float, max_s: float) -> Iterator[float]:
     for n in range(1_000_000):
         left = deadline - time.monotonic()
         if left <= 0:

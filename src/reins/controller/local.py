@@ -3,7 +3,8 @@
 Each attempt gets a folder `LOG_DIR/<rollout id>/attempt-<n>/`:
 
 - `launch.json`: what was launched, when, with which timeout (written before the spawn);
-- `agent.log`: the agent's stdout and stderr, combined;
+- `agent.log`: the agent's stdout and stderr, combined, kept under `log_max_bytes` (its head
+  and tail, with a note where its middle was left out: `_cap_log`);
 - `pid`: written by a tiny `sh` wrapper as its first act (the wrapper leads the process group);
 - `exit`: the wrapper's last act writes the agent's exit status; the controller writes
   `timeout`, `stopped` or `signal N` when it killed the group or the wrapper died, and
@@ -28,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -67,6 +69,12 @@ _UNSTARTED_GRACE_S = 5.0
 """A `launch.json` this old without a `pid` means the wrapper never started."""
 _NOT_STARTED = "not started: "
 """How `exit` begins for a process that could not be started; the error follows."""
+LOG_MAX_BYTES = 64 * 1024 * 1024
+"""An attempt's `agent.log` is cut back to its first and last quarters of this, with a note
+between them, once it passes it (`LocalReconciler(log_max_bytes=...)`): an agent printing in a
+loop filled the disk."""
+_LOG_CHECK_S = 1.0
+"""How often the running agents' logs are measured: one `stat` each."""
 
 
 @dataclass
@@ -127,9 +135,15 @@ class LocalReconciler:
         adopt_poll_s: float = 0.2,
         preload: bool = True,
         die_with_parent: bool = False,
+        log_max_bytes: int = LOG_MAX_BYTES,
+        log_check_s: float = _LOG_CHECK_S,
     ) -> None:
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be at least 1, not {max_parallel}")
+        if log_max_bytes < 4 * TAIL_BYTES:
+            raise ValueError(
+                f"log_max_bytes must be at least {4 * TAIL_BYTES}, not {log_max_bytes}"
+            )
         if not agent.strip():
             raise ValueError("the agent is empty: give `module:function` or a command line")
         self.agent = agent
@@ -160,6 +174,11 @@ class LocalReconciler:
         self._on_change: Callable[[], None] = lambda: None
         self._host = socket.gethostname()
         self._folder_lock: int | None = None
+        self.log_max_bytes = log_max_bytes
+        """Each `agent.log` is kept under about this size (plus what an agent writes in
+        `log_check_s`): its first and last quarters, a note in place of the rest."""
+        self.log_check_s = log_check_s
+        self._log_guard: asyncio.Task[None] | None = None
 
     # -- protocol ---------------------------------------------------------------------------
 
@@ -181,8 +200,15 @@ class LocalReconciler:
             key = (str(launched["rollout_id"]), int(str(launched["attempt_id"])))
             if key not in self._execs:
                 self._adopt(key, folder, pid, launched)
+        if self._log_guard is None:
+            self._log_guard = asyncio.create_task(self._guard_logs())
 
     async def close(self) -> None:
+        guard, self._log_guard = self._log_guard, None
+        if guard is not None:
+            guard.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await guard
         running = [e for e in self._execs.values() if e.ended is None]
         await asyncio.gather(*(self._stop(e, "stopped") for e in running))
         self._execs.clear()
@@ -348,6 +374,7 @@ class LocalReconciler:
 
     async def agent_log(self, key: Key) -> AgentLog:
         path = self.folder(key) / "agent.log"
+        await asyncio.to_thread(_cap_log, path, self.log_max_bytes)  # since the last check
         return AgentLog(path=str(path), tail=_tail(path))
 
     async def remove(self, key: Key) -> None:
@@ -356,6 +383,19 @@ class LocalReconciler:
             await self._stop(execution, "stopped")
 
     # -- helpers ----------------------------------------------------------------------------
+
+    async def _guard_logs(self) -> None:
+        """Every `log_check_s`, cuts each running agent's log (and the zygotes' log) back once
+        it passed `log_max_bytes`. The controller measures them rather than reading the output
+        through a pipe: an agent outlives its controller (to be adopted by the next one), and
+        would block or die on a pipe nobody reads. Not RLIMIT_FSIZE: it would limit every file
+        the agent writes."""
+        while True:
+            await asyncio.sleep(self.log_check_s)
+            logs = [e.folder / "agent.log" for e in self._execs.values() if e.ended is None]
+            for path in [*logs, self.log_dir / "zygote.log"]:
+                if _size(path) > self.log_max_bytes:  # a cut copies a quarter: not on the loop
+                    await asyncio.to_thread(_cap_log, path, self.log_max_bytes)
 
     async def _fork(
         self, agent: str, folder: Path, env: Mapping[str, str], deadline: float | None
@@ -848,6 +888,73 @@ def _tail(path: Path) -> str:
             return file.read(TAIL_BYTES).decode("utf-8", errors="replace")
     except OSError:
         return ""
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path, follow_symlinks=False).st_size
+    except OSError:
+        return 0
+
+
+_CUTTING = threading.Lock()
+"""One cut at a time (the guard's and an ended attempt's, in worker threads)."""
+
+
+def _cap_log(path: Path, max_bytes: int) -> None:
+    """Cuts the log at `path` back to its first and last quarters of `max_bytes`, with a note in
+    place of the middle, once it is larger than `max_bytes`; nothing else (a link, a FIFO: as in
+    `_tail`, what the agent put there is not followed).
+
+    Its writers append (O_APPEND: the wrapper's output, the zygote's children, `_not_started`),
+    so each write after the cut lands at the new end. What is written while the cut is made is
+    copied after the tail, but output written between the last copy and the truncation
+    (microseconds) is lost with the middle, uncounted."""
+    if _size(path) <= max_bytes:
+        return  # the usual case: one stat
+    with _CUTTING:
+        _cut(path, max_bytes)
+
+
+def _cut(path: Path, max_bytes: int) -> None:
+    from stat import S_ISREG
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        status = os.fstat(fd)
+        if not S_ISREG(status.st_mode) or status.st_size <= max_bytes:
+            return
+        keep = max_bytes // 4
+        size = status.st_size
+        # A log cut before has its note where the middle starts: the count goes on from it.
+        earlier = _LOG_NOTE.match(os.pread(fd, 300, keep))
+        left_out = size - 2 * keep
+        if earlier is not None:
+            left_out += int(earlier[1]) - len(earlier[0])
+        note = (
+            f"\n[reins: {left_out} bytes of the agent's output left out here: this log is "
+            f"kept under {max_bytes} bytes, its first and last {keep}]\n"
+        ).encode()
+        tail = os.pread(fd, keep, size - keep)
+        end = keep + len(note) + len(tail)
+        os.pwrite(fd, note + tail, keep)
+        for _ in range(3):  # what the agent wrote meanwhile follows the tail
+            grown = os.fstat(fd).st_size
+            if grown <= size:
+                break
+            end += os.pwrite(fd, os.pread(fd, grown - size, size), end)
+            size = grown
+        os.ftruncate(fd, end)
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+
+
+_LOG_NOTE = re.compile(rb"\n\[reins: (\d+) bytes of the agent's output left out here: [^\n]*\]\n")
 
 
 def _read_int(path: Path) -> int | None:

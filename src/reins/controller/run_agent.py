@@ -76,6 +76,9 @@ def call_agent(agent: str, function: Callable[[Any], Any]) -> int:
             "reins: REINS_INPUT is not set; run agents through `reins controller`", file=sys.stderr
         )
         return 2
+    except ValueError as error:
+        print(f"reins: REINS_INPUT is not JSON: {error}", file=sys.stderr)
+        return 2
     try:
         result = function(task)
         if hasattr(result, "__await__"):
