@@ -184,7 +184,11 @@ def gateway(
         typer.Option(help="Admin key [env: REINS_API_KEY; default: a random key, printed]"),
     ] = None,
     max_body_bytes: Annotated[
-        int | None, typer.Option(help="Larger bodies get 413 [env: REINS_MAX_BODY_BYTES]")
+        int | None,
+        typer.Option(
+            help="Larger bodies get 413, at least 1024 "
+            "[env: REINS_MAX_BODY_BYTES; default: 33554432 (32 MiB)]"
+        ),
     ] = None,
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
 ) -> None:
