@@ -67,28 +67,37 @@ def template_knows_tools(chat_template: str | None) -> bool:
     return bool(chat_template) and "tools" in str(chat_template)
 
 
-def text_of(content: Any) -> str:
-    """Message content as text: a string, None, or a list of `{"type": "text", ...}` parts."""
+def text_of(content: Any, where: str = "message content") -> str:
+    """Message content as text: a string, None, or a list of `{"type": "text", ...}` parts.
+    `where` names the content in an error, which names a part by its position and type, never
+    by its value (an image's data URL is megabytes)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         texts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
+        for index, part in enumerate(content):
+            at = f"{where}[{index}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in ("text", "input_text", "output_text"):
                 text = part.get("text")
                 if not isinstance(text, str):  # `str()` made a null "None" in the prompt
-                    raise ChatRequestError(
-                        f"message content part {part!r} has no text: its `text` must be a string"
-                    )
+                    raise ChatRequestError(f"{at} has no text: its `text` must be a string")
                 texts.append(text)
             else:
+                what = f"a part of type {_brief(kind)}" if kind is not None else _brief(part)
                 raise ChatRequestError(
-                    f"message content part {part!r} is not text; this engine serves text models"
+                    f"{at} is {what}, not text: this engine serves text models; send text"
                 )
         return "".join(texts)
-    raise ChatRequestError(f"message content must be a string or a list of parts, not {content!r}")
+    raise ChatRequestError(f"{where} must be a string or a list of parts, not {_brief(content)}")
+
+
+def _brief(value: Any, most: int = 60) -> str:
+    """`value` shown in an error, cut to `most` characters."""
+    text = repr(value)
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def prepare_messages(
@@ -115,7 +124,7 @@ def prepare_messages(
             role = "system"
         elif role == "function":
             role = "tool"
-        content = text_of(message.get("content"))
+        content = text_of(message.get("content"), f"messages[{position}].content")
         _check_tool_calls(message.get("tool_calls"), position)
         as_sampled = sampled.recall(message) if sampled is not None else None
         if as_sampled is not None:
