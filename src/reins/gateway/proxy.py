@@ -65,6 +65,10 @@ Upstream = EngineResponse | ReusedAnswer
 """An engine's answer, body unread (`ReusedAnswer`: a call reused through vLLM's routes)."""
 
 
+def _model_card(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "reins"}
+
+
 def openai_error(
     status: int,
     message: str,
@@ -245,13 +249,15 @@ class LLMProxy:
 
     async def list_models(self) -> dict[str, Any]:
         models = await self.directory.models()
-        return {
-            "object": "list",
-            "data": [
-                {"id": m.model, "object": "model", "created": 0, "owned_by": "reins"}
-                for m in models
-            ],
-        }
+        return {"object": "list", "data": [_model_card(m.model) for m in models]}
+
+    async def model_card(self, model_id: str) -> Response:
+        """One registered model as OpenAI's `GET /v1/models/{model}` answers it
+        (`client.models.retrieve`); an unknown one is OpenAI's 404 `model_not_found`."""
+        if model_id not in {m.model for m in await self.directory.models()}:
+            message = f"model {model_id} is not served here (GET .../openai/v1/models lists them)"
+            return openai_error(404, message, "invalid_request_error", code="model_not_found")
+        return JSONResponse(_model_card(model_id))
 
     async def forward(
         self, kind: Kind, rollout_id: str, attempt_id: int, mode: str, body: dict[str, Any]

@@ -208,6 +208,19 @@ async def models(
     return await proxy.list_models()
 
 
+@router.get("/models/{model_id}")
+async def model(
+    model_id: str,
+    rollout_id: RolloutIdPath,
+    attempt_id: AttemptIdPath,
+    mode: ModePath,
+    proxy: ProxyDep,
+    _: AttemptCaller,
+) -> Response:
+    """One registered model, as OpenAI's `GET /v1/models/{model}` answers it."""
+    return await proxy.model_card(model_id)
+
+
 @router.post("/responses")
 async def create_response(
     request: Request,
