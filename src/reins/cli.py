@@ -295,6 +295,14 @@ def controller(
             "module once (--no-preload: a fresh interpreter per attempt)."
         ),
     ] = True,
+    log_max_bytes: Annotated[
+        int | None,
+        typer.Option(
+            metavar="BYTES",
+            help="local: each agent.log is cut back to its head and tail past this size "
+            "[default: 67108864 (64 MiB); at least 16384]",
+        ),
+    ] = None,
 ) -> None:
     """Run the Rollout Controller: launch an agent for each queued rollout, report how it ended."""
     from reins.controller.command import ControllerOptions, main, parse_values
@@ -323,6 +331,7 @@ def controller(
             values=parse_values(set_values or []),
             controller_name=controller_name,
             preload=preload,
+            log_max_bytes=log_max_bytes,
         )
         main(options)
     except (ValueError, KeyRefused) as error:

@@ -46,6 +46,8 @@ class ControllerOptions:
     creations_per_s: float = 10.0
     preload: bool = True
     """local: `module:function` agents fork from a zygote that imported their module once."""
+    log_max_bytes: int | None = None
+    """local: each `agent.log` is cut back past this size (None: `local.LOG_MAX_BYTES`)."""
 
     def __post_init__(self) -> None:
         # Refused at once: these were refused only once the gateway had been tried (and the
@@ -54,6 +56,14 @@ class ControllerOptions:
             raise ValueError(f"--max-attempts must be at least 1, not {self.max_attempts}")
         if self.max_parallel < 1:
             raise ValueError(f"--max-parallel must be at least 1, not {self.max_parallel}")
+        if self.log_max_bytes is not None:
+            from reins.controller.loop import TAIL_BYTES
+
+            if self.log_max_bytes < 4 * TAIL_BYTES:
+                raise ValueError(
+                    f"--log-max-bytes must be at least {4 * TAIL_BYTES} (four times the tail "
+                    f"an ended attempt reports), not {self.log_max_bytes}"
+                )
 
 
 def parse_values(pairs: list[str]) -> dict[str, Any]:
@@ -80,8 +90,14 @@ def build_reconciler(options: ControllerOptions) -> Reconciler:
             raise ValueError(
                 "--agent is required with --runner local (module:function or a command)"
             )
+        from reins.controller.local import LOG_MAX_BYTES
+
         return LocalReconciler(
-            options.agent, options.max_parallel, options.log_dir, preload=options.preload
+            options.agent,
+            options.max_parallel,
+            options.log_dir,
+            preload=options.preload,
+            log_max_bytes=options.log_max_bytes or LOG_MAX_BYTES,
         )
     from reins.controller.kubernetes import KubernetesReconciler
     from reins.controller.templates import (
