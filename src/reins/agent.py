@@ -77,7 +77,8 @@ minutes as an outage."""
 _HEADER_VALUE = re.compile(r"[\x21-\x7e]+")
 """A bearer token as an HTTP header carries it: visible ASCII, no spaces."""
 _ROLLOUT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,199}")
-"""The gateway's rollout ids (`reins.schemas.RolloutId`): each goes into the event URL as is."""
+"""The gateway's rollout ids (`reins.schemas.Identifier`; a test holds the two alike): each goes
+into the event URL as is."""
 
 
 def _not_json(constant: str) -> Any:
