@@ -280,7 +280,7 @@ def report_reward(
     validation as `val/agent/<name>`."""
     data: dict[str, Json] = {"value": _number("the reward", value), "source": source}
     if reason is not None:
-        data["reason"] = _trimmed(reason, "reason")
+        data["reason"] = trimmed(reason, "reason")
     if metrics:
         for name in metrics:
             if not isinstance(name, str):
@@ -316,16 +316,16 @@ def report_tool(
     An `input` or `output` text longer than `POSTED_CHARS` is posted as its head and tail with
     a note in place of the middle."""
     if isinstance(input, str):
-        input = _trimmed(input, "input")
+        input = trimmed(input, "input")
     if isinstance(output, str):
-        output = _trimmed(output, "output")
+        output = trimmed(output, "output")
     data: dict[str, Json] = {"name": name, "input": input, "output": output, "ok": ok}
     if seconds is not None:
         data["seconds"] = round(float(seconds), 4)
     emit_event(TOOL, data, context=context)
 
 
-def _trimmed(text: str, what: str) -> str:
+def trimmed(text: str, what: str) -> str:
     """`text` itself, or its head and tail with a note in place of the middle past
     `POSTED_CHARS` (as `reins.swe.environment` and the sandbox cut an output)."""
     if len(text) <= POSTED_CHARS:

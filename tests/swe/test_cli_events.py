@@ -8,10 +8,10 @@ import os
 import threading
 from pathlib import Path
 
-from reins.agent import AgentContext
+from reins.agent import POSTED_CHARS, AgentContext
 from reins.sandbox import CommandResult, Sandbox, SandboxLimits
 from reins.swe.cli_harness import EVENTS_FILE, CliHarness, _claude_commands, _codex_commands
-from reins.swe.environment import POSTED_CHARS, SandboxEnvironment
+from reins.swe.environment import SandboxEnvironment
 from reins.swe.hacks import HackAttempt
 from tests.swe.conftest import needs_sandbox
 

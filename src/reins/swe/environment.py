@@ -19,6 +19,7 @@ import shlex
 from collections.abc import Callable
 from typing import Any
 
+from reins.agent import trimmed
 from reins.sandbox import CommandResult, Sandbox
 from reins.swe.hacks import HackAttempt, attempted_hacks
 
@@ -26,24 +27,6 @@ SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 """mini-swe-agent's end of task: a command whose output starts with this line."""
 
 OnCommand = Callable[[str, CommandResult, list[HackAttempt]], None]
-
-
-POSTED_CHARS = 100_000
-"""The most of a command's text, and of its output, passed to `on_command` (which posts them as
-a `tool` event): the sandbox cuts the output of a command it runs (`SandboxLimits.output_chars`,
-8,000 by default), but a harness that runs its commands itself reports them from its own events
-(Codex's `aggregated_output`), and one of them could be larger than the gateway takes in one
-event post (32 MB), failing the post, and the rollout with it, before its reward."""
-
-
-def _trimmed(text: str, what: str) -> str:
-    """`text` itself, or its head and tail with a note in place of the middle past
-    `POSTED_CHARS`, as the sandbox cuts an output."""
-    if len(text) <= POSTED_CHARS:
-        return text
-    half = POSTED_CHARS // 2
-    note = f"\n[... {what} truncated: {len(text)} characters in all, the middle left out ...]\n"
-    return text[:half] + note + text[len(text) - half :]
 
 
 def _limit_info(result: CommandResult) -> str:
@@ -93,15 +76,17 @@ class SandboxEnvironment:
     def record(self, command: str, result: CommandResult) -> None:
         """Counts a command that ran in the sandbox, its hacks, and passes it to `on_command`
         (`execute` calls it; so does a harness that runs its commands itself), its text and
-        output cut to `POSTED_CHARS` each: the hacks are looked for in the whole of them."""
+        output cut to `POSTED_CHARS` each (a harness that runs its commands itself, Codex,
+        reports outputs of any size, past the gateway's 32 MB event post): the hacks are looked
+        for in the whole of them."""
         hacks = attempted_hacks(command, result.output)
         self.commands += 1
         self.hacks += hacks
         if self.on_command is not None:
-            output = _trimmed(result.output, "output")
+            output = trimmed(result.output, "output")
             if output is not result.output:
                 result = dataclasses.replace(result, output=output)
-            self.on_command(_trimmed(command, "command"), result, hacks)
+            self.on_command(trimmed(command, "command"), result, hacks)
 
     def _check_finished(self, output: dict[str, Any]) -> None:
         lines = output["output"].lstrip().splitlines(keepends=True)
