@@ -67,6 +67,13 @@ class Gateway:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
+    def first_attempt(self, rollout_id: str = "r") -> tuple[str, str]:
+        """Declares `rollout_id` and opens its first attempt: (the attempt's train-mode proxy
+        URL, its scoped token)."""
+        self.http.post("/api/rollouts", json=[{"rollout_id": rollout_id}])
+        token = str(self.http.post(f"/api/rollouts/{rollout_id}/attempts").json()["token"])
+        return f"{self.url}/proxy/rollout/{rollout_id}/attempt/1/mode/train", token
+
 
 class ThreadedServer:
     def __init__(self, settings: GatewaySettings) -> None:

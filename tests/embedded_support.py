@@ -61,7 +61,13 @@ def tiny_engine(**options: Any) -> EmbeddedEngine:
 def served_engine(**options: Any) -> Iterator[ServedEngine]:
     """The default model (prepared once into the local cache, never from a hub), served;
     `options` go to `EmbeddedEngine.load` (`dtype=...`)."""
-    engine = EmbeddedEngine.load(**options)
+    with serving(EmbeddedEngine.load(**options)) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serving(engine: EmbeddedEngine) -> Iterator[ServedEngine]:
+    """`engine` served on a loopback port; closed after."""
     server = BackgroundServer(create_engine_app(engine)).start()
     try:
         yield ServedEngine(engine, server)

@@ -19,10 +19,8 @@ def sdk(gateway: Gateway) -> anthropic.Anthropic:
             "/api/models", json={"model": name, "endpoint": f"http://127.0.0.1:{9 + number}/v1"}
         )
         assert registered.status_code == 200, registered.text
-    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
-    token = str(gateway.http.post("/api/rollouts/r/attempts").json()["token"])
-    base = f"{gateway.url}/proxy/rollout/r/attempt/1/mode/train/anthropic"
-    return anthropic.Anthropic(base_url=base, api_key=token, max_retries=0)
+    base, token = gateway.first_attempt()
+    return anthropic.Anthropic(base_url=f"{base}/anthropic", api_key=token, max_retries=0)
 
 
 def registered(gateway: Gateway) -> list[str]:

@@ -11,12 +11,10 @@ from typing import Any
 import anthropic
 import pytest
 
-from reins.engine.api import create_engine_app
 from reins.gateway import GatewaySettings
 from reins.gateway.capture import SamplingPolicy
-from reins.serving import BackgroundServer
 from tests.conftest import ADMIN_KEY, Gateway
-from tests.embedded_support import ServedEngine, tiny_engine
+from tests.embedded_support import ServedEngine, serving, tiny_engine
 
 THINKING_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
@@ -38,10 +36,8 @@ MESSAGES: Any = [{"role": "user", "content": "Name a fruit."}]
 def thinking() -> Iterator[ServedEngine]:
     engine = tiny_engine()
     engine.tokenizer.chat_template = THINKING_TEMPLATE
-    server = BackgroundServer(create_engine_app(engine)).start()
-    yield ServedEngine(engine, server)
-    server.stop()
-    engine.close()
+    with serving(engine) as served:
+        yield served
 
 
 @pytest.fixture

@@ -15,10 +15,8 @@ import anthropic
 import openai
 import pytest
 
-from reins.engine.api import create_engine_app
-from reins.serving import BackgroundServer
 from tests.conftest import Gateway
-from tests.embedded_support import tiny_engine
+from tests.embedded_support import serving, tiny_engine
 
 IMAGE_DATA = base64.b64encode(bytes(range(256)) * 4096).decode()
 """1 MiB of image bytes, as base64."""
@@ -28,16 +26,9 @@ IMAGE_URL = f"data:image/png;base64,{IMAGE_DATA}"
 @contextlib.contextmanager
 def proxy_on_tiny_engine(gateway: Gateway) -> Iterator[tuple[str, str]]:
     """The tiny embedded engine registered as model `tiny`; (attempt URL, token) of rollout `r`."""
-    engine = tiny_engine()
-    server = BackgroundServer(create_engine_app(engine)).start()
-    try:
-        gateway.http.post("/api/models", json={"model": "tiny", "endpoint": f"{server.url}/v1"})
-        gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
-        token = str(gateway.http.post("/api/rollouts/r/attempts").json()["token"])
-        yield f"{gateway.url}/proxy/rollout/r/attempt/1/mode/train", token
-    finally:
-        server.stop()
-        engine.close()
+    with serving(tiny_engine()) as served:
+        gateway.http.post("/api/models", json={"model": "tiny", "endpoint": served.base_url})
+        yield gateway.first_attempt()
 
 
 def recorded_errors(gateway: Gateway) -> list[tuple[int, str]]:

@@ -19,10 +19,8 @@ def sdk(gateway: Gateway) -> openai.OpenAI:
             "/api/models", json={"model": name, "endpoint": f"http://127.0.0.1:{9 + number}/v1"}
         )
         assert registered.status_code == 200, registered.text
-    gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
-    token = str(gateway.http.post("/api/rollouts/r/attempts").json()["token"])
-    base = f"{gateway.url}/proxy/rollout/r/attempt/1/mode/train/openai/v1"
-    return openai.OpenAI(base_url=base, api_key=token, max_retries=0)
+    base, token = gateway.first_attempt()
+    return openai.OpenAI(base_url=f"{base}/openai/v1", api_key=token, max_retries=0)
 
 
 def test_a_listed_model_is_retrieved_by_its_id_and_an_unknown_one_is_a_404(

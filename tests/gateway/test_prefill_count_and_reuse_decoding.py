@@ -18,27 +18,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from reins.engine.api import create_engine_app
 from reins.gateway.reuse_vllm import ReusedAnswer, VllmReuse
 from reins.serving import BackgroundServer
 from tests.conftest import Gateway
-from tests.embedded_support import tiny_engine
+from tests.embedded_support import serving, tiny_engine
 
 
 @contextlib.contextmanager
 def anthropic_sdk_on_tiny_engine(gateway: Gateway) -> Iterator[anthropic.Anthropic]:
     """The tiny embedded engine registered as model `tiny`; the SDK on rollout `r`."""
-    engine = tiny_engine()
-    server = BackgroundServer(create_engine_app(engine)).start()
-    try:
-        gateway.http.post("/api/models", json={"model": "tiny", "endpoint": f"{server.url}/v1"})
-        gateway.http.post("/api/rollouts", json=[{"rollout_id": "r"}])
-        token = str(gateway.http.post("/api/rollouts/r/attempts").json()["token"])
-        base = f"{gateway.url}/proxy/rollout/r/attempt/1/mode/train/anthropic"
-        yield anthropic.Anthropic(base_url=base, api_key=token, max_retries=0)
-    finally:
-        server.stop()
-        engine.close()
+    with serving(tiny_engine()) as served:
+        gateway.http.post("/api/models", json={"model": "tiny", "endpoint": served.base_url})
+        base, token = gateway.first_attempt()
+        yield anthropic.Anthropic(base_url=f"{base}/anthropic", api_key=token, max_retries=0)
 
 
 def recorded_prompt_lengths(gateway: Gateway) -> list[int]:
